@@ -1,0 +1,306 @@
+"""Read run folders (``results/<experiment>/<run id>/``) from their raw files.
+
+Everything here is derived from ``run.json``, ``env.json`` and
+``legs/<leg>/{records.jsonl,summary.json,failure.json}`` alone, so any table or
+figure can be regenerated from a copied run folder.
+
+Leg status, as read from the folder:
+
+- ``complete``: ``summary.json`` with ``"status": "complete"`` and ``records.jsonl``.
+- ``failed``: ``failure.json``; contributes no records.
+- ``incomplete``: the folder exists but has no summary (for example a
+  ``records.jsonl`` without ``summary.json``, or only a ``.tmp``); a leg that was
+  interrupted is not finished, so its records are not read.
+- ``pending``: planned in ``run.json`` but no folder yet.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+RECORDS = "records.jsonl"
+SUMMARY = "summary.json"
+FAILURE = "failure.json"
+RUN_JSON = "run.json"
+ENV_JSON = "env.json"
+
+# Fields a record must carry for any metric to be meaningful.
+REQUIRED_RECORD_FIELDS = ("pid", "mode", "tier", "tok_s")
+
+# Record columns that always exist in Run.records, even for a run with no
+# finished leg, so that callers can filter without checking.
+RECORD_COLUMNS = [
+    "experiment", "run_id", "leg", "leg_index", "pid", "mode", "tier", "gamma",
+    "relax_logtau", "blind_mm", "in_len", "gen_len", "t", "tok_s", "gen_ids",
+    "text", "knobs", "spec", "trace",
+]
+
+LEG_COLUMNS = [
+    "leg", "leg_index", "status", "mode", "tier", "gamma", "relax_logtau",
+    "blind_mm", "draft_cudagraph", "n_prompts", "engine_start_s", "wall_s",
+    "spec_num_drafts", "spec_num_draft_tokens", "spec_num_accepted_tokens",
+    "spec_accepted_per_pos", "target", "draft", "error", "path",
+]
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
+
+
+@dataclass
+class Run:
+    """One run folder, loaded. ``records`` has one row per prompt per finished leg."""
+
+    path: Path
+    records: pd.DataFrame
+    legs: pd.DataFrame
+    config: dict[str, Any]
+    env: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def experiment(self) -> str:
+        return str(self.config.get("experiment") or self.path.parent.name)
+
+    @property
+    def run_id(self) -> str:
+        return str(self.config.get("run_id") or self.path.name)
+
+    @property
+    def legs_order(self) -> list[str]:
+        """Leg names in run order (planned order first, then any unplanned folders)."""
+        return list(self.legs.sort_values("leg_index")["leg"])
+
+    def leg_records(self, leg: str) -> pd.DataFrame:
+        return self.records[self.records["leg"] == leg]
+
+
+def _check_name(kind: str, value: str) -> str:
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise ValueError(
+            f"invalid {kind} {value!r}: use letters, digits and . _ + = - "
+            "(no path separators, not starting with a dot)"
+        )
+    return value
+
+
+def new_run_id(now: datetime | None = None) -> str:
+    """UTC time plus a short random suffix, e.g. ``20261129T101500Z-3f2a``.
+
+    The time prefix makes ids sort chronologically; the suffix keeps two runs
+    started in the same second apart.
+    """
+    now = now or datetime.now(timezone.utc)
+    if now.tzinfo is None:
+        raise ValueError("new_run_id needs a timezone-aware datetime (UTC)")
+    stamp = now.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{secrets.token_hex(2)}"
+
+
+def run_dir(results_root: str | Path, experiment: str, run_id: str) -> Path:
+    return Path(results_root) / _check_name("experiment", experiment) / _check_name("run id", run_id)
+
+
+def leg_dir(run_dir: str | Path, leg_name: str) -> Path:
+    return Path(run_dir) / "legs" / _check_name("leg name", leg_name)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        with path.open(encoding="utf-8") as fh:
+            return json.load(fh)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+
+
+def _planned_legs(config: dict[str, Any], run_json: Path) -> list[str]:
+    """Leg names in planned order from run.json.
+
+    Accepts ``legs`` or ``planned_legs`` holding names or objects with a
+    ``name`` (or ``leg``) key, since the planner may store full leg specs.
+    """
+    planned = config.get("legs", config.get("planned_legs"))
+    if planned is None:
+        return []
+    if not isinstance(planned, list):
+        raise ValueError(f"{run_json}: 'legs' must be a list, got {type(planned).__name__}")
+    names = []
+    for i, item in enumerate(planned):
+        if isinstance(item, str):
+            names.append(item)
+        elif isinstance(item, dict) and isinstance(item.get("name", item.get("leg")), str):
+            names.append(item.get("name", item.get("leg")))
+        else:
+            raise ValueError(f"{run_json}: planned leg #{i} has no name: {item!r}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{run_json}: planned leg names repeat: {names}")
+    return names
+
+
+def _read_records(path: Path, leg: str, leg_index: int) -> list[dict[str, Any]]:
+    rows = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc})") from None
+            if not isinstance(rec, dict):
+                raise ValueError(f"{path}:{lineno}: a record must be a JSON object")
+            missing = [f for f in REQUIRED_RECORD_FIELDS if f not in rec]
+            if missing:
+                raise ValueError(f"{path}:{lineno}: record lacks field(s) {missing}")
+            if rec.get("leg") not in (None, leg):
+                raise ValueError(
+                    f"{path}:{lineno}: record says leg {rec['leg']!r} but lies in leg folder {leg!r}"
+                )
+            rec["leg"] = leg
+            rec["leg_index"] = leg_index
+            knobs = rec.get("knobs") or {}
+            rec.setdefault("relax_logtau", knobs.get("relax_logtau", 0.0 if rec["tier"] != "vanilla" else None))
+            rec.setdefault("blind_mm", knobs.get("blind_mm"))
+            rows.append(rec)
+    return rows
+
+
+def _leg_row(folder: Path | None, leg: str, leg_index: int) -> dict[str, Any]:
+    row: dict[str, Any] = {c: None for c in LEG_COLUMNS}
+    row.update(leg=leg, leg_index=leg_index, path=str(folder) if folder else None)
+    if folder is None or not folder.is_dir():
+        row["status"] = "pending"
+        return row
+    summary, failure = folder / SUMMARY, folder / FAILURE
+    if failure.is_file():
+        info = _read_json(failure)
+        row["status"] = "failed"
+        row["error"] = str(info.get("error", "")) if isinstance(info, dict) else str(info)
+        # A failure file may carry the leg's identity; keep what is there.
+        if isinstance(info, dict):
+            for key in ("mode", "tier", "gamma"):
+                row[key] = info.get(key)
+        return row
+    if not summary.is_file() or not (folder / RECORDS).is_file():
+        row["status"] = "incomplete"
+        return row
+    info = _read_json(summary)
+    if not isinstance(info, dict):
+        raise ValueError(f"{summary}: must be a JSON object")
+    status = info.get("status")
+    if status != "complete":
+        row["status"] = "incomplete" if status is None else str(status)
+        return row
+    knobs = info.get("knobs") or {}
+    spec = info.get("spec") or {}
+    row.update(
+        status="complete",
+        mode=info.get("mode"),
+        tier=info.get("tier"),
+        gamma=info.get("gamma"),
+        relax_logtau=knobs.get("relax_logtau"),
+        blind_mm=knobs.get("blind_mm"),
+        draft_cudagraph=knobs.get("draft_cudagraph"),
+        n_prompts=info.get("n_prompts"),
+        engine_start_s=info.get("engine_start_s"),
+        wall_s=info.get("wall_s"),
+        spec_num_drafts=spec.get("num_drafts"),
+        spec_num_draft_tokens=spec.get("num_draft_tokens"),
+        spec_num_accepted_tokens=spec.get("num_accepted_tokens"),
+        spec_accepted_per_pos=spec.get("accepted_per_pos"),
+        target=info.get("target"),
+        draft=info.get("draft"),
+    )
+    return row
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """Load one run folder. Raises a ValueError/FileNotFoundError naming the bad file."""
+    path = Path(run_dir)
+    run_json = path / RUN_JSON
+    if not run_json.is_file():
+        raise FileNotFoundError(f"{path} is not a run folder: {RUN_JSON} not found")
+    config = _read_json(run_json)
+    if not isinstance(config, dict):
+        raise ValueError(f"{run_json}: must be a JSON object")
+    env_json = path / ENV_JSON
+    env = _read_json(env_json) if env_json.is_file() else {}
+
+    planned = _planned_legs(config, run_json)
+    legs_root = path / "legs"
+    on_disk = sorted(p.name for p in legs_root.iterdir() if p.is_dir()) if legs_root.is_dir() else []
+    # Unplanned folders (a leg added by hand, an older plan) still count, after the plan.
+    order = planned + [name for name in on_disk if name not in planned]
+
+    leg_rows, record_rows = [], []
+    for index, name in enumerate(order):
+        folder = legs_root / name
+        row = _leg_row(folder if folder.is_dir() else None, name, index)
+        leg_rows.append(row)
+        if row["status"] == "complete":
+            recs = _read_records(folder / RECORDS, name, index)
+            if row["n_prompts"] is not None and len(recs) != row["n_prompts"]:
+                raise ValueError(
+                    f"{folder / RECORDS}: {len(recs)} records but {SUMMARY} says n_prompts={row['n_prompts']}"
+                )
+            pids = [r["pid"] for r in recs]
+            if len(set(pids)) != len(pids):
+                raise ValueError(f"{folder / RECORDS}: prompt ids repeat within the leg")
+            record_rows.extend(recs)
+
+    legs = pd.DataFrame(leg_rows, columns=LEG_COLUMNS)
+    records = pd.DataFrame(record_rows)
+    for col in RECORD_COLUMNS:
+        if col not in records.columns:
+            records[col] = None
+    extra = [c for c in records.columns if c not in RECORD_COLUMNS]
+    records = records[RECORD_COLUMNS + extra]
+    if len(records):
+        records["tok_s"] = pd.to_numeric(records["tok_s"], errors="raise")
+    return Run(path=path, records=records.reset_index(drop=True), legs=legs, config=config, env=env)
+
+
+def list_runs(results_root: str | Path, experiment: str | None = None) -> pd.DataFrame:
+    """One row per run folder under ``results_root`` (newest last), with leg counts by status."""
+    root = Path(results_root)
+    cols = ["experiment", "run_id", "path", "profile", "smoke", "n_legs",
+            "n_complete", "n_failed", "n_incomplete", "n_pending"]
+    if not root.is_dir():
+        raise FileNotFoundError(f"results root {root} not found")
+    exp_dirs = [root / _check_name("experiment", experiment)] if experiment else sorted(
+        p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
+    )
+    rows = []
+    for exp_dir in exp_dirs:
+        if not exp_dir.is_dir():
+            continue
+        for rdir in sorted(p for p in exp_dir.iterdir() if (p / RUN_JSON).is_file()):
+            config = _read_json(rdir / RUN_JSON)
+            planned = _planned_legs(config, rdir / RUN_JSON) if isinstance(config, dict) else []
+            legs_root = rdir / "legs"
+            on_disk = [p.name for p in legs_root.iterdir() if p.is_dir()] if legs_root.is_dir() else []
+            names = planned + [n for n in sorted(on_disk) if n not in planned]
+            counts = {"complete": 0, "failed": 0, "incomplete": 0, "pending": 0}
+            for n in names:
+                folder = legs_root / n
+                if not folder.is_dir():
+                    counts["pending"] += 1
+                elif (folder / FAILURE).is_file():
+                    counts["failed"] += 1
+                elif (folder / SUMMARY).is_file() and (folder / RECORDS).is_file():
+                    counts["complete"] += 1
+                else:
+                    counts["incomplete"] += 1
+            rows.append({
+                "experiment": exp_dir.name, "run_id": rdir.name, "path": str(rdir),
+                "profile": config.get("profile") if isinstance(config, dict) else None,
+                "smoke": config.get("smoke") if isinstance(config, dict) else None,
+                "n_legs": len(names),
+                **{f"n_{k}": v for k, v in counts.items()},
+            })
+    return pd.DataFrame(rows, columns=cols)
