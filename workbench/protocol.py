@@ -266,8 +266,6 @@ def plan(experiment: str | Experiment, profile: str | None = None, overrides: An
         if prof.device == "cpu" and leg.kind == "spec":
             leg.notes["draft_cudagraph"] = (f"not applicable on CPU (requested: "
                                             f"{_render(leg.knobs['draft_cudagraph'])})")
-        if prof.device == "cpu":
-            leg.notes.setdefault("gpu_memory_utilization", "not applicable on CPU")
     names = [l.name for l in legs]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -394,10 +392,9 @@ def resolve_models(p: Plan, model_paths: dict[str, str] | None = None,
     for ref in refs:
         role, other = split_role(ref)
         explicit = model_paths.get(ref) or os.environ.get(_env_key(ref))
-        if explicit is None and other is None:
-            explicit = None
-        if explicit is None and ref != role:
-            explicit = model_paths.get(role) if p.profile.stand_in else None
+        if not explicit and ref != role and p.profile.stand_in:
+            # under a stand-in profile every profile's role is the same model, so a plain role override applies
+            explicit = model_paths.get(role) or os.environ.get(_env_key(role))
         if explicit:
             out[ref] = str(explicit)
             continue
@@ -500,8 +497,10 @@ def leg_status(folder: Path) -> str:
     return "incomplete"
 
 
-def leg_command(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path, python: str = sys.executable
-                ) -> list[str]:
+def leg_command(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path, python: str = sys.executable,
+                runner: list[str] | None = None) -> list[str]:
+    """The leg's command line (docs/architecture.md "Leg command line"); `runner` replaces
+    `python -m workbench.leg|score` (protocol-mechanics tests use a fake leg there)."""
     k = leg.knobs
     out = run_dir / "legs" / leg.name
     prompts = run_dir / cfg.get("prompts_file", PROMPTS)
@@ -510,10 +509,10 @@ def leg_command(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path, python: str
     dtype = [] if k.get("dtype") in (None, "auto") else ["--dtype", str(k["dtype"])]
     if leg.kind == "score":
         ref = run_dir / "legs" / leg.reference / "records.jsonl"
-        return [python, "-m", "workbench.score", "--model", models[leg.model], "--reference", str(ref),
+        return [*(runner or [python, "-m", "workbench.score"]), "--model", models[leg.model], "--reference", str(ref),
                 "--prompts", str(prompts), "--max-model-len", str(k["max_model_len"]), *dtype, *ident,
                 "--out", str(out)]
-    cmd = [python, "-m", "workbench.leg", "--target", models[leg.model]]
+    cmd = [*(runner or [python, "-m", "workbench.leg"]), "--target", models[leg.model]]
     if leg.kind == "spec":
         cmd += ["--draft", models[leg.draft], "--gamma", str(k["gamma"])]
     cmd += ["--prompts", str(prompts), "--n", str(k["n"]), "--max-tokens", str(k["max_tokens"]),
@@ -606,7 +605,7 @@ def _finalise(folder: Path, leg: PlannedLeg, rc: int | None, why: str) -> str:
 
 def execute(run_dir: str | Path, stop_on_failure: bool = False, leg_timeout: float | None = None,
             python: str = sys.executable, log: Callable[[str], None] | None = None,
-            only: Iterable[str] | None = None) -> dict[str, str]:
+            only: Iterable[str] | None = None, runner: list[str] | None = None) -> dict[str, str]:
     """Run every planned leg that is not complete yet; returns {leg name: status}.
 
     Finished legs (summary.json with status complete) are skipped, so calling this again resumes.
@@ -642,7 +641,7 @@ def execute(run_dir: str | Path, stop_on_failure: bool = False, leg_timeout: flo
         if folder.exists():
             _archive_attempt(rdir, folder)
         folder.mkdir(parents=True)
-        cmd = leg_command(leg, cfg, rdir, python)
+        cmd = leg_command(leg, cfg, rdir, python, runner)
         t0 = time.monotonic()
         rc, why = _run_one(cmd, folder, leg_timeout, env)
         dt = time.monotonic() - t0
@@ -682,3 +681,218 @@ def run_experiment(experiment: str, profile: str | None = None, overrides: Any =
                        model_paths=model_paths, dataset_sources=dataset_sources)
     execute(rdir, stop_on_failure=stop_on_failure, leg_timeout=leg_timeout)
     return rdir
+
+
+# --- analysis ----------------------------------------------------------------------------------
+# Each analysis named in experiments.yaml maps to a recipe: metrics table -> plots function.
+# A recipe returns None (with a reason) when the run lacks what it needs, e.g. no trace.
+
+def _engine_records(run) -> Any:
+    r = run.records
+    return r[r["mode"].isin(["vanilla", "spec"])] if len(r) else r
+
+
+def _need(df, what: str):
+    if df is None or len(df) == 0:
+        raise LookupError(f"no {what} in this run")
+    return df
+
+
+def _fig_exactness(run):
+    from workbench import metrics, plots
+    recs = _engine_records(run)
+    return plots.exactness_table(_need(metrics.exactness_summary(recs), "spec leg to compare"))
+
+
+def _fig_speedup_distribution(run):
+    from workbench import metrics, plots
+    return plots.speedup_distribution(_need(metrics.prompt_speedups(_engine_records(run), run.legs_order),
+                                            "bracketed spec leg"))
+
+
+def _fig_speedup_vs_gamma(run):
+    from workbench import metrics, plots
+    return plots.speedup_vs_gamma(_need(metrics.bracketed_speedup(_engine_records(run), run.legs_order),
+                                        "bracketed spec leg"))
+
+
+def _fig_per_position(run):
+    from workbench import metrics, plots
+    return plots.per_position_acceptance(_need(metrics.per_position_acceptance(_engine_records(run)),
+                                               "per-position acceptance"))
+
+
+def _fig_over_position(run):
+    from workbench import metrics, plots
+    recs = _engine_records(run)
+    if not recs["trace"].map(lambda t: isinstance(t, dict)).any():
+        raise LookupError("no acceptance trace in this run (trace knob off)")
+    return plots.acceptance_over_position(_need(metrics.acceptance_over_position(recs), "traced steps"))
+
+
+def _fig_acceptance_vs_tau(run):
+    from workbench import metrics, plots
+    return plots.acceptance_vs_tau(_need(metrics.acceptance(_engine_records(run)), "spec leg"))
+
+
+def _fig_agreement(run):
+    from workbench import plots
+    fn = getattr(plots, "agreement_vs_acceptance", None)
+    if fn is None:
+        raise LookupError("plots.agreement_vs_acceptance is not available")
+    return fn(_need(_agreement_table(run), "score leg with a matching spec leg"))
+
+
+ANALYSES: dict[str, Callable] = {
+    "exactness_table": _fig_exactness,
+    "speedup_distribution": _fig_speedup_distribution,
+    "speedup_vs_gamma": _fig_speedup_vs_gamma,
+    "per_position_acceptance": _fig_per_position,
+    "acceptance_over_position": _fig_over_position,
+    "acceptance_vs_tau": _fig_acceptance_vs_tau,
+    "agreement_vs_acceptance": _fig_agreement,
+}
+
+
+def _agreement_table(run):
+    """Per prompt: teacher-forced agreement (score leg) beside realised acceptance (first strict leg)."""
+    import pandas as pd
+    from workbench import metrics
+    recs = run.records
+    score = recs[recs["mode"] == "score"] if len(recs) else recs
+    if not len(score):
+        return pd.DataFrame()
+    acc = metrics.prompt_acceptance(_engine_records(run))
+    strict = acc[acc["tier"] == "strict"]
+    if not len(strict):
+        return pd.DataFrame()
+    first = strict[strict["leg"] == strict["leg"].iloc[0]]
+    return score[["pid", "agreement", "n_scored"]].merge(
+        first[["pid", "leg", "acceptance_rate", "acceptance_length"]], on="pid")
+
+
+def _records_json(df) -> list[dict[str, Any]]:
+    import math
+    out = []
+    for row in df.to_dict(orient="records"):
+        clean = {}
+        for k, v in row.items():
+            if hasattr(v, "item"):
+                v = v.item()
+            if isinstance(v, float) and math.isnan(v):
+                v = None
+            if isinstance(v, (list, dict)) and k not in ("vanilla_before", "vanilla_after"):
+                continue
+            clean[k] = v
+        out.append(clean)
+    return out
+
+
+def analyze_run(run_dir: str | Path, figures: bool = True) -> dict[str, Any]:
+    """Key numbers of a run -> `<run>/tables/summary.json` (+ csv tables); returns the dict and figures.
+
+    Everything is recomputed from legs/*/records.jsonl, so this can be rerun at any time.
+    """
+    from workbench import metrics
+    from workbench.results import load_run
+
+    rdir = Path(run_dir)
+    run = load_run(rdir)
+    cfg = run.config
+    tables = rdir / "tables"
+    tables.mkdir(exist_ok=True)
+    recs = _engine_records(run)
+    out: dict[str, Any] = {
+        "experiment": cfg.get("experiment"), "run_id": cfg.get("run_id"), "profile": cfg.get("profile"),
+        "smoke": cfg.get("smoke"), "dataset": (cfg.get("dataset") or {}).get("resolved"),
+        "legs": dict(zip(run.legs["leg"], run.legs["status"])),
+    }
+    out["n_complete"] = sum(s == "complete" for s in out["legs"].values())
+    out["n_failed"] = sum(s == "failed" for s in out["legs"].values())
+    computed: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+
+    def attempt(name, fn):
+        try:
+            computed[name] = fn()
+        except (LookupError, ValueError, KeyError) as exc:
+            errors[name] = f"{type(exc).__name__}: {exc}"
+
+    has_spec = len(recs) and (recs["mode"] == "spec").any()
+    if has_spec:
+        attempt("speedup", lambda: metrics.bracketed_speedup(recs, run.legs_order))
+        attempt("prompt_speedups", lambda: metrics.prompt_speedups(recs, run.legs_order))
+        attempt("acceptance", lambda: metrics.acceptance(recs))
+        attempt("exactness", lambda: metrics.exactness_summary(recs))
+        attempt("per_position_acceptance", lambda: metrics.per_position_acceptance(recs))
+    if len(run.records) and (run.records["mode"] == "score").any():
+        attempt("agreement", lambda: _agreement_table(run))
+    if len(recs):
+        vt = recs.groupby("leg", sort=False).agg(tier=("tier", "first"), n=("pid", "size"),
+                                                 median_tok_s=("tok_s", "median"),
+                                                 total_tokens=("gen_len", "sum"), t_max=("t", "max"))
+        # total throughput of a leg: all tokens over the time the slowest prompt finished
+        vt["throughput_tok_s"] = vt["total_tokens"] / vt["t_max"]
+        computed["legs_throughput"] = vt.reset_index()
+    ds = (cfg.get("dataset") or {}).get("resolved")
+    if ds == "mathvista" and len(recs):
+        attempt("mathvista_accuracy", lambda: _mathvista_accuracy(run))
+    if ds == "mmvet" and len(recs):
+        attempt("mmvet_capability", lambda: _mmvet_capability(run))
+    for name, df in computed.items():
+        df.to_csv(tables / f"{name}.csv", index=False)
+        out[name] = _records_json(df)
+    if "agreement" in computed and len(computed["agreement"]) >= 2:
+        a = computed["agreement"][["agreement", "acceptance_rate"]].astype(float).dropna()
+        out["agreement_acceptance_pearson"] = (float(a.corr().iloc[0, 1]) if len(a) >= 2 and a.std().min() > 0
+                                               else None)
+    figs: dict[str, Any] = {}
+    if figures:
+        for name in cfg.get("analyses", []):
+            recipe = ANALYSES.get(name)
+            if recipe is None:
+                errors[f"figure:{name}"] = "no recipe for this analysis"
+                continue
+            try:
+                figs[name] = recipe(run)
+            except (LookupError, ValueError, KeyError) as exc:
+                errors[f"figure:{name}"] = f"{type(exc).__name__}: {exc}"
+    out["figures"] = list(figs)
+    out["not_computed"] = errors
+    _write_json_atomic(tables / "summary.json", out)
+    out["_figures"] = figs
+    return out
+
+
+def _mathvista_accuracy(run):
+    import pandas as pd
+    from workbench.datasets.scoring import score_mathvista
+    from workbench.prompts import load_prompts
+    prompts = {p.pid: p for p in load_prompts(run.path / run.config.get("prompts_file", PROMPTS),
+                                              check_images=False)}
+    rows = []
+    for r in _engine_records(run).itertuples():
+        res = score_mathvista(r.text or "", prompts[r.pid].meta)
+        rows.append({"leg": r.leg, "tier": r.tier, "pid": r.pid, "correct": bool(res.get("correct")),
+                     "extracted": str(res.get("extracted"))})
+    df = pd.DataFrame(rows)
+    return df.groupby("leg", sort=False).agg(tier=("tier", "first"), n=("pid", "size"),
+                                             accuracy=("correct", "mean")).reset_index()
+
+
+def _mmvet_capability(run):
+    """Per MM-Vet capability and leg: prompts, tok/s and acceptance length (no grader needed)."""
+    import pandas as pd
+    from workbench import metrics
+    from workbench.datasets.scoring import mmvet_capability_table
+    from workbench.prompts import load_prompts
+    prompts = load_prompts(run.path / run.config.get("prompts_file", PROMPTS), check_images=False)
+    recs = _engine_records(run)
+    acc = metrics.prompt_acceptance(recs)[["leg", "pid", "acceptance_length"]]
+    merged = recs[["leg", "tier", "pid", "tok_s"]].merge(acc, on=["leg", "pid"], how="left")
+    parts = []
+    for leg, grp in merged.groupby("leg", sort=False):
+        t = mmvet_capability_table(grp, prompts=prompts, values=("tok_s", "acceptance_length"))
+        t.insert(0, "leg", leg)
+        parts.append(t)
+    return pd.concat(parts, ignore_index=True)

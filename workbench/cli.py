@@ -1,0 +1,222 @@
+"""`workbench` command line.
+
+    workbench list                                   the experiment catalogue
+    workbench show E4                                one experiment in full, with its planned legs
+    workbench legs E1 --profile tiny [-p gamma=4]    dry run: the legs a run would execute
+    workbench run E11 --profile tiny -p gamma=4 [--smoke|--full] [--results results/] [--resume RUN_DIR]
+    workbench export RUN_DIR                         figures + tables of a finished run
+    workbench data fetch|verify ...                  prompt data sets
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from workbench.registry import RegistryError, load_registry
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "experiment.ipynb"
+
+
+class CliError(Exception):
+    pass
+
+
+def _table(rows: list[dict[str, Any]], cols: Sequence[str] | None = None, max_width: int = 60) -> str:
+    if not rows:
+        return "(none)"
+    cols = list(cols or rows[0].keys())
+
+    def cell(v: Any) -> str:
+        s = "" if v is None else str(v)
+        return s if len(s) <= max_width else s[: max_width - 1] + "…"
+
+    widths = {c: max(len(c), *(len(cell(r.get(c))) for r in rows)) for c in cols}
+    lines = ["  ".join(c.ljust(widths[c]) for c in cols), "  ".join("-" * widths[c] for c in cols)]
+    lines += ["  ".join(cell(r.get(c)).ljust(widths[c]) for c in cols) for r in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _pairs(items: Sequence[str] | None, what: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise CliError(f"{what} {item!r}: expected NAME=VALUE")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def cmd_list(args) -> int:
+    reg = load_registry()
+    rows = [dict(r, question=e.question) for r, e in zip(reg.table(), reg.experiments.values())]
+    print(_table(rows, ["id", "title", "dataset", "sweep", "profiles", "question"], max_width=70))
+    print(f"\nprofiles: {', '.join(reg.profiles)}   (workbench show EID for details)")
+    return 0
+
+
+def _smoke_flag(args) -> bool | None:
+    return True if args.smoke else (False if args.full else None)
+
+
+def cmd_legs(args) -> int:
+    from workbench import protocol
+
+    p = protocol.plan(args.experiment, args.profile, args.param, _smoke_flag(args))
+    print(f"{p.experiment.id} {p.experiment.title} | profile {p.profile.name} | "
+          f"{'smoke' if p.smoke else 'full'} | dataset {' -> '.join(p.datasets)} | {len(p.legs)} legs")
+    rows = p.table()
+    print(_table(rows, ["#", "leg", "kind", "tier", "model", "draft", "gamma", "relax_logtau", "blind_mm",
+                        "draft_cudagraph", "max_num_seqs", "max_tokens", "n", "notes"]))
+    return 0
+
+
+def cmd_show(args) -> int:
+    reg = load_registry()
+    e = reg.experiment(args.experiment)
+    print(f"{e.id}: {e.title}\n  question : {e.question}\n  dataset  : {e.dataset}")
+    print(f"  profiles : {', '.join(e.profiles) or 'any'} (tiny always)")
+    if e.result_prefix:
+        print(f"  prefix   : {e.result_prefix}")
+    print(f"  defaults : {json.dumps(e.defaults)}")
+    print(f"  sweep    : {json.dumps(e.sweep)}")
+    print(f"  bracket  : {'as listed' if e.bracket_every is None else f'at most {e.bracket_every} spec legs between vanilla legs'}")
+    print(f"  analyses : {', '.join(e.analyses)}")
+    print(f"  smoke    : {json.dumps(e.smoke.to_dict())}")
+    print("  legs:")
+    for t in e.legs:
+        print(f"    - {json.dumps(t.to_dict())}")
+    print()
+    args.param, args.smoke, args.full = [], False, False
+    return cmd_legs(args)
+
+
+def run_notebook(run_dir: Path, params: dict[str, Any], notebook: Path = NOTEBOOK) -> Path:
+    import papermill as pm
+
+    out = run_dir / "notebook.ipynb"
+    pm.execute_notebook(str(notebook), str(out), parameters=params, cwd=str(notebook.parents[1]),
+                        progress_bar=False, log_output=True)
+    return out
+
+
+def cmd_run(args) -> int:
+    from workbench import protocol
+
+    model_paths = _pairs(args.model_path, "--model-path")
+    sources = _pairs(args.data_source, "--data-source")
+    smoke = _smoke_flag(args)
+    if args.resume:
+        rdir = Path(args.resume)
+        if not (rdir / "run.json").is_file():
+            raise CliError(f"--resume {rdir}: not a run folder (run.json missing)")
+        cfg = json.loads((rdir / "run.json").read_text())
+        if args.experiment.upper() != cfg["experiment"]:
+            raise CliError(f"--resume {rdir}: that run is {cfg['experiment']}, not {args.experiment}")
+        rdir = protocol.prepare_run(cfg["experiment"], args.profile, args.param or None, smoke,
+                                    run_dir=rdir)
+    else:
+        rdir = protocol.prepare_run(args.experiment, args.profile, args.param, smoke, args.results,
+                                    model_paths=model_paths, dataset_sources=sources)
+    cfg = json.loads((rdir / "run.json").read_text())
+    print(f"run folder: {rdir}")
+    if args.no_notebook:
+        statuses = protocol.execute(rdir, stop_on_failure=args.stop_on_failure, leg_timeout=args.leg_timeout)
+        protocol.analyze_run(rdir)
+    else:
+        params = {"experiment": cfg["experiment"], "profile": cfg["profile"], "run_dir": str(rdir.resolve()),
+                  "overrides": cfg["overrides"], "smoke": cfg["smoke"],
+                  "stop_on_failure": bool(args.stop_on_failure),
+                  "leg_timeout": args.leg_timeout, "figure_formats": args.figure_formats.split(",")}
+        nb = run_notebook(rdir, params)
+        print(f"executed notebook: {nb}")
+        statuses = json.loads((rdir / protocol.STATE_JSON).read_text())["legs"]
+    failed = [k for k, v in statuses.items() if v != "complete"]
+    if failed:
+        print(f"legs not complete: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_export(args) -> int:
+    from workbench import export
+
+    rdir = Path(args.run_dir)
+    if not (rdir / "run.json").is_file():
+        raise CliError(f"{rdir}: not a run folder (run.json missing)")
+    out = export.export_run(rdir)
+    print(f"exported: {out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="workbench", description="Twin-draft speculative decoding workbench")
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="the experiment catalogue E1-E15").set_defaults(func=cmd_list)
+
+    def plan_args(p, smoke=True):
+        p.add_argument("experiment", help="experiment id, e.g. E4")
+        p.add_argument("--profile", default=None, help="model profile (tiny, 8b-thinking, 8b-instruct, 32b)")
+        p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+                       help="override a knob or sweep (gamma=4, relax_logtau=0.288,0.693, n=5, dataset=mmvet)")
+        if smoke:
+            g = p.add_mutually_exclusive_group()
+            g.add_argument("--smoke", action="store_true", help="shrink to the experiment's smoke size")
+            g.add_argument("--full", action="store_true", help="full size even under a smoke-default profile")
+
+    p = sub.add_parser("show", help="one experiment in full")
+    p.add_argument("experiment")
+    p.add_argument("--profile", default=None)
+    p.set_defaults(func=cmd_show)
+    p = sub.add_parser("legs", help="dry run: the planned legs")
+    plan_args(p)
+    p.set_defaults(func=cmd_legs)
+    p = sub.add_parser("run", help="run an experiment into results/<experiment>/<run id>/")
+    plan_args(p)
+    p.add_argument("--results", default="results", help="results root (default: results)")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run: finished legs are skipped")
+    p.add_argument("--stop-on-failure", action="store_true", help="stop at the first failed leg")
+    p.add_argument("--model-path", action="append", default=[], metavar="ROLE=PATH",
+                   help="use a local checkpoint for a role (also WORKBENCH_MODEL_<ROLE>)")
+    p.add_argument("--data-source", action="append", default=[], metavar="DATASET=PATH",
+                   help="load a prompt set from a local copy (mmvet=path/to/mm-vet)")
+    p.add_argument("--leg-timeout", type=float, default=None, metavar="S", help="kill a leg after S seconds")
+    p.add_argument("--no-notebook", action="store_true", help="run legs + tables without the notebook")
+    p.add_argument("--figure-formats", default="png,html", help="formats for <run>/figures (default png,html)")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("export", help="export figures and tables of a run folder")
+    p.add_argument("run_dir")
+    p.set_defaults(func=cmd_export)
+    p = sub.add_parser("data", help="prompt data sets (fetch, verify)")
+    dsub = p.add_subparsers(dest="data_command", required=True)
+    try:
+        from workbench.datasets.cli import add_cli
+    except ImportError:
+        add_cli = None
+    if add_cli is not None:
+        add_cli(dsub)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (RegistryError, CliError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        from workbench.protocol import ProtocolError
+        from workbench.prompts import PromptError
+        if isinstance(exc, (ProtocolError, PromptError, FileNotFoundError)):
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

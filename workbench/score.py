@@ -1,0 +1,182 @@
+"""Scoring leg: teacher-forced top-1 agreement of a draft model with the target's vanilla output (E7).
+
+For each prompt, the draft reads prompt + the target's generated tokens in one
+forward pass; position i agrees when the draft's argmax after the first i
+generated tokens is the target's token i. That is what a gamma=1 strict draft
+would get accepted with perfect context, so it predicts acceptance without
+running speculation.
+
+    python -m workbench.score --model DIR --reference legs/vanilla_1/records.jsonl \
+        --prompts prompts.jsonl --out DIR [--dtype bfloat16] [--experiment E7 --leg score_twin --run-id ID]
+
+Runs with transformers (CPU or GPU): one forward per prompt, no engine start.
+Writes records.jsonl + summary.json like a leg, or failure.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+
+def _load_reference(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise FileNotFoundError(f"reference records not found: {path}")
+    out = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if line.strip():
+                rec = json.loads(line)
+                if "pid" not in rec or not isinstance(rec.get("gen_ids"), list):
+                    raise ValueError(f"{path}:{lineno}: record needs 'pid' and a 'gen_ids' list")
+                out.append(rec)
+    if not out:
+        raise ValueError(f"{path}: no records")
+    return out
+
+
+def _load_model(model_dir: str, dtype_name: str):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, \
+        AutoTokenizer
+
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype_name)
+    if dtype is None:
+        dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    config = AutoConfig.from_pretrained(model_dir)
+    is_vl = hasattr(config, "vision_config")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if is_vl:
+        model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype)
+        processor = AutoProcessor.from_pretrained(model_dir)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        processor = AutoTokenizer.from_pretrained(model_dir)
+    return model.to(device).eval(), processor, is_vl, device, str(dtype).replace("torch.", "")
+
+
+def _prompt_inputs(processor, prompt, is_vl: bool):
+    from PIL import Image
+
+    n_img = len(prompt.images) if is_vl else 0
+    content = [{"type": "image"} for _ in range(n_img)] + [{"type": "text", "text": prompt.text}]
+    messages = [{"role": "user", "content": content if is_vl else prompt.text}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    if is_vl:
+        images = [Image.open(p).convert("RGB") for p in prompt.images] or None
+        return processor(text=[text], images=images, return_tensors="pt")
+    return processor([text], return_tensors="pt")
+
+
+def score_prompt(model, processor, prompt, gen_ids: list[int], is_vl: bool, device: str) -> dict[str, Any]:
+    import torch
+
+    inputs = _prompt_inputs(processor, prompt, is_vl)
+    prompt_ids = inputs["input_ids"]
+    n_prompt = prompt_ids.shape[1]
+    if not gen_ids:
+        return {"in_len": n_prompt, "n_scored": 0, "n_agree": 0, "agreement": None, "first_disagreement": None,
+                "agree": []}
+    gen = torch.tensor([gen_ids], dtype=prompt_ids.dtype)
+    full = torch.cat([prompt_ids, gen], dim=1)
+    batch = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
+    batch = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
+    with torch.no_grad():
+        out = model(input_ids=full.to(device), attention_mask=torch.ones_like(full).to(device), **batch)
+    # logits at position j predict token j+1: the prediction for generated token i sits at n_prompt-1+i
+    logits = out.logits[0, n_prompt - 1: n_prompt - 1 + len(gen_ids)]
+    pred = logits.argmax(dim=-1).cpu().tolist()
+    agree = [int(p == g) for p, g in zip(pred, gen_ids)]
+    first = next((i for i, a in enumerate(agree) if not a), None)
+    return {"in_len": n_prompt, "n_scored": len(agree), "n_agree": sum(agree),
+            "agreement": sum(agree) / len(agree), "first_disagreement": first, "agree": agree}
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def run(args: argparse.Namespace) -> Path:
+    from workbench.prompts import load_prompts
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.monotonic()
+    reference = _load_reference(Path(args.reference))
+    prompts = {p.pid: p for p in load_prompts(args.prompts, pids=[r["pid"] for r in reference])}
+    model, processor, is_vl, device, dtype = _load_model(args.model, args.dtype)
+    load_s = time.monotonic() - t_start
+    records = []
+    for ref in reference:
+        t0 = time.monotonic()
+        res = score_prompt(model, processor, prompts[ref["pid"]], list(ref["gen_ids"]), is_vl, device)
+        t = time.monotonic() - t0
+        records.append({
+            "pid": ref["pid"], "mode": "score", "tier": "score", "gamma": None,
+            "in_len": res["in_len"], "in_len_reference": ref.get("in_len"),
+            "gen_len": res["n_scored"], "t": t, "tok_s": (res["n_scored"] / t) if t > 0 else None,
+            "agreement": res["agreement"], "n_agree": res["n_agree"], "n_scored": res["n_scored"],
+            "first_disagreement": res["first_disagreement"], "agree": res["agree"],
+            "reference_leg": ref.get("leg"), "experiment": args.experiment, "leg": args.leg,
+            "run_id": args.run_id, "knobs": {}, "spec": None, "trace": None,
+            "gen_ids": None, "text": None,
+        })
+    tmp = out / "records.jsonl.tmp"
+    with tmp.open("w", encoding="utf-8") as fh:
+        for r in records:
+            fh.write(json.dumps(r) + "\n")
+    os.replace(tmp, out / "records.jsonl")
+    scored = [r for r in records if r["n_scored"]]
+    pooled = (sum(r["n_agree"] for r in scored) / sum(r["n_scored"] for r in scored)) if scored else None
+    mism = [r["pid"] for r in records if r["in_len_reference"] is not None and r["in_len"] != r["in_len_reference"]]
+    import torch
+    import transformers
+    _write_json(out / "summary.json", {
+        "status": "complete", "experiment": args.experiment, "leg": args.leg, "run_id": args.run_id,
+        "mode": "score", "tier": "score", "gamma": None, "model": args.model, "target": None,
+        "draft": args.model, "reference": str(args.reference), "backend": "transformers", "device": device,
+        "dtype": dtype, "n_prompts": len(records), "pooled_agreement": pooled,
+        "in_len_mismatch_pids": mism,
+        "note": ("prompt token count differs from the reference leg for these pids: the chat prompt was "
+                 "rebuilt differently, agreement there is approximate") if mism else None,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "engine_start_s": load_s, "wall_s": time.monotonic() - t_start, "knobs": {}, "spec": None,
+    })
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m workbench.score", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="draft checkpoint (folder or hub id)")
+    ap.add_argument("--reference", required=True, help="records.jsonl of the target's vanilla leg")
+    ap.add_argument("--prompts", required=True, help="prompt file (JSONL) the reference leg ran on")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    ap.add_argument("--max-model-len", type=int, default=None, help="accepted for symmetry with legs; unused")
+    ap.add_argument("--experiment")
+    ap.add_argument("--leg")
+    ap.add_argument("--run-id")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    try:
+        run(args)
+    except Exception as exc:  # a scoring failure is a recorded result, not a crash of the whole run
+        out.mkdir(parents=True, exist_ok=True)
+        _write_json(out / "failure.json", {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
+                                           "traceback": traceback.format_exc(), "leg": args.leg,
+                                           "mode": "score", "tier": "score"})
+        print(f"score leg failed: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
