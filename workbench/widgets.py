@@ -1,0 +1,436 @@
+"""ipywidgets around ``workbench.plots``: the run explorer and the divergence viewer.
+
+The explorer builds its figures once per run (with the same plot functions
+as the exported figures) and then only edits trace data in place inside
+``batch_update`` when a slider moves. Everything a slider needs is
+precomputed when the run is loaded: per-leg tables, and from the acceptance
+trace presorted running maxima of the margins, so a move of the
+``relax_logtau`` slider is a handful of ``searchsorted`` calls whatever the
+number of prompts (see benchmarks/bench_explorer.py).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import ipywidgets as W
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from . import metrics, plots
+from .results import Run, list_runs, load_run
+
+X_MAX = 3.0  # relax x up to 3 (tau = 0.05) covers the tau ladders of E4/E13
+X_STEP = 0.01
+CURVE_POINTS = 151
+
+
+def _gamma(v: Any) -> int | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else int(round(f))
+
+
+class _Precomputed:
+    """Everything the explorer's callbacks read, computed once per run."""
+
+    def __init__(self, run: Run, bins: int):
+        rec = run.records
+        self.run = run
+        spec = rec[rec["tier"] != "vanilla"] if len(rec) else rec
+        self.gammas = sorted({g for g in (spec["gamma"].map(_gamma) if len(spec) else []) if g is not None})
+        has_vanilla = bool(len(rec)) and rec["tier"].eq("vanilla").any()
+        self.speedup = metrics.bracketed_speedup(rec, run.legs_order) if has_vanilla and len(spec) else None
+        self.per_prompt = metrics.prompt_speedups(rec, run.legs_order) if self.speedup is not None else None
+        self.acceptance = metrics.acceptance(rec) if len(spec) else None
+        self.per_pos = metrics.per_position_acceptance(rec) if len(spec) else None
+        self.trace = metrics.TraceIndex(rec) if len(spec) else None
+        if self.trace is not None and self.trace.empty:
+            self.trace = None
+        self.grid = np.linspace(0.0, X_MAX, CURVE_POINTS)
+        self.curves = None
+        self.over = None
+        self.trace_leg_for_gamma: dict[int, str] = {}
+        if self.trace is not None:
+            self.curves = pd.concat([self.trace.curve(leg, self.grid) for leg in self.trace.legs], ignore_index=True)
+            meta = self.trace.prompts.drop_duplicates("leg").set_index("leg")
+            self.curves = self.curves.join(meta[["gamma", "tier"]], on="leg")
+            self.curves["leg_relax_logtau"] = self.curves["leg"].map(meta["relax_logtau"])
+            # Counterfactual per gamma: prefer a strict leg's trace (it predicts relaxed from exact drafts).
+            for leg in sorted(self.trace.legs, key=lambda l: (meta.loc[l, "tier"] != "strict", l)):
+                g = _gamma(meta.loc[leg, "gamma"])
+                if g is not None:
+                    self.trace_leg_for_gamma.setdefault(g, leg)
+            self.over = self.trace.over_position(bins)
+            self._over_sorted = self._sort_over_position(bins)
+
+    def _sort_over_position(self, bins: int) -> dict[str, list[np.ndarray]]:
+        """Per leg and output-position bin: presorted running maxima, for predicted acceptance at any x."""
+        t = self.trace
+        edges = np.linspace(0, t.position.max() + 1, bins + 1)
+        b = np.clip(np.searchsorted(edges, t.position, side="right") - 1, 0, bins - 1)
+        out = {}
+        for code, leg in enumerate(t.legs):
+            sel = t.step_leg == code
+            rm, bb = t.runmax[sel], b[sel]
+            out[leg] = [np.sort(rm[bb == i][np.isfinite(rm[bb == i])]) for i in range(bins)]
+        self._over_drafted = {leg: d["drafted"].to_numpy(float) for leg, d in self.over.groupby("leg", sort=False)}
+        return out
+
+    def over_position_rate_at(self, leg: str, x: float) -> np.ndarray:
+        acc = np.array([np.searchsorted(s, x, side="right") for s in self._over_sorted[leg]], dtype=float)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return acc / self._over_drafted[leg]
+
+
+class Explorer:
+    """Interactive view of one run: experiment/run dropdowns, gamma and relax_logtau sliders.
+
+    ``Explorer(results_root, experiment, run_id)`` (pickers list the runs
+    under ``results_root``) or ``Explorer(run=load_run(path))``. ``.widget``
+    is the box to display; ``on_gamma`` / ``on_relax`` are what the sliders
+    call (exposed so they can be timed and tested without a browser).
+    """
+
+    def __init__(self, results_root: str | Path | None = None, experiment: str | None = None,
+                 run_id: str | None = None, *, run: Run | None = None, bins: int = 10):
+        if run is None and results_root is None:
+            raise ValueError("Explorer needs results_root (to pick a run) or run=")
+        self.results_root = Path(results_root) if results_root is not None else None
+        self.bins = bins
+        self.pre: _Precomputed | None = None
+        self._quiet = False
+
+        self.experiment_dd = W.Dropdown(description="experiment", options=[])
+        self.run_dd = W.Dropdown(description="run", options=[], layout=W.Layout(width="360px"))
+        self.gamma_slider = W.SelectionSlider(description="gamma", options=[0], value=0,
+                                              continuous_update=True, disabled=True)
+        self.gamma_slider.add_class("wb-gamma-slider")
+        self.relax_slider = W.FloatSlider(description="relax_logtau", min=0.0, max=X_MAX, step=X_STEP,
+                                          value=0.0, readout_format=".2f", continuous_update=True,
+                                          style={"description_width": "initial"})
+        self.relax_slider.add_class("wb-relax-slider")
+        self.readout = W.HTML()
+        self.readout.add_class("wb-readout")
+        self.status = W.HTML()
+        self.fig_speedup = go.FigureWidget()
+        self.fig_dist = go.FigureWidget()
+        self.fig_pos = go.FigureWidget()
+        self.fig_tau = go.FigureWidget()
+        self.fig_over = go.FigureWidget()
+        self.divergence = W.VBox()
+        boxes = []
+        for name, fig in [("speedup", self.fig_speedup), ("distribution", self.fig_dist),
+                          ("per-position", self.fig_pos), ("tau", self.fig_tau), ("over-position", self.fig_over)]:
+            box = W.Box([fig], layout=W.Layout(width="100%"))
+            box.add_class(f"wb-fig-{name}")
+            boxes.append(box)
+        self.widget = W.VBox([
+            W.HBox([self.experiment_dd, self.run_dd]),
+            W.HBox([self.gamma_slider, self.relax_slider]),
+            self.readout, self.status, *boxes,
+            W.Accordion([self.divergence], titles=("Divergence viewer",)),
+        ])
+        self.widget.add_class("wb-explorer")
+
+        self.experiment_dd.observe(self._experiment_changed, "value")
+        self.run_dd.observe(self._run_changed, "value")
+        self.gamma_slider.observe(lambda ch: self.on_gamma(ch["new"]), "value")
+        self.relax_slider.observe(lambda ch: self.on_relax(ch["new"]), "value")
+
+        if run is not None:
+            self.experiment_dd.options = [run.experiment]
+            self.run_dd.options = [(run.run_id, str(run.path))]
+            self.experiment_dd.disabled = self.run_dd.disabled = True
+            self.set_run(run)
+        else:
+            runs = list_runs(self.results_root)
+            if runs.empty:
+                raise FileNotFoundError(f"no run folders under {self.results_root}")
+            self._runs = runs
+            exps = sorted(runs["experiment"].unique())
+            if experiment is not None and experiment not in exps:
+                raise ValueError(f"experiment {experiment!r} has no runs under {self.results_root} (found {exps})")
+            self._quiet = True
+            self.experiment_dd.options = exps
+            self._quiet = False
+            self._pending_run_id = run_id
+            self.experiment_dd.value = None
+            self.experiment_dd.value = experiment or exps[-1]
+
+    # ------------------------------------------------------------------ pickers
+
+    def _experiment_changed(self, change: dict) -> None:
+        if self._quiet or change["new"] is None:
+            return
+        runs = self._runs[self._runs["experiment"] == change["new"]]
+        options = [(rid, path) for rid, path in zip(runs["run_id"], runs["path"])]
+        want = getattr(self, "_pending_run_id", None)
+        self._pending_run_id = None
+        if want is not None and want not in set(runs["run_id"]):
+            raise ValueError(f"run {want!r} not found for experiment {change['new']!r} "
+                             f"(runs: {list(runs['run_id'])})")
+        self._quiet = True
+        self.run_dd.options = options
+        self.run_dd.value = None
+        self._quiet = False
+        target = dict(options)[want] if want is not None else options[-1][1]
+        self.run_dd.value = target
+
+    def _run_changed(self, change: dict) -> None:
+        if self._quiet or change["new"] is None:
+            return
+        self.set_run(load_run(change["new"]))
+
+    # ------------------------------------------------------------------ building
+
+    def set_run(self, run: Run) -> None:
+        """Precompute and rebuild every figure for ``run`` (sliders only edit data afterwards)."""
+        self.pre = pre = _Precomputed(run, self.bins)
+        done = run.legs["status"].value_counts().to_dict()
+        self.status.value = (f"<b>{html.escape(run.experiment)}</b> / {html.escape(run.run_id)}: "
+                             + ", ".join(f"{v} {html.escape(str(k))}" for k, v in sorted(done.items()))
+                             + f" legs; {len(run.records)} prompt records")
+        x = float(self.relax_slider.value)
+        self._replace(self.fig_speedup, plots.speedup_vs_gamma(pre.speedup) if pre.speedup is not None
+                      else _empty("Speedup vs γ: needs a vanilla and a spec leg"))
+        self._replace(self.fig_dist, plots.speedup_distribution(pre.per_prompt) if pre.per_prompt is not None
+                      else _empty("Per-prompt speedup: needs a vanilla and a spec leg"))
+        self._replace(self.fig_pos, plots.per_position_acceptance(pre.per_pos, self._predicted_pos_frame(x))
+                      if pre.per_pos is not None and len(pre.per_pos) else _empty("Per-position acceptance: no spec leg"))
+        self._replace(self.fig_tau, plots.acceptance_vs_tau(pre.acceptance, pre.curves, marker_x=x)
+                      if pre.acceptance is not None and len(pre.acceptance) else _empty("Acceptance vs τ: no spec leg"))
+        if pre.over is not None:
+            fig = plots.acceptance_over_position(pre.over)
+            for leg in pre.trace.legs:
+                d = pre.over[pre.over["leg"] == leg]
+                fig.add_trace(go.Scatter(x=d["bin_mid"].to_numpy(float), y=pre.over_position_rate_at(leg, x),
+                                         mode="lines", line=dict(dash="dot", color="black"),
+                                         name=f"{leg} predicted at x", meta={"leg": leg, "role": "predicted"}))
+            self._replace(self.fig_over, fig)
+        else:
+            self._replace(self.fig_over, _empty("Acceptance over output position: no trace (run legs with --trace)"))
+        # Index the traces the sliders touch, once.
+        self._idx = {name: [(i, dict(t.meta or {})) for i, t in enumerate(fig.data)]
+                     for name, fig in [("speedup", self.fig_speedup), ("dist", self.fig_dist),
+                                       ("pos", self.fig_pos), ("tau", self.fig_tau), ("over", self.fig_over)]}
+        self.divergence.children = [divergence_viewer(run)] if _has_divergence_pairs(run) else [
+            W.HTML("<i>needs a vanilla leg and a spec leg with gen_ids</i>")]
+
+        self.gamma_slider.unobserve_all("value")
+        if pre.gammas:
+            previous = self.gamma_slider.value
+            self.gamma_slider.options = pre.gammas
+            # Keep the gamma in view across runs; otherwise start at the largest.
+            self.gamma_slider.value = previous if previous in pre.gammas else pre.gammas[-1]
+            self.gamma_slider.disabled = False
+        else:
+            self.gamma_slider.options = [0]
+            self.gamma_slider.disabled = True
+        self.gamma_slider.observe(lambda ch: self.on_gamma(ch["new"]), "value")
+        self.relax_slider.disabled = pre.trace is None
+        self.on_gamma(self.gamma_slider.value)
+
+    @staticmethod
+    def _replace(fw: go.FigureWidget, fig: go.Figure) -> None:
+        with fw.batch_update():
+            fw.data = []
+            fw.layout = fig.layout
+            fw.add_traces(list(fig.data))
+
+    def _predicted_pos_frame(self, x: float) -> pd.DataFrame | None:
+        pre = self.pre
+        if pre is None or pre.trace is None:
+            return None
+        rows = []
+        for leg in pre.trace.legs:
+            rate = pre.trace.per_position_at(leg, x)
+            meta = pre.trace.prompts[pre.trace.prompts["leg"] == leg].iloc[0]
+            rows.append(pd.DataFrame({"leg": leg, "tier": meta["tier"], "gamma": meta["gamma"],
+                                      "relax_logtau": meta.get("relax_logtau"),
+                                      "position": np.arange(rate.size), "rate": rate}))
+        return pd.concat(rows, ignore_index=True)
+
+    # ------------------------------------------------------------------ callbacks (slider -> in-place edits)
+
+    def on_gamma(self, gamma: int) -> None:
+        """Show the legs of one gamma; move the selection marker."""
+        pre = self.pre
+        if pre is None:
+            return
+        gamma = _gamma(gamma)
+        with self.fig_speedup.batch_update():
+            for i, meta in self._idx["speedup"]:
+                if meta.get("role") == "selection" and pre.speedup is not None:
+                    sel = pre.speedup[pre.speedup["gamma"].map(_gamma) == gamma]
+                    self.fig_speedup.data[i].x = [gamma] * len(sel)
+                    self.fig_speedup.data[i].y = sel["speedup"].to_numpy(float)
+        for name, fig in (("dist", self.fig_dist), ("pos", self.fig_pos), ("tau", self.fig_tau)):
+            with fig.batch_update():
+                for i, meta in self._idx[name]:
+                    if "gamma" in meta and meta.get("role") != "measured_points":
+                        fig.data[i].visible = meta["gamma"] == gamma
+        self.on_relax(self.relax_slider.value)
+
+    def on_relax(self, x: float) -> None:
+        """Counterfactual acceptance at relax x from the traces: update predicted traces and readout."""
+        pre = self.pre
+        if pre is None:
+            return
+        x = float(x)
+        tau = math.exp(-x)
+        if pre.trace is None:
+            self.readout.value = f"x = {x:.2f} (τ = {tau:.3f}); no acceptance trace in this run"
+            return
+        with self.fig_pos.batch_update():
+            for i, meta in self._idx["pos"]:
+                if meta.get("role") == "predicted":
+                    self.fig_pos.data[i].y = pre.trace.per_position_at(meta["leg"], x)
+        with self.fig_tau.batch_update():
+            for i, meta in self._idx["tau"]:
+                if meta.get("role") == "marker":
+                    c = pre.trace.curve(meta["leg"], [x])
+                    self.fig_tau.data[i].x = [x]
+                    self.fig_tau.data[i].y = [float(c["acceptance_length"].iloc[0])]
+        with self.fig_over.batch_update():
+            for i, meta in self._idx["over"]:
+                if meta.get("role") == "predicted":
+                    self.fig_over.data[i].y = pre.over_position_rate_at(meta["leg"], x)
+        leg = pre.trace_leg_for_gamma.get(_gamma(self.gamma_slider.value)) if pre.gammas else None
+        if leg is None:
+            self.readout.value = f"x = {x:.2f} (τ = {tau:.3f}); no traced leg at this γ"
+            return
+        c = pre.trace.curve(leg, [x]).iloc[0]
+        self.readout.value = (
+            f"x = {x:.2f} (τ = {tau:.3f}): predicted from <code>{html.escape(leg)}</code> trace: "
+            f"acceptance length <b>{c['acceptance_length']:.3f}</b>, acceptance rate {c['acceptance_rate']:.3f} "
+            f"<i>(first-order: replays recorded steps)</i>"
+        )
+
+
+def _empty(title: str) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(title=title, template=plots.TEMPLATE, height=200,
+                      xaxis=dict(visible=False), yaxis=dict(visible=False))
+    return fig
+
+
+def explorer(results_root: str | Path = "results", experiment: str | None = None, run_id: str | None = None,
+             **kwargs: Any) -> W.Widget:
+    """The explorer widget (``Explorer(...).widget``), to display from a notebook."""
+    ex = Explorer(results_root, experiment, run_id, **kwargs)
+    ex.widget._explorer = ex  # keep the callbacks' owner alive with the widget
+    return ex.widget
+
+
+# --------------------------------------------------------------------------- divergence viewer
+
+
+def _has_divergence_pairs(run: Run) -> bool:
+    rec = run.records
+    return bool(len(rec)) and rec["tier"].eq("vanilla").any() and rec["tier"].ne("vanilla").any()
+
+
+def _text_split(a: str, b: str) -> int:
+    """First differing character, moved back to the start of its word so no word is cut in two."""
+    n = min(len(a), len(b))
+    c = next((i for i in range(n) if a[i] != b[i]), n)
+    if c < n or len(a) != len(b):
+        cut = max(a.rfind(" ", 0, c), a.rfind("\n", 0, c))
+        c = cut + 1 if cut >= 0 else 0
+    return c
+
+
+def divergence_html(ref: pd.Series, other: pd.Series, decode: Callable[[Sequence[int]], str] | None = None,
+                    window: int = 12) -> str:
+    """Side-by-side HTML of two records at their first differing token.
+
+    With ``decode`` (token ids -> text) the split is exact at the token; else
+    with the records' ``text`` the split is at the first differing character;
+    else the ids around the divergence are shown.
+    """
+    a, b = list(ref["gen_ids"]), list(other["gen_ids"])
+    k = metrics._first_divergence(a, b)
+    head = (f"<div><b>{html.escape(str(other['leg']))}</b> vs <b>{html.escape(str(ref['leg']))}</b>, "
+            f"prompt <code>{html.escape(str(ref['pid']))}</code>: ")
+    if k is None:
+        return head + f"identical ({len(a)} tokens)</div>"
+    tok = lambda ids, i: str(ids[i]) if i < len(ids) else "(end)"
+    head += f"first differing token at index <b>{k}</b> (id {tok(a, k)} vs {tok(b, k)})</div>"
+
+    def cell(prefix: str, rest: str) -> str:
+        return (f"<td style='vertical-align:top;width:50%;font-family:monospace;white-space:pre-wrap'>"
+                f"<span style='color:#888'>{html.escape(prefix)}</span>"
+                f"<span style='background:#ffe0b2'>{html.escape(rest)}</span></td>")
+
+    if decode is not None:
+        pre_a, rest_a = decode(a[:k]), decode(a[k:])
+        pre_b, rest_b = decode(b[:k]), decode(b[k:])
+    elif isinstance(ref.get("text"), str) and isinstance(other.get("text"), str):
+        c = _text_split(ref["text"], other["text"])
+        pre_a, rest_a = ref["text"][:c], ref["text"][c:]
+        pre_b, rest_b = other["text"][:c], other["text"][c:]
+    else:
+        lo = max(0, k - window)
+        fmt = lambda ids: " ".join(map(str, ids))
+        pre_a, rest_a = ("… " if lo else "") + fmt(a[lo:k]) + " ", fmt(a[k:k + window])
+        pre_b, rest_b = ("… " if lo else "") + fmt(b[lo:k]) + " ", fmt(b[k:k + window])
+    return (head + "<table style='width:100%;table-layout:fixed'><tr>"
+            f"<th>{html.escape(str(ref['leg']))}</th><th>{html.escape(str(other['leg']))}</th></tr><tr>"
+            + cell(pre_a, rest_a) + cell(pre_b, rest_b) + "</tr></table>")
+
+
+def divergence_viewer(run: Run, ref_leg: str | None = None,
+                      decode: Callable[[Sequence[int]], str] | None = None) -> W.Widget:
+    """Pick a spec leg and a prompt; see it next to the vanilla output at the first difference.
+
+    Prompts are listed diverging first (earliest divergence first).
+    """
+    rec = run.records
+    order = run.legs_order
+    vanilla = [l for l in order if l in set(rec.loc[rec["tier"] == "vanilla", "leg"])]
+    spec = [l for l in order if l in set(rec.loc[rec["tier"] != "vanilla", "leg"])]
+    if not vanilla or not spec:
+        raise ValueError(f"divergence viewer needs a vanilla and a spec leg with records in {run.path}")
+    ref_leg = ref_leg or vanilla[0]
+    if ref_leg not in vanilla + spec:
+        raise ValueError(f"reference leg {ref_leg!r} has no records (legs: {vanilla + spec})")
+    by_leg = {leg: rec[rec["leg"] == leg].set_index("pid") for leg in set(vanilla + spec)}
+    leg_dd = W.Dropdown(description="leg", options=[l for l in spec if l != ref_leg])
+    pid_dd = W.Dropdown(description="prompt", layout=W.Layout(width="420px"))
+    out = W.HTML()
+    out.add_class("wb-divergence")
+
+    def fill_pids(*_: Any) -> None:
+        ex = metrics.exactness(rec, ref_leg, leg_dd.value)
+        ex = ex.assign(_k=ex["first_divergence"].fillna(10**9)).sort_values(["_k", "pid"])
+        pid_dd.options = [(f"{p} — " + ("identical" if pd.isna(k) else f"diverges at {k}"), p)
+                          for p, k in zip(ex["pid"], ex["first_divergence"])]
+        pid_dd.value = pid_dd.options[0][1] if pid_dd.options else None
+
+    def show(*_: Any) -> None:
+        if pid_dd.value is None or leg_dd.value is None:
+            out.value = ""
+            return
+        r = by_leg[ref_leg].loc[pid_dd.value].copy()
+        o = by_leg[leg_dd.value].loc[pid_dd.value].copy()
+        r["pid"] = o["pid"] = pid_dd.value
+        out.value = divergence_html(r, o, decode)
+
+    leg_dd.observe(fill_pids, "value")
+    pid_dd.observe(show, "value")
+    # Open on the first leg that diverges at all: that is the one worth looking at.
+    diverging = [l for l in leg_dd.options if not metrics.exactness(rec, ref_leg, l)["exact"].all()]
+    if diverging and leg_dd.value != diverging[0]:
+        leg_dd.value = diverging[0]
+    else:
+        fill_pids()
+    show()
+    return W.VBox([W.HBox([leg_dd, pid_dd]), out])
