@@ -177,6 +177,8 @@ def _num_out(d: Decimal) -> int | float:
 def _norm_choice(s: str) -> str:
     s = _delatex(str(s)).lower()
     s = re.sub(r"\s+", " ", s).strip()
+    # "6 cm" and "6cm" are the same choice
+    s = re.sub(r"(?<=\d) (?=[a-z%])", "", s)
     return s.strip(" .。;:,")
 
 
