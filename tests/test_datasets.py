@@ -347,3 +347,36 @@ def test_add_cli_mounts_on_another_parser(tmp_path):
     args = parser.parse_args(["data", "verify", str(tmp_path)])
     with pytest.raises(DatasetError, match="no manifest.json"):
         args.func(args)
+
+
+def test_hub_fetch_records_the_resolved_revision(mathvista_dir, tmp_path, monkeypatch):
+    """The hub path without a network: huggingface_hub is replaced by a stand-in serving a local shard."""
+    import huggingface_hub
+    from types import SimpleNamespace
+
+    shard = tmp_path / "hub" / "data" / "testmini-00000-of-00001-abc.parquet"
+    shard.parent.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(_hub_rows(mathvista_dir, ["1", "2"])), shard)
+    asked = {}
+
+    class FakeApi:
+        def dataset_info(self, repo_id, revision=None, **kw):
+            asked["info"] = (repo_id, revision)
+            names = ["README.md", "data/test-00000-of-00002.parquet", "data/testmini-00000-of-00001-abc.parquet"]
+            return SimpleNamespace(sha="f" * 40, siblings=[SimpleNamespace(rfilename=n) for n in names])
+
+    def fake_download(repo_id, filename, repo_type=None, revision=None, cache_dir=None, **kw):
+        asked.setdefault("files", []).append((filename, revision, repo_type))
+        return str(tmp_path / "hub" / filename)
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
+    out = fetch("mathvista", out=tmp_path / "mv", revision="v1")
+    assert asked["info"] == ("AI4Math/MathVista", "v1")
+    assert asked["files"] == [("data/testmini-00000-of-00001-abc.parquet", "f" * 40, "dataset")]
+    manifest = verify(out)
+    assert manifest["revision"] == "f" * 40 and manifest["source"]["kind"] == "hub"
+    assert manifest["images_are_stand_ins"] is False
+    prompts = load_mathvista(out)
+    assert [p.pid for p in prompts] == ["1", "2"] and not any(p.meta["image_is_stand_in"] for p in prompts)
