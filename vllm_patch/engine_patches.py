@@ -502,6 +502,7 @@ def apply(knobs: EngineKnobs) -> None:
         return
     G.knobs = knobs
     G.report = EngineReport(knobs)
+    G.report.update()
     if knobs.trace and knobs.report_dir:
         G.trace = TraceWriter(knobs.report_dir)
     _patch_proposer(knobs)

@@ -1,0 +1,40 @@
+"""Turning a Prompt into what the model reads: chat-templated text + images.
+
+The leg (vLLM) and the teacher-forced scorers (transformers) both build the
+prompt here, so they score exactly the text the leg decoded from.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .prompts import Prompt, PromptError
+
+
+def chat_messages(prompt: Prompt) -> list[dict]:
+    """One user turn: one image placeholder per image, in order, then the text."""
+    content = [{"type": "image"} for _ in prompt.images]
+    content.append({"type": "text", "text": prompt.text})
+    return [{"role": "user", "content": content}]
+
+
+def render_prompt(tokenizer, prompt: Prompt) -> str:
+    return tokenizer.apply_chat_template(
+        chat_messages(prompt), tokenize=False, add_generation_prompt=True
+    )
+
+
+def load_images(prompt: Prompt) -> list:
+    from PIL import Image
+
+    images = []
+    for path in prompt.images:
+        p = Path(path)
+        if not p.is_file():
+            raise PromptError(f"prompt {prompt.pid!r}: image not found: {p}")
+        try:
+            with Image.open(p) as im:
+                images.append(im.convert("RGB"))
+        except Exception as exc:  # PIL raises several unrelated types
+            raise PromptError(f"prompt {prompt.pid!r}: cannot read image {p}: {exc}") from None
+    return images
