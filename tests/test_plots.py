@@ -1,0 +1,111 @@
+"""workbench.plots: figures have the traces, data and colours the tables say."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from synthetic_runs import LADDER_LEGS, write_run  # noqa: E402
+
+from workbench import metrics as M  # noqa: E402
+from workbench import plots as P  # noqa: E402
+from workbench.results import load_run  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return load_run(write_run(tmp_path_factory.mktemp("runs"), legs=LADDER_LEGS, n_prompts=10))
+
+
+def test_speedup_vs_gamma_series_and_iqr():
+    sp = pd.DataFrame({
+        "leg": ["s2", "s4", "r4"], "leg_index": [1, 2, 3], "tier": ["strict", "strict", "relaxed"],
+        "gamma": [2.0, 4.0, 4.0], "relax_logtau": [0.0, 0.0, 0.693], "blind_mm": [False] * 3,
+        "speedup": [1.2, 1.5, 1.9], "q25": [1.1, 1.3, 1.6], "q75": [1.4, 1.6, 2.0], "n": [10] * 3,
+    })
+    fig = P.speedup_vs_gamma(sp)
+    series = [t for t in fig.data if t.meta.get("role") == "speedup"]
+    assert [t.name for t in series] == ["strict", "relaxed x=0.693 (τ=0.50)"]
+    strict = series[0]
+    assert list(strict.x) == [2, 4] and np.allclose(strict.y, [1.2, 1.5])
+    assert np.allclose(strict.error_y.array, [0.2, 0.1]) and np.allclose(strict.error_y.arrayminus, [0.1, 0.2])
+    assert strict.line.color == P.TIER_COLORS["strict"] and series[1].line.color == P.TIER_COLORS["relaxed"]
+    assert any(t.meta.get("role") == "selection" for t in fig.data)
+
+
+def test_speedup_distribution_box_violin(run):
+    per = M.prompt_speedups(run.records, run.legs_order)
+    box = P.speedup_distribution(per)
+    assert [t.type for t in box.data] == ["box"] * 4
+    assert [t.name for t in box.data] == ["strict_g2", "strict_g4", "strict_g6", "relaxed_g6_x0.693"]
+    assert np.allclose(sorted(box.data[0].y), sorted(per.loc[per["leg"] == "strict_g2", "speedup"]))
+    assert box.data[0].marker.color == P.TIER_COLORS["strict"]
+    assert [t.type for t in P.speedup_distribution(per, "violin").data] == ["violin"] * 4
+    with pytest.raises(ValueError, match="kind"):
+        P.speedup_distribution(per, "bars")
+
+
+def test_large_distribution_uses_precomputed_quartiles():
+    n = P.BOX_MAX_POINTS + 1
+    y = np.linspace(0.5, 2.5, n)
+    per = pd.DataFrame({"leg": "s", "leg_index": 1, "tier": "strict", "gamma": 6, "relax_logtau": 0.0,
+                        "blind_mm": False, "pid": [f"p{i}" for i in range(n)], "speedup": y})
+    t = P.speedup_distribution(per).data[0]
+    assert t.y is None and t.median[0] == pytest.approx(np.median(y)) and t.q1[0] == pytest.approx(np.quantile(y, 0.25))
+
+
+def test_per_position_acceptance_bars_and_prediction(run):
+    pos = M.per_position_acceptance(run.records)
+    pred = pd.DataFrame({"leg": "strict_g6", "gamma": 6, "tier": "strict", "relax_logtau": 0.0,
+                         "position": range(6), "rate": np.linspace(1, 0.5, 6)})
+    fig = P.per_position_acceptance(pos, pred)
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert [len(b.x) for b in bars] == [2, 4, 6, 6]
+    g6 = pos[pos["leg"] == "strict_g6"].sort_values("position")
+    assert np.allclose(bars[2].y, g6["rate"]) and list(bars[2].x) == [1, 2, 3, 4, 5, 6]
+    predicted = [t for t in fig.data if t.meta.get("role") == "predicted"]
+    assert len(predicted) == 1 and np.allclose(predicted[0].y, np.linspace(1, 0.5, 6))
+
+
+def test_acceptance_over_position_lines(run):
+    over = M.acceptance_over_position(run.records, 4)
+    fig = P.acceptance_over_position(over, "acceptance_length")
+    assert [t.name for t in fig.data] == ["strict_g2", "strict_g4", "strict_g6", "relaxed_g6_x0.693"]
+    assert np.allclose(fig.data[2].y, over.loc[over["leg"] == "strict_g6", "acceptance_length"])
+    with pytest.raises(ValueError, match="metric"):
+        P.acceptance_over_position(over, "speed")
+
+
+def test_acceptance_vs_tau_points_curves_marker(run):
+    measured = M.acceptance(run.records)
+    curve = M.predict_acceptance(run.records, np.linspace(0, 2, 21)).aggregate
+    fig = P.acceptance_vs_tau(measured, curve, marker_x=0.5)
+    roles = [t.meta["role"] for t in fig.data]
+    assert roles.count("measured_points") == 3  # gammas 2, 4, 6
+    assert roles.count("counterfactual") == 4 and roles.count("marker") == 4
+    g6 = next(t for t in fig.data if t.meta["role"] == "measured_points" and t.meta["gamma"] == 6)
+    assert sorted(g6.x) == [0.0, 0.693]
+    strict_curve = next(t for t in fig.data if t.meta["role"] == "counterfactual" and t.meta["leg"] == "strict_g6")
+    assert strict_curve.line.color == P.TIER_COLORS["strict"]
+    assert np.all(np.diff(strict_curve.y) >= 0)  # looser gate never accepts less
+
+
+def test_exactness_table_cells(run):
+    summ = M.exactness_summary(run.records)
+    fig = P.exactness_table(summ)
+    table = fig.data[0]
+    assert isinstance(table, go.Table)
+    assert list(table.cells.values[0]) == list(summ["leg"])
+    assert list(table.cells.values[4]) == [f"{r:.3f}" for r in summ["match_rate"]]
+
+
+def test_token_class_bars(run):
+    classes = M.token_class_acceptance(run.records, set(range(10, 500)))
+    fig = P.token_class_bars(classes)
+    assert sorted(t.name for t in fig.data) == ["image-word", "other"]
