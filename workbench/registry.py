@@ -353,9 +353,9 @@ def _load_sweep(raw: Any, where: str, profiles: dict[str, Profile]) -> dict[str,
 
 def _load_leg(raw: Any, where: str, profiles: dict[str, Profile]) -> LegTemplate:
     raw = _need_mapping(raw, where)
-    _unknown(raw, _LEG_FIELDS, where)
     name = _need_str(raw.get("name"), f"{where}.name")
     where = f"{where} ({name})"
+    _unknown(raw, _LEG_FIELDS, where)
     for f in template_fields(name):
         if f not in SWEEPABLE:
             raise RegistryError(f"{where}.name: placeholder {{{f}}} is not a knob or role field; "

@@ -85,7 +85,14 @@ def score_prompt(model, processor, prompt, gen_ids: list[int], is_vl: bool, devi
                 "agree": []}
     gen = torch.tensor([gen_ids], dtype=prompt_ids.dtype)
     full = torch.cat([prompt_ids, gen], dim=1)
-    batch = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
+    batch = {}
+    for k, v in inputs.items():
+        if k in ("input_ids", "attention_mask"):
+            continue
+        if hasattr(v, "shape") and tuple(v.shape) == tuple(prompt_ids.shape):
+            # per-token side inputs (e.g. mm_token_type_ids): generated tokens are plain text
+            v = torch.cat([v, torch.zeros((1, len(gen_ids)), dtype=v.dtype)], dim=1)
+        batch[k] = v
     batch = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
     with torch.no_grad():
         out = model(input_ids=full.to(device), attention_mask=torch.ones_like(full).to(device), **batch)
