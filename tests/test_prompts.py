@@ -163,5 +163,9 @@ def test_load_prompt_set_accepts_a_jsonl_path_and_rejects_unknown_names(prompt_d
     assert [p.pid for p in load_prompt_set(str(path), pids=["p3"])] == ["p3"]
     with pytest.raises(PromptError, match="unknown prompt set 'nonesuch'"):
         load_prompt_set("nonesuch")
+    with pytest.raises(PromptError, match=r"option\(s\) \['colour'\] do not apply to prompt set 'tiny'"):
+        load_prompt_set("tiny", colour="red")
+    # the protocol may pass stand_in_images to any set; sets with real images ignore it
+    assert len(load_prompt_set("tiny", n=2, stand_in_images=True)) == 2
     with pytest.raises(PromptError, match="either pids or pid_list"):
         load_prompt_set("tiny", pids=["tiny-001"], pid_list="mathvista_testmini_seed20")

@@ -52,18 +52,23 @@ def load_prompt_set(name: str | Path, *, pids=None, n: int | None = None,
             raise PromptError("give either pids or pid_list, not both")
         pids = load_pid_list(pid_list)
     key = str(name)
-    if key == "tiny":
-        return load_tiny(pids=pids, n=n, **kw)
-    if key == "mathvista":
-        return load_mathvista(pids=pids, n=n, **kw)
-    if key in ("mmvet", "mm-vet"):
-        return load_mmvet(pids=pids, n=n, **kw)
-    path = Path(key)
-    if path.suffix == ".jsonl" or path.is_file():
-        if kw:
-            raise PromptError(f"options {sorted(kw)} do not apply to a JSONL prompt file")
-        return load_prompts(path, pids=pids, n=n)
-    raise PromptError(f"unknown prompt set {key!r}: use one of {list(PROMPT_SETS)} or a path to a .jsonl file")
+    if key in ("tiny", "mmvet", "mm-vet"):
+        # stand_in_images only *permits* stand-ins where images are missing; these sets have theirs.
+        kw.pop("stand_in_images", None)
+    loader, options = {"tiny": (load_tiny, {"source"}),
+                       "mathvista": (load_mathvista, {"source", "stand_in_images", "image_dir", "check_images"}),
+                       "mmvet": (load_mmvet, {"source", "image_dir", "check_images"}),
+                       "mm-vet": (load_mmvet, {"source", "image_dir", "check_images"})}.get(key, (None, set()))
+    if loader is None:
+        path = Path(key)
+        if not (path.suffix == ".jsonl" or path.is_file()):
+            raise PromptError(f"unknown prompt set {key!r}: use one of {list(PROMPT_SETS)} "
+                              f"or a path to a .jsonl file")
+        loader, options = (lambda **k: load_prompts(path, **k)), {"check_images"}
+    unknown = sorted(set(kw) - options)
+    if unknown:
+        raise PromptError(f"option(s) {unknown} do not apply to prompt set {key!r}; allowed: {sorted(options)}")
+    return loader(pids=pids, n=n, **kw)
 
 
 def fetch(name: str, source=None, out=None, **kw) -> Path:

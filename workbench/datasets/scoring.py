@@ -378,8 +378,8 @@ def mmvet_capability_table(records, prompts=None, values: Iterable[str] = (), sc
     Each record counts once under each of its capabilities (`by="capability"`)
     or once under its capability combination (`by="combination"`). The table
     has `n` and the mean of each column in `values` (e.g. tok_s, acceptance_length);
-    with `scores=True` also `score`, the grader's mean ×1 (0..1) — records without
-    a `score` are graded with the registered grader, which must exist.
+    with `scores=True` also `score`, the mean grader score in [0, 1]; records
+    without a `score` are graded with the registered grader, which must exist.
     Capabilities come from the record (`capability` or `meta`) or from `prompts`
     (Prompts or a pid -> Prompt mapping).
     """
