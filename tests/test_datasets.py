@@ -152,6 +152,14 @@ def test_every_mathvista_prompt_builds_with_marked_stand_ins(mathvista_dir, math
             assert im.size == stand_in_size(md["img_width"], md["img_height"])
 
 
+def test_stand_ins_can_be_shrunk_for_small_context_models(mathvista_dir, tmp_path):
+    (p,) = load_mathvista(mathvista_dir, pids=["1"], stand_in_images=True, image_dir=tmp_path,
+                          stand_in_max_side=320)
+    with Image.open(p.images[0]) as im:
+        assert max(im.size) == 320 and im.size == stand_in_size(1514, 720, 320)
+    assert p.meta["image_is_stand_in"] is True
+
+
 def test_stand_ins_are_deterministic(mathvista_dir, mathvista_prompts, tmp_path):
     again = load_mathvista(mathvista_dir, stand_in_images=True, image_dir=tmp_path, pids=["1", "500", "1000"])
     first = {p.pid: p for p in mathvista_prompts}

@@ -56,7 +56,8 @@ def load_prompt_set(name: str | Path, *, pids=None, n: int | None = None,
         # stand_in_images only *permits* stand-ins where images are missing; these sets have theirs.
         kw.pop("stand_in_images", None)
     loader, options = {"tiny": (load_tiny, {"source"}),
-                       "mathvista": (load_mathvista, {"source", "stand_in_images", "image_dir", "check_images"}),
+                       "mathvista": (load_mathvista, {"source", "stand_in_images", "image_dir", "check_images",
+                                                     "stand_in_max_side"}),
                        "mmvet": (load_mmvet, {"source", "image_dir", "check_images"}),
                        "mm-vet": (load_mmvet, {"source", "image_dir", "check_images"})}.get(key, (None, set()))
     if loader is None:

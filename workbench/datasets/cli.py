@@ -23,6 +23,10 @@ def _fetch(args) -> int:
         kw["repo_id"] = args.repo_id
     if args.stand_in_images:
         kw["stand_in_images"] = True
+    if args.stand_in_max_side:
+        if args.name != "mathvista":
+            raise DatasetError("--stand-in-max-side applies to MathVista only")
+        kw["stand_in_max_side"] = args.stand_in_max_side
     out = fetch(args.name, source=args.source, out=args.out, **kw)
     from workbench.datasets._common import read_manifest
 
@@ -75,6 +79,8 @@ def add_cli(subparsers) -> None:
     p.add_argument("--repo-id", default=None, help="hub repository (default: data/hub_revisions.json)")
     p.add_argument("--stand-in-images", action="store_true",
                    help="MathVista: draw synthetic stand-ins where the source has no images (marked as such)")
+    p.add_argument("--stand-in-max-side", type=int, default=None,
+                   help="MathVista: shrink stand-ins to this longest side (e.g. 320 for the tiny profile)")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.set_defaults(func=_fetch)
     v = subparsers.add_parser("verify", help="check a fetched folder against its manifest")

@@ -148,7 +148,8 @@ def _meta(row: dict, stand_in: bool) -> dict:
 
 def build_prompts(rows: list[dict], *, blobs: dict[str, bytes] | None = None,
                   files: dict[str, Path] | None = None, image_dir: Path | None = None,
-                  stand_in_images: bool = False, stand_in_dir: Path | None = None) -> list[Prompt]:
+                  stand_in_images: bool = False, stand_in_dir: Path | None = None,
+                  stand_in_max_side: int | None = None) -> list[Prompt]:
     """Turn rows into Prompts; bytes are written to `image_dir`, missing images refuse or get stand-ins."""
     blobs, files = blobs or {}, files or {}
     prompts, missing = [], []
@@ -166,7 +167,7 @@ def build_prompts(rows: list[dict], *, blobs: dict[str, bytes] | None = None,
             path, stand_in = files[pid], True
         elif stand_in_images:
             md = row["metadata"]
-            size = stand_in_size(md.get("img_width"), md.get("img_height"))
+            size = stand_in_size(md.get("img_width"), md.get("img_height"), stand_in_max_side)
             path = write_stand_in(pid, Path(stand_in_dir or image_dir), size, dataset=NAME)
             stand_in = True
         else:
@@ -229,14 +230,15 @@ def load_rows(source: Path) -> tuple[str, list[dict], dict[str, bytes], dict[str
 
 def load_mathvista(source: str | Path | None = None, *, pids=None, n: int | None = None,
                    stand_in_images: bool = False, image_dir: str | Path | None = None,
-                   check_images: bool = True) -> list[Prompt]:
+                   check_images: bool = True, stand_in_max_side: int | None = None) -> list[Prompt]:
     """MathVista testmini prompts.
 
     `source`: None for the fetched copy in data/mathvista/ (verified against its
     manifest), a fetched folder, a folder in the JSON layout (testmini.json +
     query.json [+ images/]), or hub-format parquet (file or folder of shards).
     Images held as bytes, and stand-ins, are written under `image_dir`
-    (default: the workbench cache).
+    (default: the workbench cache). `stand_in_max_side` shrinks stand-ins
+    (aspect kept) for small-context models such as the tiny profile's.
     """
     src = Path(source) if source is not None else default_dir()
     if source is None and not src.exists():
@@ -251,7 +253,7 @@ def load_mathvista(source: str | Path | None = None, *, pids=None, n: int | None
         image_dir = C.cache_root() / NAME / C.sha256_bytes(str(src.resolve()).encode())[:12]
     prompts = build_prompts(rows, blobs=blobs, files=files, image_dir=Path(image_dir),
                             stand_in_images=stand_in_images,
-                            stand_in_dir=Path(image_dir) / "stand_ins")
+                            stand_in_dir=Path(image_dir) / "stand_ins", stand_in_max_side=stand_in_max_side)
     for p in prompts:
         validate_prompt(p, check_readable=check_images)
     return prompts
@@ -259,7 +261,8 @@ def load_mathvista(source: str | Path | None = None, *, pids=None, n: int | None
 
 def fetch_mathvista(source: str | Path | None = None, out: str | Path | None = None, *,
                     revision: str | None = None, stand_in_images: bool = False,
-                    force: bool = False, repo_id: str | None = None) -> Path:
+                    force: bool = False, repo_id: str | None = None,
+                    stand_in_max_side: int | None = None) -> Path:
     """Materialise testmini into `out` (default data/mathvista/): testmini.parquet, images/, prompts.jsonl, manifest.json.
 
     `source` None downloads from the hub (optional dependency, imported here only).
@@ -286,7 +289,8 @@ def fetch_mathvista(source: str | Path | None = None, out: str | Path | None = N
     with C.StagedFolder(out, force=force) as tmp:
         img_dir = tmp / "images"
         prompts = build_prompts(rows, blobs=blobs, files=files, image_dir=img_dir,
-                                stand_in_images=stand_in_images, stand_in_dir=img_dir)
+                                stand_in_images=stand_in_images, stand_in_dir=img_dir,
+                                stand_in_max_side=stand_in_max_side)
         # Images found as files elsewhere are copied in so the folder stands alone.
         for p in prompts:
             path = Path(p.images[0])

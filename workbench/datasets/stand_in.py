@@ -25,14 +25,16 @@ def _rng(pid: str, dataset: str) -> random.Random:
     return random.Random(seed)
 
 
-def stand_in_size(width, height) -> tuple[int, int]:
+def stand_in_size(width, height, max_side: int | None = None) -> tuple[int, int]:
+    """The real size, scaled down to fit `max_side` (default MAX_SIDE) with its aspect kept."""
+    cap = MAX_SIDE if max_side is None else int(max_side)
     try:
         w, h = int(width), int(height)
     except (TypeError, ValueError):
         return DEFAULT_SIZE
     if w <= 0 or h <= 0:
         return DEFAULT_SIZE
-    scale = min(1.0, MAX_SIDE / max(w, h))
+    scale = min(1.0, cap / max(w, h))
     return max(1, round(w * scale)), max(1, round(h * scale))
 
 
