@@ -329,7 +329,8 @@ def test_leg_command_follows_the_documented_command_line(tmp_path):
                  "--max-num-seqs 1", "--dtype bfloat16", "--blind-mm", "--experiment E5", "--leg strict_blind",
                  f"--run-id {cfg['run_id']}", f"--out {rdir / 'legs' / 'strict_blind'}"):
         assert part in s
-    assert "--relax-logtau" not in s and "--no-draft-cudagraph" not in s and "--trace" not in s
+    assert "--relax-logtau" not in s and "--no-draft-cudagraph" not in s and "--trace" in s
+    assert "--gpu-memory-utilization" not in s, "on CPU the leg chooses its own KV-cache share"
     van = " ".join(protocol.leg_command(legs["vanilla_1"], cfg, rdir, python="py"))
     assert "--draft" not in van and "--gamma" not in van and "--blind-mm" not in van
 

@@ -249,7 +249,7 @@ def plan(experiment: str | Experiment, profile: str | None = None, overrides: An
             else:
                 for k in SPEC_ONLY:
                     knobs[k] = None
-                knobs["trace"] = False
+                knobs["trace"] = None
             fmt = dict(knobs)
             fmt.update(model=model, draft=draft)
             name = t.name.format(**{k: _render(v) for k, v in fmt.items()})
@@ -288,7 +288,7 @@ def _vanilla_like(leg: PlannedLeg, number: int) -> PlannedLeg:
     knobs = dict(leg.knobs)
     for k in SPEC_ONLY:
         knobs[k] = None
-    knobs["trace"] = False
+    knobs["trace"] = None
     return PlannedLeg(index=-1, name=f"vanilla_{number}", kind="vanilla", tier="vanilla", model=leg.model,
                       knobs=knobs)
 
@@ -517,6 +517,9 @@ def leg_command(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path, python: str
         cmd += ["--draft", models[leg.draft], "--gamma", str(k["gamma"])]
     cmd += ["--prompts", str(prompts), "--n", str(k["n"]), "--max-tokens", str(k["max_tokens"]),
             "--max-model-len", str(k["max_model_len"]), "--max-num-seqs", str(k["max_num_seqs"]), *dtype]
+    if cfg.get("device") == "gpu" and k.get("gpu_memory_utilization") is not None:
+        # on CPU the leg picks its own small host-memory share for the KV cache
+        cmd += ["--gpu-memory-utilization", repr(float(k["gpu_memory_utilization"]))]
     if leg.kind == "spec":
         if k.get("relax_logtau"):
             cmd += ["--relax-logtau", repr(float(k["relax_logtau"]))]
@@ -524,8 +527,7 @@ def leg_command(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path, python: str
             cmd += ["--blind-mm"]
         if k.get("draft_cudagraph") is False:
             cmd += ["--no-draft-cudagraph"]
-        if k.get("trace"):
-            cmd += ["--trace"]
+        cmd += ["--trace"] if k.get("trace") else ["--no-trace"]
     return cmd + ident + ["--out", str(out)]
 
 

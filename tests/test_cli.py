@@ -1,0 +1,63 @@
+"""CLI: listing, plans, and clear errors for bad input (no engine needed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workbench.cli import main
+
+
+def test_list_shows_every_experiment(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for i in range(1, 16):
+        assert f"E{i} " in out
+    assert "Thinking vs Instruct" in out and "tiny" in out
+
+
+def test_show_and_legs(capsys):
+    assert main(["show", "E4"]) == 0
+    out = capsys.readouterr().out
+    assert "Relaxed tier, tau ladder" in out and "relaxed_lt0.105" in out and "relaxed_lt1.386" in out
+    assert main(["legs", "E11", "--profile", "tiny", "-p", "gamma=3"]) == 0
+    out = capsys.readouterr().out
+    assert "strict_g3" in out and "relaxed_g3" in out and "not applicable on CPU" in out
+    assert main(["legs", "E2", "--profile", "8b-thinking", "--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "strict_g3" in out and "strict_g8" not in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["show", "E42"], "unknown experiment 'E42'"),
+    (["legs", "E1", "--profile", "huge"], "unknown profile 'huge'"),
+    (["legs", "E1", "-p", "gamma"], "expected name=value"),
+    (["legs", "E1", "-p", "gamma=abc"], "'gamma' must be an integer"),
+    (["legs", "E1", "-p", "colour=red"], "unknown parameter 'colour'"),
+    (["legs", "E12", "--profile", "8b-instruct"], "E12 runs under profile(s) 32b"),
+    (["run", "E1", "--profile", "tiny", "--model-path", "twin"], "--model-path 'twin': expected NAME=VALUE"),
+    (["run", "E1", "--profile", "tiny", "--resume", "does/not/exist"], "not a run folder"),
+    (["export", "does/not/exist"], "not a run folder"),
+])
+def test_errors_name_the_problem(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err
+
+
+def test_run_refuses_resume_of_another_experiment(tmp_path, capsys):
+    from workbench import protocol
+    rdir = protocol.prepare_run("E1", "tiny", None, True, tmp_path,
+                                model_paths={"target": "fake/t", "twin": "fake/d"})
+    assert main(["run", "E2", "--profile", "tiny", "--resume", str(rdir)]) == 2
+    assert "that run is E1, not E2" in capsys.readouterr().err
+    assert json.loads((rdir / "run.json").read_text())["experiment"] == "E1"
+
+
+def test_data_subcommand_is_mounted(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["data", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "fetch" in out and "verify" in out

@@ -1,0 +1,87 @@
+"""Every experiment E1–E15 under the tiny profile at smoke size, with the real leg runner and engine.
+
+Run with `pytest -m vllm tests/test_experiments_smoke.py`; the total time is printed at the end.
+Shared data (MM-Vet / MathVista copies) is used where `<repo>/../shared/data` (or $WORKBENCH_SHARED_DATA)
+has it; otherwise E13/E15 fall back to the built-in tiny set, and run.json says so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from workbench import protocol
+from workbench.registry import load_registry
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("WORKBENCH_SHARED_DATA", REPO.parent / "shared" / "data"))
+IDS = load_registry().ids()
+_T0: list[float] = []
+
+
+def _sources() -> dict[str, str]:
+    out = {}
+    if (SHARED / "mm-vet" / "mm-vet.json").is_file():
+        out["mmvet"] = str(SHARED / "mm-vet")
+    if (SHARED / "mathvista" / "testmini.json").is_file():
+        out["mathvista"] = str(SHARED / "mathvista")
+    return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _timer():
+    _T0.append(time.monotonic())
+    yield
+    print(f"\nsmoke suite E1–E15 (tiny): {time.monotonic() - _T0[0]:.0f} s total")
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("exp_id", IDS)
+def test_experiment_smoke(tmp_path_factory, exp_id):
+    root = tmp_path_factory.mktemp(exp_id)
+    rdir = protocol.prepare_run(exp_id, "tiny", None, True, root, dataset_sources=_sources())
+    t0 = time.monotonic()
+    statuses = protocol.execute(rdir, leg_timeout=300)
+    failures = {k: json.loads((rdir / "legs" / k / "failure.json").read_text()).get("error")
+                for k, v in statuses.items() if v == "failed"}
+    assert not failures, failures
+    assert all(v == "complete" for v in statuses.values())
+    summary = protocol.analyze_run(rdir)
+    summary.pop("_figures")
+    cfg = json.loads((rdir / "run.json").read_text())
+    print(f"{exp_id}: {len(statuses)} legs in {time.monotonic() - t0:.0f} s, dataset {cfg['dataset']['resolved']}")
+    spec_legs = [l["name"] for l in cfg["legs"] if l["kind"] == "spec"]
+    speed = {r["leg"]: r["speedup"] for r in summary["speedup"]}
+    acc = {r["leg"]: r for r in summary["acceptance"]}
+    for leg in spec_legs:
+        assert math.isfinite(speed[leg]) and speed[leg] > 0, (leg, speed)
+        assert acc[leg]["draft_tokens"] > 0, (leg, acc[leg])
+    strict = [l["name"] for l in cfg["legs"] if l["kind"] == "spec" and l["tier"] == "strict"
+              and l["draft"] in ("twin", "twin@8b-thinking", "twin@8b-instruct")]
+    exact = {r["leg"]: r["match_rate"] for r in summary["exactness"]}
+    for leg in strict:
+        assert exact[leg] == 1.0, f"strict leg {leg} diverged from vanilla"
+    # the knobs the engine read back agree with the plan
+    from workbench.results import load_run
+    run = load_run(rdir)
+    for leg in cfg["legs"]:
+        if leg["kind"] != "spec":
+            continue
+        knobs = run.records[run.records["leg"] == leg["name"]]["knobs"].iloc[0]
+        assert knobs.get("blind_mm", False) == leg["knobs"]["blind_mm"], leg["name"]
+        assert float(knobs.get("relax_logtau", 0.0)) == pytest.approx(leg["knobs"]["relax_logtau"])
+    if exp_id == "E7":
+        assert summary["agreement"] and all(0 <= r["agreement"] <= 1 for r in summary["agreement"])
+    if exp_id == "E13" and cfg["dataset"]["resolved"] == "mathvista":
+        assert {r["leg"] for r in summary["mathvista_accuracy"]} >= set(spec_legs)
+        assert cfg["dataset"]["stand_in_images"] is True
+    if exp_id == "E15":
+        expected = "mmvet" if "mmvet" in _sources() else "tiny"
+        assert cfg["dataset"]["resolved"] == expected
+        if expected == "mmvet":
+            assert summary["mmvet_capability"]
