@@ -1,0 +1,84 @@
+"""Shared fixtures: the tiny models, the shared data copies, and a leg runner."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_PROMPTS = REPO / "data" / "tiny" / "prompts.jsonl"
+
+
+def shared_data_dir() -> Path:
+    return Path(os.environ.get("WORKBENCH_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    path = shared_data_dir()
+    if not path.is_dir():
+        pytest.skip(f"shared data copies not found at {path} (set WORKBENCH_SHARED_DATA)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_models() -> dict[str, Path]:
+    from workbench.tiny import ensure_tiny_models
+
+    return ensure_tiny_models()
+
+
+@pytest.fixture(scope="session")
+def tiny_prompts() -> Path:
+    return TINY_PROMPTS
+
+
+class LegResult:
+    def __init__(self, out: Path, proc: subprocess.CompletedProcess):
+        self.out = out
+        self.returncode = proc.returncode
+        self.stderr = proc.stderr
+        self.records = []
+        self.summary = None
+        self.failure = None
+        if (out / "records.jsonl").exists():
+            self.records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines() if line]
+        if (out / "summary.json").exists():
+            self.summary = json.loads((out / "summary.json").read_text())
+        if (out / "failure.json").exists():
+            self.failure = json.loads((out / "failure.json").read_text())
+
+    def by_pid(self) -> dict[str, dict]:
+        return {r["pid"]: r for r in self.records}
+
+    def ok(self) -> "LegResult":
+        assert self.returncode == 0, f"leg failed ({self.returncode}):\n{self.stderr[-4000:]}"
+        return self
+
+
+def run_leg_process(out: Path, *args: str, env: dict | None = None, timeout: int = 600) -> LegResult:
+    cmd = [sys.executable, "-m", "workbench.leg", "--out", str(out), *map(str, args)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+    return LegResult(out, proc)
+
+
+@pytest.fixture
+def run_leg(tmp_path):
+    counter = {"n": 0}
+
+    def _run(*args: str, env: dict | None = None, out: Path | None = None) -> LegResult:
+        counter["n"] += 1
+        return run_leg_process(out or tmp_path / f"leg{counter['n']}", *args, env=env)
+
+    return _run
