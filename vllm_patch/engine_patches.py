@@ -91,7 +91,7 @@ class TraceWriter:
         off = 0
         for rid, k, a in zip(req_ids, num_draft_tokens, accepted):
             if k > 0:
-                rows.append([rid, k, a, [round(m, 4) for m in margins[off : off + k]]])
+                rows.append([rid, k, a, margins[off : off + k]])
             off += k
         self.step += 1
         if rows:
@@ -462,7 +462,8 @@ def _patch_rejection_sampler(knobs: EngineKnobs) -> None:
         if want_trace:
             emitted = (out != rs.PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1
             accepted = emitted.clamp(min=0).tolist()
-            m = margins.float().tolist() if margins is not None else []
+            # 1e-4 resolution keeps trace lines short; rounding on the tensor is cheap.
+            m = (margins.float() * 1e4).round().div_(1e4).tolist() if margins is not None else []
             G.trace.write(req_ids, list(num_draft_tokens), accepted, m)
         return out
 
