@@ -260,12 +260,14 @@ def test_twin_dequant_holds_exactly_the_packed_int4_values(build):
 
 def test_twin_agrees_with_target_random_draft_does_not(build):
     _, dirs, _ = build
-    r = tiny.greedy_and_agreement(dirs["target"], {"twin": dirs["twin-dequant"], "random": dirs["random-draft"]},
-                                  n_prompts=8, max_new_tokens=40)
+    drafts = {"twin": dirs["twin-dequant"], "small-vlm": dirs["small-vlm"], "random": dirs["random-draft"]}
+    r = tiny.greedy_and_agreement(dirs["target"], drafts, n_prompts=8, max_new_tokens=40)
     assert r["positions"] == 8 * 40
     print(f"teacher-forced top-1 agreement over {r['positions']} positions: {r['agreement']}")
     assert r["agreement"]["twin"] >= MIN_TWIN_AGREEMENT
     assert r["agreement"]["random"] <= MAX_RANDOM_AGREEMENT
+    # cut from the target: a plausible but clearly weaker draft
+    assert MAX_RANDOM_AGREEMENT < r["agreement"]["small-vlm"] < r["agreement"]["twin"] - 0.2
     for out in r["outputs"]:
         assert len(set(out)) >= 8, f"greedy output collapsed: {out}"
         assert max(out) < tiny.BPE_VOCAB_SIZE, "a special or padding token was generated"

@@ -16,8 +16,10 @@ Roles (see ``ROLES``):
 - ``twin-dequant``  the twin's int4 values dequantized into the target's plain
                     float32 format (vLLM's CPU int4 kernel has no float32 path)
 - ``random-draft``  the target's architecture with other seeds (an unrelated draft)
-- ``small-vlm``     a smaller Qwen3-VL with the same tokenizer
-- ``text-draft``    a tiny text-only Qwen3 with the same tokenizer
+- ``small-vlm``     a smaller Qwen3-VL cut from the target (one text layer, one
+                    vision block), same tokenizer
+- ``text-draft``    a text-only Qwen3 cut from the target's text tower (one layer),
+                    same tokenizer
 """
 
 from __future__ import annotations
@@ -321,6 +323,8 @@ class VLShape:
 
 TARGET_SHAPE = VLShape()
 SMALL_VLM_SHAPE = VLShape(text_layers=1, vision_depth=1, deepstack=(0,))
+# The text-only draft: the target's text tower cut to one layer (no vision).
+TEXT_DRAFT_SHAPE = VLShape(text_layers=1)
 
 # Init scales, tuned together (tests/test_tiny.py checks what they buy):
 # - the residual branches are weaker than the token embedding, so the target's
@@ -386,6 +390,21 @@ def _init_weights(model, seed: int, n_regular_tokens: int) -> None:
             p.copy_(value.to(torch.bfloat16).to(p.dtype))
 
 
+def _inherit(model, source_state: dict, source_name) -> None:
+    """Copy every parameter whose counterpart (``source_name(name)``) exists in ``source_state`` with the same shape."""
+    import torch
+
+    copied = 0
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            src = source_state.get(source_name(name))
+            if src is not None and src.shape == p.shape:
+                p.copy_(src)
+                copied += 1
+    if copied == 0:
+        raise RuntimeError(f"tiny build: nothing to inherit for {type(model).__name__}")
+
+
 def _vl_config(shape: VLShape, ids: dict[str, int]):
     from transformers import Qwen3VLConfig
 
@@ -447,18 +466,20 @@ def _vl_config(shape: VLShape, ids: dict[str, int]):
 def _text_config(ids: dict[str, int]):
     from transformers import Qwen3Config
 
+    shape = TEXT_DRAFT_SHAPE
     cfg = Qwen3Config(
         vocab_size=MODEL_VOCAB_SIZE,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
+        hidden_size=shape.text_hidden,
+        intermediate_size=shape.text_intermediate,
+        num_hidden_layers=shape.text_layers,
+        num_attention_heads=shape.text_heads,
+        num_key_value_heads=shape.text_kv_heads,
+        head_dim=shape.head_dim,
         hidden_act="silu",
         max_position_embeddings=4096,
         rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        # M-RoPE with equal (t, h, w) positions, as for text, is plain RoPE with the same theta.
+        rope_parameters={"rope_type": "default", "rope_theta": 5000000.0},
         attention_bias=False,
         tie_word_embeddings=False,
         bos_token_id=ids["<|endoftext|>"],
@@ -641,12 +662,18 @@ def _build_all(out: Path) -> None:
     random_draft.save_pretrained(out / "random-draft", safe_serialization=True)
     write_common(out / "random-draft")
 
+    # The small drafts are cut from the target (as a distilled or same-family
+    # small model would relate to it): they agree with it more than chance and
+    # less than the twin, and the text-only one cannot see images at all.
+    target_state = target.state_dict()
     small = build_vl(SMALL_VLM_SHAPE, SEEDS["small-vlm"])
+    _inherit(small, target_state, lambda name: name)
     small.save_pretrained(out / "small-vlm", safe_serialization=True)
     write_common(out / "small-vlm")
 
     text = Qwen3ForCausalLM(_text_config(ids))
     _init_weights(text, SEEDS["text-draft"], n_regular)
+    _inherit(text, target_state, lambda name: name.replace("model.", "model.language_model.", 1))
     text.eval().save_pretrained(out / "text-draft", safe_serialization=True)
     write_common(out / "text-draft", multimodal=False)
 
