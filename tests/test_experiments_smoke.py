@@ -21,7 +21,6 @@ from workbench.registry import load_registry
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("WORKBENCH_SHARED_DATA", REPO.parent / "shared" / "data"))
 IDS = load_registry().ids()
-_T0: list[float] = []
 
 
 def _sources() -> dict[str, str]:
@@ -33,24 +32,41 @@ def _sources() -> dict[str, str]:
     return out
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _timer():
-    _T0.append(time.monotonic())
-    yield
-    print(f"\nsmoke suite E1–E15 (tiny): {time.monotonic() - _T0[0]:.0f} s total")
+@pytest.fixture(scope="module")
+def smoke_runs(tmp_path_factory):
+    """Run every experiment's legs, two experiments at a time.
+
+    A CPU leg is one process with one OpenMP thread, so the two cores of a
+    CI machine take two legs at once; timing figures of smoke runs are not
+    used for anything.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    t0 = time.monotonic()
+
+    def run(exp_id):
+        root = tmp_path_factory.mktemp(exp_id)
+        rdir = protocol.prepare_run(exp_id, "tiny", None, True, root, dataset_sources=_sources())
+        t = time.monotonic()
+        statuses = protocol.execute(rdir, leg_timeout=300)
+        return exp_id, (rdir, statuses, time.monotonic() - t)
+
+    workers = int(os.environ.get("WORKBENCH_SMOKE_WORKERS", "2"))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        results = dict(pool.map(run, IDS))
+    print(f"\nsmoke suite E1–E15 (tiny): {time.monotonic() - t0:.0f} s total, {workers} at a time")
+    return results
 
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("exp_id", IDS)
-def test_experiment_smoke(tmp_path_factory, exp_id):
-    root = tmp_path_factory.mktemp(exp_id)
-    rdir = protocol.prepare_run(exp_id, "tiny", None, True, root, dataset_sources=_sources())
-    t0 = time.monotonic()
-    statuses = protocol.execute(rdir, leg_timeout=300)
+def test_experiment_smoke(smoke_runs, exp_id):
+    rdir, statuses, elapsed = smoke_runs[exp_id]
     failures = {k: json.loads((rdir / "legs" / k / "failure.json").read_text()).get("error")
                 for k, v in statuses.items() if v == "failed"}
     assert not failures, failures
     assert all(v == "complete" for v in statuses.values())
+    t0 = time.monotonic() - elapsed
     summary = protocol.analyze_run(rdir)
     summary.pop("_figures")
     cfg = json.loads((rdir / "run.json").read_text())
