@@ -109,3 +109,49 @@ def test_token_class_bars(run):
     classes = M.token_class_acceptance(run.records, set(range(10, 500)))
     fig = P.token_class_bars(classes)
     assert sorted(t.name for t in fig.data) == ["image-word", "other"]
+
+
+# --------------------------------------------------------------------------- widgets (no browser)
+
+
+def test_explorer_callbacks_update_in_place(tmp_path):
+    from workbench.widgets import Explorer
+
+    write_run(tmp_path, legs=LADDER_LEGS, n_prompts=6)
+    write_run(tmp_path, experiment="E4", run_id="20260105T000000Z-eeee", n_prompts=3)
+    ex = Explorer(tmp_path, "E1")
+    assert ex.gamma_slider.options == (2, 4, 6) and ex.gamma_slider.value == 6
+    assert ex.gamma_slider.index == 2  # the value the page shows is the one the callbacks use
+    pos_traces = list(ex.fig_pos.data)
+    predicted = next(t for t in ex.fig_pos.data if t.meta["role"] == "predicted" and t.meta["leg"] == "strict_g6")
+    ex.relax_slider.value = 1.0
+    assert list(ex.fig_pos.data) == pos_traces  # same trace objects: edited, not rebuilt
+    expected = ex.pre.trace.per_position_at("strict_g6", 1.0)
+    assert np.allclose(predicted.y, expected)
+    assert "x = 1.00" in ex.readout.value and "strict_g6" in ex.readout.value
+    marker = next(t for t in ex.fig_tau.data if t.meta["role"] == "marker" and t.meta["leg"] == "strict_g6")
+    assert marker.x == (1.0,)
+    ex.gamma_slider.value = 2
+    visible = {t.meta["leg"]: t.visible for t in ex.fig_dist.data}
+    assert visible["strict_g2"] is True and visible["strict_g6"] is False
+    sel = next(t for t in ex.fig_speedup.data if t.meta.get("role") == "selection")
+    assert list(sel.x) == [2]
+    ex.experiment_dd.value = "E4"
+    assert "E4" in ex.status.value and ex.gamma_slider.value == 6
+    with pytest.raises(ValueError, match="experiment 'E9' has no runs"):
+        Explorer(tmp_path, "E9")
+
+
+def test_divergence_html_split_points():
+    from workbench.widgets import divergence_html
+
+    ref = pd.Series({"leg": "vanilla_0", "pid": "p1", "gen_ids": [1, 2, 3, 4], "text": "the red ball"})
+    oth = pd.Series({"leg": "relaxed", "pid": "p1", "gen_ids": [1, 2, 9, 4], "text": "the red cube"})
+    html = divergence_html(ref, oth)
+    assert "index <b>2</b> (id 3 vs 9)" in html
+    assert ">the red </span><span style='background:#ffe0b2'>ball<" in html  # cut at the word
+    decoded = divergence_html(ref, oth, decode=lambda ids: "".join(chr(96 + i) for i in ids))
+    assert ">ab</span><span style='background:#ffe0b2'>cd<" in decoded
+    no_text = divergence_html(ref.drop("text"), oth.drop("text"))
+    assert ">1 2 </span><span style='background:#ffe0b2'>3 4<" in no_text
+    assert "identical" in divergence_html(ref, ref)

@@ -142,7 +142,7 @@ class Explorer:
 
         self.experiment_dd.observe(self._experiment_changed, "value")
         self.run_dd.observe(self._run_changed, "value")
-        self.gamma_slider.observe(lambda ch: self.on_gamma(ch["new"]), "value")
+        self.gamma_slider.observe(self._gamma_moved, "value")
         self.relax_slider.observe(lambda ch: self.on_relax(ch["new"]), "value")
 
         if run is not None:
@@ -224,7 +224,8 @@ class Explorer:
         self.divergence.children = [divergence_viewer(run)] if _has_divergence_pairs(run) else [
             W.HTML("<i>needs a vanilla leg and a spec leg with gen_ids</i>")]
 
-        self.gamma_slider.unobserve_all("value")
+        # Only our own handler is detached: the slider keeps its internal value<->index sync.
+        self.gamma_slider.unobserve(self._gamma_moved, "value")
         if pre.gammas:
             previous = self.gamma_slider.value
             self.gamma_slider.options = pre.gammas
@@ -234,9 +235,12 @@ class Explorer:
         else:
             self.gamma_slider.options = [0]
             self.gamma_slider.disabled = True
-        self.gamma_slider.observe(lambda ch: self.on_gamma(ch["new"]), "value")
+        self.gamma_slider.observe(self._gamma_moved, "value")
         self.relax_slider.disabled = pre.trace is None
         self.on_gamma(self.gamma_slider.value)
+
+    def _gamma_moved(self, change: dict) -> None:
+        self.on_gamma(change["new"])
 
     @staticmethod
     def _replace(fw: go.FigureWidget, fig: go.Figure) -> None:
