@@ -28,6 +28,7 @@ from .results import Run, list_runs, load_run
 X_MAX = 3.0  # relax x up to 3 (tau = 0.05) covers the tau ladders of E4/E13
 X_STEP = 0.01
 CURVE_POINTS = 151
+MAX_PROMPT_OPTIONS = 2000
 
 
 def _gamma(v: Any) -> int | None:
@@ -411,12 +412,18 @@ def divergence_viewer(run: Run, ref_leg: str | None = None,
     pid_dd = W.Dropdown(description="prompt", layout=W.Layout(width="420px"))
     out = W.HTML()
     out.add_class("wb-divergence")
+    counts = W.HTML()
 
     def fill_pids(*_: Any) -> None:
         ex = metrics.exactness(rec, ref_leg, leg_dd.value)
         ex = ex.assign(_k=ex["first_divergence"].fillna(10**9)).sort_values(["_k", "pid"])
+        n_div, n_all = int((~ex["exact"]).sum()), len(ex)
+        # A dropdown of a hundred thousand entries helps nobody and is slow to send to the page.
+        ex = ex.head(MAX_PROMPT_OPTIONS)
         pid_dd.options = [(f"{p} — " + ("identical" if pd.isna(k) else f"diverges at {k}"), p)
                           for p, k in zip(ex["pid"], ex["first_divergence"])]
+        counts.value = (f"{n_div} of {n_all} prompts diverge from {html.escape(ref_leg)}"
+                        + (f"; listing the first {MAX_PROMPT_OPTIONS}" if n_all > MAX_PROMPT_OPTIONS else ""))
         pid_dd.value = pid_dd.options[0][1] if pid_dd.options else None
 
     def show(*_: Any) -> None:
@@ -437,4 +444,4 @@ def divergence_viewer(run: Run, ref_leg: str | None = None,
     else:
         fill_pids()
     show()
-    return W.VBox([W.HBox([leg_dd, pid_dd]), out])
+    return W.VBox([W.HBox([leg_dd, pid_dd, counts]), out])
