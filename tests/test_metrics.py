@@ -220,3 +220,11 @@ def test_per_position_prediction():
     assert np.allclose(idx.per_position_at("s", 0.5), [1.0, 1.0, 2 / 3])
     with pytest.raises(ValueError, match="no acceptance trace"):
         idx.per_position_at("v", 0.5)
+
+
+def test_score_records_are_neither_vanilla_nor_spec():
+    records = speed_records()
+    score = [{**rec("score", pid, "score", None, leg_index=9), "mode": "score", "gen_ids": None} for pid in "abcd"]
+    both = pd.concat([records, pd.DataFrame(score)], ignore_index=True)
+    assert list(M.bracketed_speedup(both)["leg"]) == ["s1", "s2"]
+    assert list(M.exactness_summary(both)["leg"]) == ["s1", "s2"]

@@ -121,7 +121,7 @@ def standard_tables(run: Run) -> dict[str, pd.DataFrame]:
     if rec.empty:
         return tables
     has_vanilla = rec["tier"].eq("vanilla").any()
-    has_spec = rec["tier"].ne("vanilla").any()
+    has_spec = rec["tier"].isin(metrics.SPEC_TIERS).any()
     if has_vanilla and has_spec:
         tables["speedup"] = metrics.bracketed_speedup(rec, run.legs_order)
         tables["speedup_per_prompt"] = metrics.prompt_speedups(rec, run.legs_order)

@@ -55,8 +55,16 @@ def _leg_meta(records: pd.DataFrame) -> pd.DataFrame:
     return records[cols].drop_duplicates("leg").set_index("leg")
 
 
+SPEC_TIERS = ("strict", "relaxed")
+
+
 def _is_vanilla(records: pd.DataFrame) -> pd.Series:
     return records["tier"].eq("vanilla")
+
+
+def _is_spec(records: pd.DataFrame) -> pd.Series:
+    # Other record kinds (e.g. tier "score" from a teacher-forced scoring pass) are neither.
+    return records["tier"].isin(SPEC_TIERS)
 
 
 # --------------------------------------------------------------------------- speedup
@@ -86,7 +94,7 @@ def prompt_speedups(records: pd.DataFrame, legs_order: Sequence[str] | None = No
     order = _leg_order(records, legs_order)
     is_van = _is_vanilla(records)
     vanilla_legs = list(dict.fromkeys(records.loc[is_van, "leg"]))
-    spec = records[~is_van]
+    spec = records[_is_spec(records)]
     cols = LEG_KEYS + ["pid", "tok_s", "baseline_tok_s", "speedup", "vanilla_before", "vanilla_after"]
     if spec.empty:
         return pd.DataFrame(columns=cols)
@@ -188,7 +196,7 @@ def exactness_summary(records: pd.DataFrame, ref_leg: str | None = None, legs: S
             raise ValueError("exactness_summary: no vanilla leg to compare against")
         ref_leg = vans[0]
     if legs is None:
-        legs = [l for l in order if l in set(records.loc[~_is_vanilla(records), "leg"])]
+        legs = [l for l in order if l in set(records.loc[_is_spec(records), "leg"])]
     meta = _leg_meta(records)
     rows = []
     for leg in legs:
@@ -267,7 +275,7 @@ def per_position_acceptance(records: pd.DataFrame) -> pd.DataFrame:
 
 def leg_summary_acceptance(legs: pd.DataFrame) -> pd.DataFrame:
     """Engine-wide counters from the leg summaries (``Run.legs``), same vocabulary."""
-    done = legs[(legs["status"] == "complete") & (legs["tier"] != "vanilla")].copy()
+    done = legs[(legs["status"] == "complete") & legs["tier"].isin(SPEC_TIERS)].copy()
     drafts = done["spec_num_drafts"].astype(float)
     draft_tokens = done["spec_num_draft_tokens"].astype(float)
     accepted = done["spec_num_accepted_tokens"].astype(float)

@@ -164,7 +164,7 @@ def _read_records(path: Path, leg: str, leg_index: int) -> list[dict[str, Any]]:
             rec["leg"] = leg
             rec["leg_index"] = leg_index
             knobs = rec.get("knobs") or {}
-            rec.setdefault("relax_logtau", knobs.get("relax_logtau", 0.0 if rec["tier"] != "vanilla" else None))
+            rec.setdefault("relax_logtau", knobs.get("relax_logtau", 0.0 if rec["mode"] == "spec" else None))
             rec.setdefault("blind_mm", knobs.get("blind_mm"))
             rows.append(rec)
     return rows

@@ -45,7 +45,7 @@ class _Precomputed:
     def __init__(self, run: Run, bins: int):
         rec = run.records
         self.run = run
-        spec = rec[rec["tier"] != "vanilla"] if len(rec) else rec
+        spec = rec[rec["tier"].isin(metrics.SPEC_TIERS)] if len(rec) else rec
         self.gammas = sorted({g for g in (spec["gamma"].map(_gamma) if len(spec) else []) if g is not None})
         has_vanilla = bool(len(rec)) and rec["tier"].eq("vanilla").any()
         self.speedup = metrics.bracketed_speedup(rec, run.legs_order) if has_vanilla and len(spec) else None
@@ -340,7 +340,7 @@ def explorer(results_root: str | Path = "results", experiment: str | None = None
 
 def _has_divergence_pairs(run: Run) -> bool:
     rec = run.records
-    return bool(len(rec)) and rec["tier"].eq("vanilla").any() and rec["tier"].ne("vanilla").any()
+    return bool(len(rec)) and rec["tier"].eq("vanilla").any() and rec["tier"].isin(metrics.SPEC_TIERS).any()
 
 
 def _text_split(a: str, b: str) -> int:
@@ -401,7 +401,7 @@ def divergence_viewer(run: Run, ref_leg: str | None = None,
     rec = run.records
     order = run.legs_order
     vanilla = [l for l in order if l in set(rec.loc[rec["tier"] == "vanilla", "leg"])]
-    spec = [l for l in order if l in set(rec.loc[rec["tier"] != "vanilla", "leg"])]
+    spec = [l for l in order if l in set(rec.loc[rec["tier"].isin(metrics.SPEC_TIERS), "leg"])]
     if not vanilla or not spec:
         raise ValueError(f"divergence viewer needs a vanilla and a spec leg with records in {run.path}")
     ref_leg = ref_leg or vanilla[0]
