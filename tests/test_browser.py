@@ -98,6 +98,7 @@ def lab(tmp_path):
 
 
 def test_explorer_slider_redraws_plot(lab):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     base, token, tmp_path = lab
@@ -113,11 +114,24 @@ def test_explorer_slider_redraws_plot(lab):
             # Whether JupyterLab starts a kernel on open depends on what it has loaded by then, and a
             # "Run All Cells" sent without one is dropped. So choose the kernel explicitly, then wait
             # for it to be idle before running.
+            select_kernel = page.locator(".jp-Dialog", has_text="Select Kernel")
+
+            def choose_python(dialog):
+                dialog.locator("select").first.select_option(label="Python 3 (ipykernel)")
+                dialog.locator(".jp-mod-accept").first.click()
+
+            # JupyterLab may raise this dialog on its own as the notebook opens: answer it first.
+            try:
+                select_kernel.first.wait_for(state="visible", timeout=2_000)
+                choose_python(select_kernel.first)
+                select_kernel.first.wait_for(state="detached")
+            except PlaywrightTimeout:
+                pass
             page.locator(".lm-MenuBar-itemLabel", has_text="Kernel").first.click()
             page.locator(".lm-Menu-itemLabel", has_text="Change Kernel").first.click()
-            page.locator(".jp-Dialog select").first.select_option(label="Python 3 (ipykernel)")
-            page.locator(".jp-Dialog .jp-mod-accept").first.click()
-            page.locator(".jp-Dialog").first.wait_for(state="detached")
+            select_kernel.first.wait_for(state="visible")
+            choose_python(select_kernel.first)
+            select_kernel.first.wait_for(state="detached")
             page.wait_for_function("() => /Python 3.*\\|\\s*Idle/.test(document.querySelector("
                                    "'.jp-StatusBar-Widget .jp-StatusBar-TextItem[title*=\"kernel\" i], "
                                    "#jp-main-statusbar')?.textContent || '')")
