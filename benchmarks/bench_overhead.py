@@ -75,9 +75,10 @@ def main(argv=None) -> int:
         tmp = Path(tmp)
         leg_argv = ["--target", str(m["target"]), "--prompts", str(REPO / "data/tiny/prompts.jsonl"),
                     "--max-tokens", str(args.max_tokens), "--ignore-eos", "--dtype", "bfloat16",
-                    "--max-model-len", "1024", "--out", "unused"]
+                    "--max-model-len", "1024"]
         if args.spec:
             leg_argv += ["--draft", str(m["twin-int4"]), "--gamma", "6"]
+        leg_argv += ["--out", "unused"]
         (tmp / "cfg.json").write_text(json.dumps(leg_argv))
         seq = ["bare", "leg"] * args.pairs + ["bare"]
         runs = []
