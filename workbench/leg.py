@@ -397,6 +397,9 @@ def run_leg(cfg: LegConfig) -> dict:
             "text": comp.text,
             "finish_reason": comp.finish_reason,
             "n_images": len(p.images),
+            "dataset": p.dataset,
+            # MathVista without hub access runs on generated stand-in images: say so per record.
+            "image_is_stand_in": bool(p.meta.get("image_is_stand_in", False)),
             "experiment": cfg.experiment,
             "leg": cfg.leg,
             "run_id": cfg.run_id,
