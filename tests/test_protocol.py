@@ -346,12 +346,14 @@ def test_score_leg_agrees_with_itself(tmp_path):
     models = ensure_tiny_models()
     prompts = load_prompt_set("tiny", n=2)
     save_prompts(prompts, tmp_path / "prompts.jsonl")
-    model, proc, is_vl, dev, _ = score._load_model(str(models["target"]), "float32")
+    from workbench.teacher import TeacherForcer
+
+    teacher = TeacherForcer(str(models["target"]), dtype="float32")
     refs = []
     for p in prompts:
-        inp = score._prompt_inputs(proc, p, is_vl)
+        inp = teacher._encode(p)
         with torch.no_grad():
-            out = model.generate(**inp, max_new_tokens=10, do_sample=False)
+            out = teacher.model.generate(**inp, max_new_tokens=10, do_sample=False)
         refs.append({"pid": p.pid, "gen_ids": out[0, inp["input_ids"].shape[1]:].tolist(),
                      "in_len": int(inp["input_ids"].shape[1])})
     (tmp_path / "ref.jsonl").write_text("".join(json.dumps(r) + "\n" for r in refs))

@@ -11,16 +11,21 @@ from pathlib import Path
 from .prompts import Prompt, PromptError
 
 
-def chat_messages(prompt: Prompt) -> list[dict]:
-    """One user turn: one image placeholder per image, in order, then the text."""
+def chat_messages(prompt: Prompt, with_images: bool = True) -> list[dict]:
+    """One user turn: one image placeholder per image, in order, then the text.
+
+    ``with_images=False`` is for text-only models: the turn is the plain text.
+    """
+    if not with_images:
+        return [{"role": "user", "content": prompt.text}]
     content = [{"type": "image"} for _ in prompt.images]
     content.append({"type": "text", "text": prompt.text})
     return [{"role": "user", "content": content}]
 
 
-def render_prompt(tokenizer, prompt: Prompt) -> str:
+def render_prompt(tokenizer, prompt: Prompt, with_images: bool = True) -> str:
     return tokenizer.apply_chat_template(
-        chat_messages(prompt), tokenize=False, add_generation_prompt=True
+        chat_messages(prompt, with_images), tokenize=False, add_generation_prompt=True
     )
 
 

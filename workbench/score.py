@@ -41,64 +41,13 @@ def _load_reference(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _load_model(model_dir: str, dtype_name: str):
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, \
-        AutoTokenizer
-
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype_name)
-    if dtype is None:
-        dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    config = AutoConfig.from_pretrained(model_dir)
-    is_vl = hasattr(config, "vision_config")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if is_vl:
-        model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype)
-        processor = AutoProcessor.from_pretrained(model_dir)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-        processor = AutoTokenizer.from_pretrained(model_dir)
-    return model.to(device).eval(), processor, is_vl, device, str(dtype).replace("torch.", "")
-
-
-def _prompt_inputs(processor, prompt, is_vl: bool):
-    from PIL import Image
-
-    n_img = len(prompt.images) if is_vl else 0
-    content = [{"type": "image"} for _ in range(n_img)] + [{"type": "text", "text": prompt.text}]
-    messages = [{"role": "user", "content": content if is_vl else prompt.text}]
-    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    if is_vl:
-        images = [Image.open(p).convert("RGB") for p in prompt.images] or None
-        return processor(text=[text], images=images, return_tensors="pt")
-    return processor([text], return_tensors="pt")
-
-
-def score_prompt(model, processor, prompt, gen_ids: list[int], is_vl: bool, device: str) -> dict[str, Any]:
-    import torch
-
-    inputs = _prompt_inputs(processor, prompt, is_vl)
-    prompt_ids = inputs["input_ids"]
-    n_prompt = prompt_ids.shape[1]
+def score_prompt(teacher, prompt, gen_ids: list[int]) -> dict[str, Any]:
+    """Top-1 agreement of ``teacher``'s model with ``gen_ids`` at every position."""
     if not gen_ids:
-        return {"in_len": n_prompt, "n_scored": 0, "n_agree": 0, "agreement": None, "first_disagreement": None,
-                "agree": []}
-    gen = torch.tensor([gen_ids], dtype=prompt_ids.dtype)
-    full = torch.cat([prompt_ids, gen], dim=1)
-    batch = {}
-    for k, v in inputs.items():
-        if k in ("input_ids", "attention_mask"):
-            continue
-        if hasattr(v, "shape") and tuple(v.shape) == tuple(prompt_ids.shape):
-            # per-token side inputs (e.g. mm_token_type_ids): generated tokens are plain text
-            v = torch.cat([v, torch.zeros((1, len(gen_ids)), dtype=v.dtype)], dim=1)
-        batch[k] = v
-    batch = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
-    with torch.no_grad():
-        out = model(input_ids=full.to(device), attention_mask=torch.ones_like(full).to(device), **batch)
-    # logits at position j predict token j+1: the prediction for generated token i sits at n_prompt-1+i
-    logits = out.logits[0, n_prompt - 1: n_prompt - 1 + len(gen_ids)]
-    pred = logits.argmax(dim=-1).cpu().tolist()
+        return {"in_len": teacher.prompt_len(prompt), "n_scored": 0, "n_agree": 0, "agreement": None,
+                "first_disagreement": None, "agree": []}
+    logits, n_prompt = teacher.forward(prompt, gen_ids)
+    pred = logits.argmax(dim=-1).tolist()
     agree = [int(p == g) for p, g in zip(pred, gen_ids)]
     first = next((i for i, a in enumerate(agree) if not a), None)
     return {"in_len": n_prompt, "n_scored": len(agree), "n_agree": sum(agree),
@@ -119,12 +68,15 @@ def run(args: argparse.Namespace) -> Path:
     t_start = time.monotonic()
     reference = _load_reference(Path(args.reference))
     prompts = {p.pid: p for p in load_prompts(args.prompts, pids=[r["pid"] for r in reference])}
-    model, processor, is_vl, device, dtype = _load_model(args.model, args.dtype)
+    from workbench.teacher import TeacherForcer
+
+    teacher = TeacherForcer(args.model, dtype=args.dtype)
+    device, dtype = teacher.device, teacher.dtype
     load_s = time.monotonic() - t_start
     records = []
     for ref in reference:
         t0 = time.monotonic()
-        res = score_prompt(model, processor, prompts[ref["pid"]], list(ref["gen_ids"]), is_vl, device)
+        res = score_prompt(teacher, prompts[ref["pid"]], list(ref["gen_ids"]))
         t = time.monotonic() - t0
         records.append({
             "pid": ref["pid"], "mode": "score", "tier": "score", "gamma": None,

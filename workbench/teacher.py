@@ -1,14 +1,14 @@
-"""Teacher-forced target logits with transformers: an independent judge of a leg.
+"""Teacher-forced logits with transformers: an independent judge of a leg.
 
-For a prompt and the token ids a leg emitted, one forward pass of the target
-(transformers' own Qwen3-VL, not vLLM) gives the logits that predicted each
-emitted token. Used to check that relaxed-tier outputs stay within the gate,
-and to classify a divergence as a near-tie or a real error.
+For a prompt and the token ids a leg emitted, one forward pass of a model
+(transformers' own implementation, not vLLM) gives the logits that predicted
+each emitted token. The relaxed-tier tests use the target's to check every
+emitted token stays within the gate; exactness tests use them to tell a
+near-tie from a real error; the E7 score leg (``workbench.score``) uses a
+draft's to measure its top-1 agreement with the target's output.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
@@ -18,44 +18,57 @@ from .prompts import Prompt
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-@dataclass
 class TeacherForcer:
-    model_dir: str
-    dtype: str = "float32"
-
-    def __post_init__(self):
+    def __init__(self, model_dir: str, dtype: str = "auto", device: str | None = None):
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
 
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
-        config = AutoConfig.from_pretrained(self.model_dir)
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if dtype == "auto":
+            dtype = "bfloat16" if self.device == "cuda" else "float32"
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}")
+        self.model_dir, self.dtype = model_dir, dtype
+        config = AutoConfig.from_pretrained(model_dir)
         self.is_vl = hasattr(config, "vision_config")
         cls = AutoModelForImageTextToText if self.is_vl else AutoModelForCausalLM
-        self.model = cls.from_pretrained(self.model_dir, dtype=_DTYPES[self.dtype]).eval()
-        self.processor = AutoProcessor.from_pretrained(self.model_dir)
+        self.model = cls.from_pretrained(model_dir, dtype=_DTYPES[dtype]).to(self.device).eval()
+        self.processor = AutoProcessor.from_pretrained(model_dir)
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
 
-    @torch.no_grad()
-    def logits(self, prompt: Prompt, gen_ids: list[int]) -> torch.Tensor:
-        """float32 [len(gen_ids), vocab]: row i is the target's logits before gen_ids[i]."""
-        text = render_prompt(self.tokenizer, prompt)
-        images = load_images(prompt)
+    def _encode(self, prompt: Prompt) -> dict:
+        # A text-only model (e.g. a text draft) reads the prompt without its images.
+        text = render_prompt(self.tokenizer, prompt, with_images=self.is_vl)
+        images = load_images(prompt) if self.is_vl else []
         if images:
-            enc = self.processor(text=[text], images=images, return_tensors="pt")
-        else:
-            enc = self.tokenizer([text], return_tensors="pt")
+            return self.processor(text=[text], images=images, return_tensors="pt")
+        return self.tokenizer([text], return_tensors="pt")
+
+    def prompt_len(self, prompt: Prompt) -> int:
+        return int(self._encode(prompt)["input_ids"].shape[1])
+
+    @torch.no_grad()
+    def forward(self, prompt: Prompt, gen_ids: list[int]) -> tuple[torch.Tensor, int]:
+        """(float32 [len(gen_ids), vocab] logits, prompt length); row i predicted gen_ids[i]."""
+        enc = self._encode(prompt)
         prompt_len = enc["input_ids"].shape[1]
         n = len(gen_ids)
         for key, value in list(enc.items()):
             # Every per-token tensor (ids, mask, modality type ids) grows by the
             # generated tokens, which are text.
             if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape == (1, prompt_len):
-                tail = torch.tensor([gen_ids], dtype=value.dtype) if key == "input_ids" else (
-                    torch.ones((1, n), dtype=value.dtype) if key == "attention_mask"
-                    else torch.zeros((1, n), dtype=value.dtype))
+                if key == "input_ids":
+                    tail = torch.tensor([gen_ids], dtype=value.dtype)
+                elif key == "attention_mask":
+                    tail = torch.ones((1, n), dtype=value.dtype)
+                else:
+                    tail = torch.zeros((1, n), dtype=value.dtype)
                 enc[key] = torch.cat([value, tail], dim=1)
+        enc = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in enc.items()}
         out = self.model(**enc)
-        return out.logits[0, prompt_len - 1 : prompt_len - 1 + len(gen_ids)].float()
+        return out.logits[0, prompt_len - 1 : prompt_len - 1 + n].float().cpu(), prompt_len
+
+    def logits(self, prompt: Prompt, gen_ids: list[int]) -> torch.Tensor:
+        return self.forward(prompt, gen_ids)[0]
 
     def margins(self, prompt: Prompt, gen_ids: list[int]) -> torch.Tensor:
         """max logit - logit of the emitted token, per emitted token (0 = argmax)."""
@@ -64,7 +77,7 @@ class TeacherForcer:
         return lg.max(dim=1).values - emitted
 
     def top2_gap(self, prompt: Prompt, prefix_ids: list[int]) -> float:
-        """Gap between the target's two best logits after prompt + prefix_ids."""
+        """Gap between the model's two best logits after prompt + prefix_ids."""
         lg = self.logits(prompt, list(prefix_ids) + [0])[-1]
         top = torch.topk(lg, 2).values
         return float(top[0] - top[1])
