@@ -22,20 +22,11 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from synthetic_runs import bulk_records  # noqa: E402
+from synthetic_runs import LADDER_LEGS as LEGS, bulk_records  # noqa: E402
 
 from workbench.results import LEG_COLUMNS, Run  # noqa: E402
 from workbench.widgets import Explorer  # noqa: E402
 
-LEGS = [
-    {"name": "vanilla_0", "tier": "vanilla"},
-    {"name": "strict_g2", "tier": "strict", "gamma": 2},
-    {"name": "strict_g4", "tier": "strict", "gamma": 4},
-    {"name": "vanilla_1", "tier": "vanilla"},
-    {"name": "strict_g6", "tier": "strict", "gamma": 6},
-    {"name": "relaxed_g6_x0.693", "tier": "relaxed", "gamma": 6, "relax_logtau": 0.693},
-    {"name": "vanilla_2", "tier": "vanilla"},
-]
 
 
 def in_memory_run(n_records: int, steps: int) -> Run:
