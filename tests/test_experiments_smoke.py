@@ -93,6 +93,7 @@ def test_experiment_smoke(smoke_runs, exp_id):
         assert float(knobs.get("relax_logtau", 0.0)) == pytest.approx(leg["knobs"]["relax_logtau"])
     if exp_id == "E7":
         assert summary["agreement"] and all(0 <= r["agreement"] <= 1 for r in summary["agreement"])
+        assert "agreement_vs_acceptance" in summary["figures"], summary["not_computed"]
     if exp_id == "E13" and cfg["dataset"]["resolved"] == "mathvista":
         assert {r["leg"] for r in summary["mathvista_accuracy"]} >= set(spec_legs)
         assert cfg["dataset"]["stand_in_images"] is True

@@ -155,3 +155,22 @@ def test_divergence_html_split_points():
     no_text = divergence_html(ref.drop("text"), oth.drop("text"))
     assert ">1 2 </span><span style='background:#ffe0b2'>3 4<" in no_text
     assert "identical" in divergence_html(ref, ref)
+
+
+def test_agreement_vs_acceptance_scatter_and_correlation():
+    import numpy as np
+    import pandas as pd
+
+    from workbench.plots import agreement_vs_acceptance
+
+    table = pd.DataFrame({"pid": ["a", "b", "c", "d"], "agreement": [0.2, 0.4, 0.6, 0.8],
+                          "acceptance_rate": [0.25, 0.35, 0.7, 0.75], "leg": "strict_g6"})
+    fig = agreement_vs_acceptance(table)
+    pts = fig.data[0]
+    assert list(pts.x) == [0.2, 0.4, 0.6, 0.8] and list(pts.text) == ["a", "b", "c", "d"]
+    r = np.corrcoef(table["agreement"], table["acceptance_rate"])[0, 1]
+    assert f"Pearson r = {r:.3f}" in fig.layout.title.text
+    small = agreement_vs_acceptance(table.iloc[:2])
+    assert "undefined" in small.layout.title.text
+    with pytest.raises(ValueError, match="agreement"):
+        agreement_vs_acceptance(table.drop(columns=["agreement"]))

@@ -305,3 +305,30 @@ def token_class_bars(classes: pd.DataFrame) -> go.Figure:
     _layout(fig, "Acceptance by output token class (proxy)", "leg", "acceptance (given reached)")
     fig.update_layout(barmode="group")
     return fig
+
+
+def agreement_vs_acceptance(table: pd.DataFrame) -> go.Figure:
+    """E7: teacher-forced top-1 agreement of the draft (x) vs realised acceptance rate (y), one point per prompt.
+
+    ``table``: columns pid, agreement, acceptance_rate (and leg). The title
+    carries Pearson's r over the prompts (undefined below 3 points or with no spread).
+    """
+    need = {"pid", "agreement", "acceptance_rate"}
+    if not need <= set(table.columns):
+        raise ValueError(f"agreement_vs_acceptance: missing columns {sorted(need - set(table.columns))}")
+    df = table.dropna(subset=["agreement", "acceptance_rate"])
+    x, y = df["agreement"].to_numpy(float), df["acceptance_rate"].to_numpy(float)
+    r = float(np.corrcoef(x, y)[0, 1]) if len(df) >= 3 and x.std() > 0 and y.std() > 0 else None
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=x, y=y, mode="markers", name="prompt", text=df["pid"],
+                             marker=dict(color=TIER_COLORS["strict"], size=9),
+                             hovertemplate="%{text}<br>agreement %{x:.3f}<br>acceptance %{y:.3f}<extra></extra>",
+                             meta={"role": "agreement", "tier": "strict"}))
+    fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="y = x", line=dict(color="#bbbbbb", dash="dot"),
+                             meta={"role": "diagonal"}))
+    r_text = f"Pearson r = {r:.3f}" if r is not None else "Pearson r undefined (fewer than 3 prompts or no spread)"
+    _layout(fig, f"Offline agreement vs realised acceptance ({r_text}, n = {len(df)})",
+            "teacher-forced top-1 agreement with the target's output", "acceptance rate (strict leg)")
+    fig.update_xaxes(range=[0, 1.02])
+    fig.update_yaxes(range=[0, 1.02])
+    return fig

@@ -739,10 +739,7 @@ def _fig_acceptance_vs_tau(run):
 
 def _fig_agreement(run):
     from workbench import plots
-    fn = getattr(plots, "agreement_vs_acceptance", None)
-    if fn is None:
-        raise LookupError("plots.agreement_vs_acceptance is not available")
-    return fn(_need(_agreement_table(run), "score leg with a matching spec leg"))
+    return plots.agreement_vs_acceptance(_need(_agreement_table(run), "score leg with a matching spec leg"))
 
 
 ANALYSES: dict[str, Callable] = {
