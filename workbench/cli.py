@@ -148,7 +148,14 @@ def cmd_export(args) -> int:
     if not (rdir / "run.json").is_file():
         raise CliError(f"{rdir}: not a run folder (run.json missing)")
     out = export.export_run(rdir)
-    print(f"exported: {out}")
+    # The experiment's own analyses (e.g. E7's agreement scatter), as its notebook shows them.
+    from workbench import protocol
+
+    figs = protocol.analyze_run(rdir).pop("_figures", {})
+    if figs:
+        out.update(export.export_figures(figs, rdir / "figures"))
+    for name, paths in sorted(out.items()):
+        print(f"{name}: " + ", ".join(p.name for p in paths))
     return 0
 
 
