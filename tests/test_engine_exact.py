@@ -192,3 +192,21 @@ def test_twin_acceptance_far_above_unrelated_random_draft(legs, tiny_models):
     print(f"\nacceptance rate: int4 twin {a_twin:.3f}, random draft {a_rand:.3f}")
     assert a_twin > 0.5
     assert a_twin > 3 * a_rand
+
+
+def test_target_drafting_for_itself_accepts_every_token(legs, tiny_models):
+    """A draft identical to the target must agree at every drafted position.
+
+    Any error in the draft's 3-D M-RoPE positions (image tokens included),
+    its image embeddings, its KV-cache slots or its multimodal mask shows up
+    here as a rejection. Batch of 4, prompts cut into 48-token chunks
+    (through images), prefix-cache hits from the repeated prompts.
+    """
+    spec = legs(
+        "self_draft", *FP32, "--draft", tiny_models["target"], "--gamma", "4", "--max-num-seqs", "4",
+        "--max-num-batched-tokens", "48",
+    )
+    s = spec.summary["spec"]
+    assert s["num_draft_tokens"] > 0
+    assert s["num_accepted_tokens"] == s["num_draft_tokens"], s
+    assert all(r["spec"]["acceptance_rate"] == 1.0 for r in spec.records)
