@@ -136,6 +136,8 @@ def test_bad_relax_values_are_refused():
     assert read_knobs({}).tier == "strict"
     with pytest.raises(KnobError, match="VLLM_SPEC_DRAFT_BLIND_MM"):
         read_knobs({"VLLM_SPEC_DRAFT_BLIND_MM": "maybe"})
+    with pytest.raises(KnobError, match="VLLM_SPEC_REPORT_DIR"):
+        read_knobs({"VLLM_SPEC_TRACE": "1"})
 
 
 def _python(code: str, env: dict) -> subprocess.CompletedProcess:

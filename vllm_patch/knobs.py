@@ -71,10 +71,13 @@ class EngineKnobs:
 
 def read_knobs(env: Mapping[str, str] | None = None) -> EngineKnobs:
     env = os.environ if env is None else env
-    return EngineKnobs(
+    knobs = EngineKnobs(
         relax_logtau=parse_relax_logtau(env.get(ENV_RELAX)),
         blind_mm=_flag(env, ENV_BLIND),
         draft_cudagraph=not _flag(env, ENV_NO_GRAPH),
         trace=_flag(env, ENV_TRACE),
         report_dir=env.get(ENV_REPORT_DIR) or None,
     )
+    if knobs.trace and not knobs.report_dir:
+        raise KnobError(f"{ENV_TRACE}=1 needs {ENV_REPORT_DIR}: the folder the trace is written to")
+    return knobs
