@@ -334,14 +334,14 @@ def run_leg(cfg: LegConfig) -> dict:
     sp = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens, ignore_eos=cfg.ignore_eos, seed=cfg.seed)
 
     before = spec_counters(llm)
-    outputs: list[tuple[Any, float]] = []
+    outputs: list[tuple[Any, float, float | None]] = []
     t_run = time.perf_counter()
     if cfg.max_num_seqs == 1:
         # One request at a time: t is that request's own wall time.
         for i, item in enumerate(inputs):
             ts = time.perf_counter()
             res = llm.generate([item], sp, use_tqdm=False)[0]
-            outputs.append((res, time.perf_counter() - ts))
+            outputs.append((res, time.perf_counter() - ts, None))
             print(
                 f"[leg {cfg.leg or cfg.mode}] {i + 1}/{len(inputs)} {prompts[i].pid}: "
                 f"{len(res.outputs[0].token_ids)} tokens in {outputs[-1][1]:.2f}s",
@@ -353,14 +353,15 @@ def run_leg(cfg: LegConfig) -> dict:
         results = llm.generate(inputs, sp, use_tqdm=False)
         wall = time.perf_counter() - ts
         for res in results:
+            # Engine-core timestamps (one monotonic clock): the request's service
+            # time from first scheduled to last token; waiting for a free slot
+            # under the concurrency limit is kept apart (t_queue).
             m = getattr(res, "metrics", None)
-            t = None
-            if m is not None:
-                first = getattr(m, "arrival_time", None)
-                last = getattr(m, "last_token_ts", None)
-                if first and last and last > first:
-                    t = last - first
-            outputs.append((res, t if t else wall))
+            sched, last, queued = (getattr(m, k, 0.0) or 0.0 for k in ("scheduled_ts", "last_token_ts", "queued_ts"))
+            if sched > 0 and last > sched:
+                outputs.append((res, last - sched, max(sched - queued, 0.0) if queued > 0 else None))
+            else:
+                outputs.append((res, wall, None))
     wall_s = time.perf_counter() - t_run
     counters = _counter_delta(spec_counters(llm), before)
     engine_report = read_engine_reports(report_dir)
@@ -381,7 +382,7 @@ def run_leg(cfg: LegConfig) -> dict:
         knobs_in_effect = {"gamma": None}
 
     records = []
-    for p, (res, t) in zip(prompts, outputs):
+    for p, (res, t, t_queue) in zip(prompts, outputs):
         comp = res.outputs[0]
         gen_ids = list(comp.token_ids)
         rec: dict[str, Any] = {
@@ -392,6 +393,7 @@ def run_leg(cfg: LegConfig) -> dict:
             "in_len": len(res.prompt_token_ids or []),
             "gen_len": len(gen_ids),
             "t": round(t, 6),
+            "t_queue": None if t_queue is None else round(t_queue, 6),
             "tok_s": len(gen_ids) / t if t > 0 else None,
             "gen_ids": gen_ids,
             "text": comp.text,
