@@ -206,33 +206,17 @@ def _patch_proposer(knobs: EngineKnobs) -> None:
         num_rejected_tokens_gpu,
     ):
         tw = self._twin
+        args = (target_token_ids, next_token_ids, target_positions, target_hidden_states,
+                token_indices_to_sample, cad, num_rejected_tokens_gpu)
         if tw is None or not tw["target_mrope"]:
-            return orig_first_pass(
-                self,
-                target_token_ids,
-                next_token_ids,
-                target_positions,
-                target_hidden_states,
-                token_indices_to_sample,
-                cad,
-                num_rejected_tokens_gpu,
-            )
+            return orig_first_pass(self, *args)
         num_in = target_token_ids.shape[0]
         # The copy/expand kernel derives every draft slot's position, and so its
         # KV-cache slot, from the first position of each request: that must be
         # the sequence position, not the compressed M-RoPE temporal one.
         seq_positions = tw["runner"].positions[:num_in]
         mrope_in = target_positions
-        num_out, sample_idx, new_cad = orig_first_pass(
-            self,
-            target_token_ids,
-            next_token_ids,
-            seq_positions,
-            target_hidden_states,
-            token_indices_to_sample,
-            cad,
-            num_rejected_tokens_gpu,
-        )
+        num_out, sample_idx, new_cad = orig_first_pass(self, *args[:2], seq_positions, *args[3:])
         # Input token i of request r lands at output slot i + r, or i + r + 1
         # when it is a rejected draft (those are moved behind the new slot).
         qsl = cad.query_start_loc

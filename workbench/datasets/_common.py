@@ -249,3 +249,17 @@ def image_bytes_of(cell: Any) -> bytes | None:
         data = cell.get("bytes")
         return bytes(data) if data else None
     return None
+
+
+def select_rows(rows: list[dict[str, Any]], pids, n: int | None, source: str) -> list[dict[str, Any]]:
+    """The rows of the requested pids (in the order asked) or the first n, with the prompt schema's checks."""
+    from workbench.prompts import Prompt, select_prompts
+
+    by_pid = {r["pid"]: r for r in rows}
+    chosen = select_prompts([Prompt(pid=r["pid"], text="") for r in rows], pids=pids, n=n, source=source)
+    return [by_pid[p.pid] for p in chosen]
+
+
+def default_image_dir(dataset: str, src: Path) -> Path:
+    """Where images held as bytes are written: the cache, one folder per source copy."""
+    return cache_root() / dataset / sha256_bytes(str(src.resolve()).encode())[:12]

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 from workbench.datasets import _common as C
 from workbench.datasets._common import DatasetError
 from workbench.datasets.stand_in import stand_in_size, write_stand_in
-from workbench.prompts import Prompt, save_prompts, select_prompts, validate_prompt
+from workbench.prompts import Prompt, save_prompts, validate_prompt
 
 NAME = "mathvista"
 SPLIT = "testmini"
@@ -245,12 +245,9 @@ def load_mathvista(source: str | Path | None = None, *, pids=None, n: int | None
         raise DatasetError(f"no fetched MathVista copy at {src}; run `python -m workbench.datasets fetch "
                            f"mathvista` (hub) or `... fetch mathvista --from LOCAL_PATH`, or pass source=")
     kind, rows, blobs, files = load_rows(src)
-    chosen_rows = {r["pid"]: r for r in rows}
-    selected = select_prompts([Prompt(pid=r["pid"], text="") for r in rows], pids=pids, n=n,
-                              source=f"MathVista ({src})")
-    rows = [chosen_rows[p.pid] for p in selected]
+    rows = C.select_rows(rows, pids, n, source=f"MathVista ({src})")
     if image_dir is None:
-        image_dir = C.cache_root() / NAME / C.sha256_bytes(str(src.resolve()).encode())[:12]
+        image_dir = C.default_image_dir(NAME, src)
     prompts = build_prompts(rows, blobs=blobs, files=files, image_dir=Path(image_dir),
                             stand_in_images=stand_in_images,
                             stand_in_dir=Path(image_dir) / "stand_ins", stand_in_max_side=stand_in_max_side)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from workbench.datasets import _common as C
 from workbench.datasets._common import DatasetError
-from workbench.prompts import Prompt, save_prompts, select_prompts, validate_prompt
+from workbench.prompts import Prompt, save_prompts, validate_prompt
 
 NAME = "mmvet"
 SPLIT = "test"
@@ -161,12 +161,9 @@ def load_mmvet(source: str | Path | None = None, *, pids=None, n: int | None = N
         raise DatasetError(f"no fetched MM-Vet copy at {src}; run `python -m workbench.datasets fetch mmvet` "
                            f"(hub) or `... fetch mmvet --from LOCAL_PATH`, or pass source=")
     kind, rows, blobs, files = load_rows(src)
-    by_pid = {r["pid"]: r for r in rows}
-    selected = select_prompts([Prompt(pid=r["pid"], text="") for r in rows], pids=pids, n=n,
-                              source=f"MM-Vet ({src})")
-    rows = [by_pid[p.pid] for p in selected]
+    rows = C.select_rows(rows, pids, n, source=f"MM-Vet ({src})")
     if image_dir is None:
-        image_dir = C.cache_root() / NAME / C.sha256_bytes(str(src.resolve()).encode())[:12]
+        image_dir = C.default_image_dir(NAME, src)
     prompts = build_prompts(rows, blobs=blobs, files=files, image_dir=Path(image_dir))
     for p in prompts:
         validate_prompt(p, check_readable=check_images)
