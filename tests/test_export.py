@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -10,6 +11,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
@@ -17,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from synthetic_runs import LADDER_LEGS, write_run  # noqa: E402
 
 from workbench.export import export_figures, export_run, find_browser  # noqa: E402
+from workbench.results import load_run  # noqa: E402
 
 
 def need_browser():
@@ -89,7 +92,7 @@ def test_export_run_regenerates_from_records(tmp_path):
     rdir = write_run(tmp_path, legs=LADDER_LEGS, n_prompts=6, failed=("vanilla_1",))
     written = export_run(rdir, formats=("png", "html"), width=500, height=300)
     names = {k for k in written if not k.startswith("table:")}
-    assert names == {"speedup_vs_gamma", "speedup_distribution", "exactness", "acceptance_per_position",
+    assert names == {"speedup_vs_gamma", "speedup_distribution", "exactness_table", "per_position_acceptance",
                      "acceptance_over_position", "acceptance_vs_tau"}
     for n in names:
         assert png_size(rdir / "figures" / f"{n}.png") == (500, 300)
@@ -105,3 +108,30 @@ def test_export_run_without_finished_legs(tmp_path):
     rdir = write_run(tmp_path, n_prompts=2, failed=("vanilla_0", "strict_g6", "vanilla_1"))
     with pytest.raises(ValueError, match="no finished leg"):
         export_run(rdir, formats=("html",))
+
+
+def test_notebook_and_export_write_one_file_per_table(tmp_path):
+    from workbench import analyses
+
+    rdir = write_run(tmp_path, legs=LADDER_LEGS, n_prompts=6)
+    cfg_path = rdir / "run.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["analyses"] = ["exactness_table", "speedup_vs_gamma"]
+    cfg_path.write_text(json.dumps(cfg))
+    # what the experiment notebook writes, then what `workbench export` writes, into one folder
+    res = analyses.analyze_run(rdir)
+    assert list(res["_figures"]) == ["exactness_table", "speedup_vs_gamma"]
+    export_run(rdir, formats=("html",))
+    tables = sorted(p.name for p in (rdir / "tables").iterdir())
+    assert tables == sorted(["speedup.csv", "prompt_speedups.csv", "acceptance.csv", "exactness.csv",
+                             "per_position_acceptance.csv", "acceptance_over_position.csv",
+                             "counterfactual_acceptance.csv", "legs_throughput.csv", "summary.json"])
+    figures = sorted(p.stem for p in (rdir / "figures").glob("*.html"))
+    assert figures == sorted(set(analyses.ANALYSES) - {"agreement_vs_acceptance"})
+    summary = json.loads((rdir / "tables" / "summary.json").read_text())
+    assert {r["leg"] for r in summary["speedup"]} == {"strict_g2", "strict_g4", "strict_g6", "relaxed_g6_x0.693"}
+    assert summary["not_computed"] == {}
+    # the csv holds what the registry computes from the records
+    run_tables = analyses.RunTables(load_run(rdir))
+    speedup = pd.read_csv(rdir / "tables" / "speedup.csv")
+    assert speedup["speedup"].tolist() == pytest.approx(run_tables["speedup"]["speedup"].tolist())

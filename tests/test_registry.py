@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workbench import protocol
+from workbench.analyses import ANALYSES
 from workbench.registry import (KNOBS, RegistryError, check_knob, load_registry, parse_knob_text,
                                 EXPERIMENTS_FILE, PROFILES_FILE)
 
@@ -37,12 +37,12 @@ def test_catalogue_has_e1_to_e15():
     assert reg.profile("tiny").engine["dtype"] == "bfloat16"
 
 
-def test_every_analysis_has_a_recipe():
+def test_every_experiment_names_registered_analyses():
     reg = load_registry()
     for e in reg.experiments.values():
         assert e.analyses, e.id
         for a in e.analyses:
-            assert a in protocol.ANALYSES, f"{e.id}: analysis {a!r} has no recipe"
+            assert a in ANALYSES, f"{e.id}: analysis {a!r} has no recipe"
 
 
 @pytest.mark.parametrize("mutate, message", [
@@ -72,6 +72,8 @@ def test_every_analysis_has_a_recipe():
     (lambda e, p: e["experiments"]["E2"].update(bracket={"every": 0}), r"E2.bracket.every: must be an integer >= 1"),
     (lambda e, p: e["experiments"]["E2"].update(bracket=False), r"E2: bracket is false but no vanilla leg"),
     (lambda e, p: e["experiments"]["E2"].pop("title"), r"E2.title: expected a non-empty string"),
+    (lambda e, p: e["experiments"]["E2"]["analyses"].append("speedup_vs_gama"),
+     r"experiment E2.analyses: unknown analysis 'speedup_vs_gama'; analyses: exactness_table"),
     (lambda e, p: e["experiments"].update(X1=e["experiments"]["E1"]), r"experiment X1: id must look like E<number>"),
     (lambda e, p: e["defaults"].pop("gamma"), r"defaults must set every knob; missing \['gamma'\]"),
     (lambda e, p: e["defaults"].update(max_num_seqs=-1), r"defaults.max_num_seqs.*>= 1"),

@@ -20,11 +20,10 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from . import metrics, plots
+from . import analyses
 from .results import Run, load_run
 
 STATIC_FORMATS = ("png", "svg", "pdf")
@@ -115,45 +114,13 @@ def export_figures(
 
 
 def standard_tables(run: Run) -> dict[str, pd.DataFrame]:
-    """Derived tables of a run, from its records alone (those that apply)."""
-    rec = run.records
-    tables: dict[str, pd.DataFrame] = {}
-    if rec.empty:
-        return tables
-    has_vanilla = rec["tier"].eq("vanilla").any()
-    has_spec = rec["tier"].isin(metrics.SPEC_TIERS).any()
-    if has_vanilla and has_spec:
-        tables["speedup"] = metrics.bracketed_speedup(rec, run.legs_order)
-        tables["speedup_per_prompt"] = metrics.prompt_speedups(rec, run.legs_order)
-        tables["exactness"] = metrics.exactness_summary(rec)
-    if has_spec:
-        tables["acceptance"] = metrics.acceptance(rec)
-        tables["acceptance_per_position"] = metrics.per_position_acceptance(rec)
-    traced = rec["trace"].map(lambda t: isinstance(t, dict) and bool(t.get("steps")))
-    if traced.any():
-        tables["acceptance_over_position"] = metrics.acceptance_over_position(rec)
-        grid = np.round(np.linspace(0.0, 3.0, 61), 4)
-        tables["counterfactual_acceptance"] = metrics.predict_acceptance(rec, grid).aggregate
-    return tables
+    """Every table of ``workbench.analyses`` that the run can make, from its records alone."""
+    return analyses.RunTables(run).available()
 
 
-def standard_figures(run: Run, tables: Mapping[str, pd.DataFrame] | None = None) -> dict[str, go.Figure]:
-    """The run's standard figures (those its legs support), from ``standard_tables``."""
-    t = standard_tables(run) if tables is None else tables
-    figs: dict[str, go.Figure] = {}
-    if "speedup" in t and t["speedup"]["gamma"].notna().any():
-        figs["speedup_vs_gamma"] = plots.speedup_vs_gamma(t["speedup"])
-    if "speedup_per_prompt" in t:
-        figs["speedup_distribution"] = plots.speedup_distribution(t["speedup_per_prompt"])
-    if "exactness" in t:
-        figs["exactness"] = plots.exactness_table(t["exactness"])
-    if "acceptance_per_position" in t and len(t["acceptance_per_position"]):
-        figs["acceptance_per_position"] = plots.per_position_acceptance(t["acceptance_per_position"])
-    if "acceptance_over_position" in t:
-        figs["acceptance_over_position"] = plots.acceptance_over_position(t["acceptance_over_position"])
-    if "acceptance" in t and len(t["acceptance"]):
-        figs["acceptance_vs_tau"] = plots.acceptance_vs_tau(t["acceptance"], t.get("counterfactual_acceptance"))
-    return figs
+def standard_figures(run: Run, tables: analyses.RunTables | None = None) -> dict[str, go.Figure]:
+    """Every figure of ``workbench.analyses`` that the run's legs support, named by its analysis."""
+    return analyses.draw(tables if tables is not None else analyses.RunTables(run))
 
 
 def export_run(
@@ -163,23 +130,22 @@ def export_run(
     height: int = 600,
     tables: bool = True,
 ) -> dict[str, list[Path]]:
-    """Regenerate a run's standard figures (and csv tables) from its raw records alone.
+    """Regenerate a run's figures (and tables) from its raw records alone.
 
-    Writes ``run_dir/figures/<name>.<fmt>`` and, with ``tables``,
-    ``run_dir/tables/<name>.csv``. Raises if the run has no finished leg.
+    Writes ``run_dir/figures/<analysis>.<fmt>`` for every analysis the run
+    supports and, with ``tables``, ``run_dir/tables/<table>.csv`` and
+    ``tables/summary.json`` (``workbench.analyses``). Raises if the run has
+    no finished leg.
     """
     run = load_run(run_dir)
     if run.records.empty:
         raise ValueError(f"run {run.path} has no finished leg with records; nothing to export")
-    t = standard_tables(run)
+    t = analyses.RunTables(run)
     figs = standard_figures(run, t)
     written = export_figures(figs, run.path / "figures", formats, width, height)
     if tables:
-        tdir = run.path / "tables"
-        tdir.mkdir(exist_ok=True)
-        for name, df in t.items():
-            tmp = tdir / f".{name}.csv.tmp"
-            df.to_csv(tmp, index=False)
-            os.replace(tmp, tdir / f"{name}.csv")
-            written.setdefault(f"table:{name}", []).append(tdir / f"{name}.csv")
+        for name, path in analyses.write_tables(t).items():
+            written[f"table:{name}"] = [path]
+        analyses.write_summary(t, list(figs))
+        written["table:summary"] = [run.path / "tables" / analyses.SUMMARY_JSON]
     return written

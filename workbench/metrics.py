@@ -58,6 +58,31 @@ def _leg_meta(records: pd.DataFrame) -> pd.DataFrame:
 SPEC_TIERS = ("strict", "relaxed")
 
 
+# --------------------------------------------------------------------------- acceptance vocabulary
+
+
+def _per(num: Any, den: Any) -> Any:
+    """num / den where den > 0: NaN elsewhere (arrays, Series), None for a scalar with den 0."""
+    if np.ndim(num) == 0 and np.ndim(den) == 0 and not isinstance(num, pd.Series) and not isinstance(den, pd.Series):
+        return float(num) / float(den) if den and float(den) > 0 else None
+    n, d = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(d > 0, n / np.where(d > 0, d, 1.0), np.nan)
+    index = next((x.index for x in (num, den) if isinstance(x, pd.Series)), None)
+    return out if index is None else pd.Series(out, index=index)
+
+
+def acceptance_rate(accepted: Any, draft_tokens: Any) -> Any:
+    """Acceptance rate (vLLM's): accepted / draft tokens. Scalars, arrays or Series."""
+    return _per(accepted, draft_tokens)
+
+
+def acceptance_length(accepted: Any, drafts: Any) -> Any:
+    """Acceptance length (vLLM's): 1 + accepted / drafts, tokens emitted per target step."""
+    ratio = _per(accepted, drafts)
+    return None if ratio is None else 1 + ratio
+
+
 def _is_vanilla(records: pd.DataFrame) -> pd.Series:
     return records["tier"].eq("vanilla")
 
@@ -83,42 +108,74 @@ def bracketing_vanilla(legs_order: Sequence[str], vanilla_legs: Iterable[str]) -
     return out
 
 
-def prompt_speedups(records: pd.DataFrame, legs_order: Sequence[str] | None = None) -> pd.DataFrame:
-    """Per prompt and spec leg: tok/s, bracketing vanilla tok/s and their ratio.
+def prompt_ratios(records: pd.DataFrame, reference_legs: Iterable[str], legs_order: Sequence[str] | None = None,
+                  value: str = "tok_s", legs: Iterable[str] | None = None) -> pd.DataFrame:
+    """Per prompt of each compared leg: its ``value`` over the mean of that prompt's ``value`` in the
+    nearest reference leg before and after it in run order (one side if only one exists).
 
-    Only vanilla legs that have records can bracket (a failed vanilla leg is
-    skipped over to the next one). Prompts without a positive vanilla tok/s on
-    either side are dropped: a ratio to nothing is not a speedup.
+    Compared legs: ``legs``, or every leg that is not a reference leg. Only
+    reference legs that have records can bracket (a failed one is skipped
+    over to the next one). Prompts without a positive reference value on
+    either side are dropped: a ratio to nothing is not a ratio. Columns:
+    ``LEG_KEYS``, ``pid``, ``value``, ``baseline``, ``ratio``, ``ref_before``, ``ref_after``.
     """
-    _require(records, ["leg", "pid", "tier", "tok_s"], "prompt_speedups")
+    _require(records, ["leg", "pid", value], "prompt_ratios")
     order = _leg_order(records, legs_order)
-    is_van = _is_vanilla(records)
-    vanilla_legs = list(dict.fromkeys(records.loc[is_van, "leg"]))
-    spec = records[_is_spec(records)]
-    cols = LEG_KEYS + ["pid", "tok_s", "baseline_tok_s", "speedup", "vanilla_before", "vanilla_after"]
-    if spec.empty:
+    present = set(records["leg"])
+    refs = [leg for leg in dict.fromkeys(reference_legs) if leg in present]
+    compared = set(legs) if legs is not None else present - set(refs)
+    rows = records[records["leg"].isin(compared)]
+    cols = LEG_KEYS + ["pid", "value", "baseline", "ratio", "ref_before", "ref_after"]
+    if rows.empty:
         return pd.DataFrame(columns=cols)
-    if not vanilla_legs:
-        raise ValueError("bracketed speedup needs at least one finished vanilla leg; the records have none")
-    van = records[is_van].pivot(index="pid", columns="leg", values="tok_s").astype(float)
-    van = van.where(van > 0)
-    brackets = bracketing_vanilla(order, vanilla_legs)
+    if not refs:
+        raise ValueError("a bracketed ratio needs at least one finished reference leg; the records have none")
+    ref = records[records["leg"].isin(refs)].pivot(index="pid", columns="leg", values=value).astype(float)
+    ref = ref.where(ref > 0)
+    brackets = bracketing_vanilla(order, refs)
     parts = []
-    for leg, grp in spec.groupby("leg", sort=False):
+    for leg, grp in rows.groupby("leg", sort=False):
         before, after = brackets[leg]
         sides = [s for s in (before, after) if s is not None]
-        baseline = van[sides].mean(axis=1, skipna=True)
         part = grp.copy()
-        part["baseline_tok_s"] = part["pid"].map(baseline).astype(float)
-        part["vanilla_before"], part["vanilla_after"] = before, after
+        part["value"] = part[value].astype(float)
+        part["baseline"] = part["pid"].map(ref[sides].mean(axis=1, skipna=True)).astype(float)
+        part["ref_before"], part["ref_after"] = before, after
         parts.append(part)
     out = pd.concat(parts, ignore_index=True)
-    out["speedup"] = out["tok_s"].astype(float) / out["baseline_tok_s"]
-    out = out[np.isfinite(out["speedup"])]
+    out["ratio"] = out["value"] / out["baseline"]
+    out = out[np.isfinite(out["ratio"])]
     for c in cols:
         if c not in out.columns:
             out[c] = None
     return out[cols].reset_index(drop=True)
+
+
+def ratio_summary(per_prompt: pd.DataFrame, column: str = "ratio") -> pd.DataFrame:
+    """One row per leg of a per-prompt table: median of ``column`` over prompts, q25, q75, IQR and n."""
+    cols = LEG_KEYS + [column, "q25", "q75", "iqr", "n"]
+    if per_prompt.empty:
+        return pd.DataFrame(columns=cols)
+    g = per_prompt.groupby("leg", sort=False)[column]
+    agg = pd.DataFrame({column: g.median(), "q25": g.quantile(0.25), "q75": g.quantile(0.75), "n": g.size()})
+    agg["iqr"] = agg["q75"] - agg["q25"]
+    out = _leg_meta(per_prompt).join(agg).reset_index()
+    return out.sort_values("leg_index", kind="stable")[cols].reset_index(drop=True)
+
+
+def prompt_speedups(records: pd.DataFrame, legs_order: Sequence[str] | None = None) -> pd.DataFrame:
+    """Per prompt and spec leg: tok/s, bracketing vanilla tok/s and their ratio (``prompt_ratios``)."""
+    _require(records, ["leg", "pid", "tier", "tok_s"], "prompt_speedups")
+    cols = LEG_KEYS + ["pid", "tok_s", "baseline_tok_s", "speedup", "vanilla_before", "vanilla_after"]
+    spec_legs = records.loc[_is_spec(records), "leg"].unique()
+    if not len(spec_legs):
+        return pd.DataFrame(columns=cols)
+    if not _is_vanilla(records).any():
+        raise ValueError("bracketed speedup needs at least one finished vanilla leg; the records have none")
+    per = prompt_ratios(records, records.loc[_is_vanilla(records), "leg"], legs_order, "tok_s", spec_legs)
+    per = per.rename(columns={"value": "tok_s", "baseline": "baseline_tok_s", "ratio": "speedup",
+                              "ref_before": "vanilla_before", "ref_after": "vanilla_after"})
+    return per[cols]
 
 
 def bracketed_speedup(records: pd.DataFrame, legs_order: Sequence[str] | None = None) -> pd.DataFrame:
@@ -127,18 +184,8 @@ def bracketed_speedup(records: pd.DataFrame, legs_order: Sequence[str] | None = 
     cols = LEG_KEYS + ["speedup", "q25", "q75", "iqr", "n", "vanilla_before", "vanilla_after"]
     if per.empty:
         return pd.DataFrame(columns=cols)
-    g = per.groupby("leg", sort=False)
-    agg = pd.DataFrame({
-        "speedup": g["speedup"].median(),
-        "q25": g["speedup"].quantile(0.25),
-        "q75": g["speedup"].quantile(0.75),
-        "n": g["speedup"].size(),
-        "vanilla_before": g["vanilla_before"].first(),
-        "vanilla_after": g["vanilla_after"].first(),
-    })
-    agg["iqr"] = agg["q75"] - agg["q25"]
-    out = _leg_meta(per).join(agg).reset_index()
-    return out.sort_values("leg_index", kind="stable")[cols].reset_index(drop=True)
+    sides = per.groupby("leg", sort=False)[["vanilla_before", "vanilla_after"]].first()
+    return ratio_summary(per, "speedup").join(sides, on="leg")[cols]
 
 
 # --------------------------------------------------------------------------- exactness
@@ -232,8 +279,8 @@ def prompt_acceptance(records: pd.DataFrame) -> pd.DataFrame:
     out = spec[[c for c in LEG_KEYS if c in spec.columns] + ["pid"]].copy()
     for k in ("drafts", "draft_tokens", "accepted"):
         out[k] = spec["spec"].map(lambda s, k=k: s.get(k)).astype(float)
-    out["acceptance_rate"] = out["accepted"] / out["draft_tokens"].where(out["draft_tokens"] > 0)
-    out["acceptance_length"] = 1 + out["accepted"] / out["drafts"].where(out["drafts"] > 0)
+    out["acceptance_rate"] = acceptance_rate(out["accepted"], out["draft_tokens"])
+    out["acceptance_length"] = acceptance_length(out["accepted"], out["drafts"])
     return out.reindex(columns=cols).reset_index(drop=True)
 
 
@@ -247,8 +294,8 @@ def acceptance(records: pd.DataFrame) -> pd.DataFrame:
     sums = g[["drafts", "draft_tokens", "accepted"]].sum()
     sums["n_prompts"] = g.size()
     out = _leg_meta(per).join(sums).reset_index()
-    out["acceptance_rate"] = out["accepted"] / out["draft_tokens"].where(out["draft_tokens"] > 0)
-    out["acceptance_length"] = 1 + out["accepted"] / out["drafts"].where(out["drafts"] > 0)
+    out["acceptance_rate"] = acceptance_rate(out["accepted"], out["draft_tokens"])
+    out["acceptance_length"] = acceptance_length(out["accepted"], out["drafts"])
     return out.sort_values("leg_index", kind="stable")[cols].reset_index(drop=True)
 
 
@@ -279,8 +326,8 @@ def leg_summary_acceptance(legs: pd.DataFrame) -> pd.DataFrame:
     drafts = done["spec_num_drafts"].astype(float)
     draft_tokens = done["spec_num_draft_tokens"].astype(float)
     accepted = done["spec_num_accepted_tokens"].astype(float)
-    done["acceptance_rate"] = accepted / draft_tokens.where(draft_tokens > 0)
-    done["acceptance_length"] = 1 + accepted / drafts.where(drafts > 0)
+    done["acceptance_rate"] = acceptance_rate(accepted, draft_tokens)
+    done["acceptance_length"] = acceptance_length(accepted, drafts)
     done["per_position"] = [
         (np.asarray(p, dtype=float) / d).tolist() if isinstance(p, list) and d else None
         for p, d in zip(done["spec_accepted_per_pos"], drafts)
@@ -384,9 +431,19 @@ class TraceIndex:
         return pd.DataFrame({
             "leg": leg, "relax_logtau": xs, "tau": np.exp(-xs), "accepted": acc,
             "drafts": steps, "draft_tokens": drafted,
-            "acceptance_rate": acc / drafted if drafted else np.nan,
-            "acceptance_length": 1 + acc / steps if steps else np.nan,
+            "acceptance_rate": acceptance_rate(acc, np.full_like(acc, drafted)),
+            "acceptance_length": acceptance_length(acc, np.full_like(acc, steps)),
         })
+
+    def curves(self, relax_logtau: float | Sequence[float] | np.ndarray) -> pd.DataFrame:
+        """``curve`` of every traced leg, with the leg's own keys; the x each leg ran with is
+        ``leg_relax_logtau`` (next to the x it is replayed at)."""
+        xs = np.atleast_1d(np.asarray(relax_logtau, dtype=float))
+        if np.any(xs < 0) or not np.all(np.isfinite(xs)):
+            raise ValueError(f"relax_logtau must be finite and >= 0, got {xs.tolist()}")
+        meta = (self.prompts.drop(columns="pid").drop_duplicates("leg").set_index("leg")
+                .rename(columns={"relax_logtau": "leg_relax_logtau"}))
+        return pd.concat([self.curve(leg, xs) for leg in self.legs], ignore_index=True).join(meta, on="leg")
 
     def per_position_at(self, leg: str, relax_logtau: float) -> np.ndarray:
         """Predicted per-position acceptance (accepted at position i / drafts) at x."""
@@ -404,8 +461,8 @@ class TraceIndex:
         out = self.prompts.rename(columns={"relax_logtau": "leg_relax_logtau"})
         out["relax_logtau"] = relax_logtau
         out["drafts"], out["draft_tokens"], out["accepted"] = drafts, drafted, acc
-        out["acceptance_rate"] = acc / np.where(drafted > 0, drafted, np.nan)
-        out["acceptance_length"] = 1 + acc / np.where(drafts > 0, drafts, np.nan)
+        out["acceptance_rate"] = acceptance_rate(acc, drafted)
+        out["acceptance_length"] = acceptance_length(acc, drafts)
         return out
 
     def over_position(self, bins: int | Sequence[float] = 10, relax_logtau: float | None = None) -> pd.DataFrame:
@@ -429,9 +486,7 @@ class TraceIndex:
         count = np.bincount(key, minlength=nl * nb).reshape(nl, nb)
         dr = np.bincount(key, weights=self.drafted[inside], minlength=nl * nb).reshape(nl, nb)
         ac = np.bincount(key, weights=acc[inside], minlength=nl * nb).reshape(nl, nb)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            rate = ac / dr
-            length = 1 + ac / count
+        rate, length = acceptance_rate(ac, dr), acceptance_length(ac, count)
         return pd.DataFrame({
             "leg": np.repeat(self.legs, nb),
             "bin_left": np.tile(edges[:-1], nl), "bin_right": np.tile(edges[1:], nl),
@@ -472,15 +527,9 @@ def predict_acceptance(records: pd.DataFrame, relax_logtau: float | Sequence[flo
     index = TraceIndex(records)
     if index.empty:
         raise ValueError("predict_acceptance: no record carries a trace (run the leg with --trace)")
+    aggregate = index.curves(relax_logtau)
     xs = np.atleast_1d(np.asarray(relax_logtau, dtype=float))
-    if np.any(xs < 0) or not np.all(np.isfinite(xs)):
-        raise ValueError(f"relax_logtau must be finite and >= 0, got {xs.tolist()}")
     per_prompt = pd.concat([index.per_prompt_at(float(x)) for x in xs], ignore_index=True)
-    aggregate = pd.concat([index.curve(leg, xs) for leg in index.legs], ignore_index=True)
-    # The x each leg actually ran with stays next to the x it is replayed at.
-    meta = (index.prompts.drop(columns="pid").drop_duplicates("leg").set_index("leg")
-            .rename(columns={"relax_logtau": "leg_relax_logtau"}))
-    aggregate = aggregate.join(meta, on="leg")
     return Prediction(per_prompt, aggregate)
 
 

@@ -443,7 +443,12 @@ def _load_experiment(exp_id: str, raw: Any, defaults: dict, profiles: dict[str, 
                             f"speedup needs vanilla legs")
     analyses = raw.get("analyses", [])
     if not isinstance(analyses, list) or not all(isinstance(a, str) and a for a in analyses):
-        raise RegistryError(f"{w}.analyses: expected a list of plot function names, got {analyses!r}")
+        raise RegistryError(f"{w}.analyses: expected a list of analysis names, got {analyses!r}")
+    from workbench.analyses import check_names
+    try:
+        check_names(analyses, f"{w}.analyses")
+    except ValueError as exc:
+        raise RegistryError(str(exc)) from None
     profs = raw.get("profiles", [])
     if not isinstance(profs, list):
         raise RegistryError(f"{w}.profiles: expected a list of profile names, got {profs!r}")

@@ -22,12 +22,11 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from . import metrics, plots
+from . import analyses, metrics, plots
 from .results import Run, list_runs, load_run
 
-X_MAX = 3.0  # relax x up to 3 (tau = 0.05) covers the tau ladders of E4/E13
+X_MAX = float(analyses.RELAX_GRID[-1])
 X_STEP = 0.01
-CURVE_POINTS = 151
 MAX_PROMPT_OPTIONS = 2000
 
 
@@ -40,36 +39,28 @@ def _gamma(v: Any) -> int | None:
 
 
 class _Precomputed:
-    """Everything the explorer's callbacks read, computed once per run."""
+    """Everything the explorer's callbacks read, computed once per run (tables from ``workbench.analyses``)."""
 
     def __init__(self, run: Run, bins: int):
-        rec = run.records
         self.run = run
-        spec = rec[rec["tier"].isin(metrics.SPEC_TIERS)] if len(rec) else rec
-        self.gammas = sorted({g for g in (spec["gamma"].map(_gamma) if len(spec) else []) if g is not None})
-        has_vanilla = bool(len(rec)) and rec["tier"].eq("vanilla").any()
-        self.speedup = metrics.bracketed_speedup(rec, run.legs_order) if has_vanilla and len(spec) else None
-        self.per_prompt = metrics.prompt_speedups(rec, run.legs_order) if self.speedup is not None else None
-        self.acceptance = metrics.acceptance(rec) if len(spec) else None
-        self.per_pos = metrics.per_position_acceptance(rec) if len(spec) else None
-        self.trace = metrics.TraceIndex(rec) if len(spec) else None
-        if self.trace is not None and self.trace.empty:
-            self.trace = None
-        self.grid = np.linspace(0.0, X_MAX, CURVE_POINTS)
-        self.curves = None
-        self.over = None
+        tables = analyses.RunTables(run, bins)
+        spec = tables.records[tables.records["tier"].isin(metrics.SPEC_TIERS)] if tables.has_spec else None
+        self.gammas = sorted({g for g in (spec["gamma"].map(_gamma) if spec is not None else []) if g is not None})
+        self.speedup = tables.get("speedup")
+        self.per_prompt = tables.get("prompt_speedups")
+        self.acceptance = tables.get("acceptance")
+        self.per_pos = tables.get("per_position_acceptance")
+        self.trace = tables.trace
+        self.curves = tables.get("counterfactual_acceptance")
+        self.over = tables.get("acceptance_over_position")
         self.trace_leg_for_gamma: dict[int, str] = {}
         if self.trace is not None:
-            self.curves = pd.concat([self.trace.curve(leg, self.grid) for leg in self.trace.legs], ignore_index=True)
             meta = self.trace.prompts.drop_duplicates("leg").set_index("leg")
-            self.curves = self.curves.join(meta[["gamma", "tier"]], on="leg")
-            self.curves["leg_relax_logtau"] = self.curves["leg"].map(meta["relax_logtau"])
             # Counterfactual per gamma: prefer a strict leg's trace (it predicts relaxed from exact drafts).
             for leg in sorted(self.trace.legs, key=lambda l: (meta.loc[l, "tier"] != "strict", l)):
                 g = _gamma(meta.loc[leg, "gamma"])
                 if g is not None:
                     self.trace_leg_for_gamma.setdefault(g, leg)
-            self.over = self.trace.over_position(bins)
             self._over_sorted = self._sort_over_position(bins)
 
     def _sort_over_position(self, bins: int) -> dict[str, list[np.ndarray]]:

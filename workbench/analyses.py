@@ -1,0 +1,384 @@
+"""The analysis registry: every table a run folder holds and every figure drawn from them, named once.
+
+A **table** is computed from a run's raw records by a ``workbench.metrics``
+function and written as ``<run>/tables/<name>.csv``. An **analysis** is a
+figure: the ``workbench.plots`` function that draws it and the tables it reads;
+``experiments.yaml`` names analyses, and the registry refuses an unknown name
+when it loads. The executed notebook, ``workbench export`` and the explorer
+all read tables and figures from here, so a number has one name and one
+recipe wherever it appears.
+
+    tables = RunTables(load_run(run_dir))       # computed on demand, each once
+    tables.get("speedup")                       # DataFrame, or None where the run lacks what it needs
+    draw(tables, ["speedup_distribution"])      # {analysis name: figure}
+    analyze_run(run_dir)                        # every table -> tables/*.csv + tables/summary.json
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from . import metrics, plots
+from .results import Run, load_run
+
+SUMMARY_JSON = "summary.json"
+# The relax x grid of counterfactual acceptance (table and explorer curves): x up to 3 (τ = 0.05)
+# covers the τ ladders of E4/E13.
+RELAX_GRID = np.round(np.linspace(0.0, 3.0, 151), 4)
+OVER_POSITION_BINS = 10
+
+
+class NotApplicable(LookupError):
+    """The run lacks what a table or figure needs (no spec leg, no trace, no score leg, ...)."""
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    compute: Callable[["RunTables"], pd.DataFrame]
+    doc: str
+    in_summary: bool = True       # also in tables/summary.json (the key numbers), not only as csv
+
+
+@dataclass(frozen=True)
+class Analysis:
+    name: str
+    tables: tuple[str, ...]       # what it reads; the first one is required, the others optional
+    draw: Callable[..., Any]      # workbench.plots function: draw(*tables) -> Figure
+    doc: str
+
+
+class RunTables:
+    """The tables of one run, computed from its records on demand, each once.
+
+    ``tables[name]`` raises ``NotApplicable`` (or the metrics function's
+    ValueError) where the table cannot be made; ``get`` returns None then.
+    """
+
+    def __init__(self, run: Run, bins: int = OVER_POSITION_BINS):
+        self.run = run
+        self.bins = bins
+        self._cache: dict[str, pd.DataFrame] = {}
+        self.errors: dict[str, str] = {}
+
+    # what the table recipes read
+    @cached_property
+    def records(self) -> pd.DataFrame:
+        """Records of engine legs (vanilla and spec; not score legs)."""
+        r = self.run.records
+        return r[r["mode"].isin(["vanilla", "spec"])] if len(r) else r
+
+    @cached_property
+    def has_spec(self) -> bool:
+        return bool(len(self.records)) and self.records["tier"].isin(metrics.SPEC_TIERS).any()
+
+    @cached_property
+    def has_vanilla(self) -> bool:
+        return bool(len(self.records)) and self.records["tier"].eq("vanilla").any()
+
+    @cached_property
+    def trace(self) -> metrics.TraceIndex | None:
+        """The acceptance trace of every traced spec record, or None where no leg ran with the trace."""
+        if not self.has_spec:
+            return None
+        index = metrics.TraceIndex(self.records)
+        return None if index.empty else index
+
+    @property
+    def dataset(self) -> str | None:
+        return (self.run.config.get("dataset") or {}).get("resolved")
+
+    def need(self, ok: bool, what: str) -> None:
+        if not ok:
+            raise NotApplicable(f"no {what} in this run")
+
+    # access
+    def __getitem__(self, name: str) -> pd.DataFrame:
+        if name not in self._cache:
+            self._cache[name] = TABLES[name].compute(self)
+        return self._cache[name]
+
+    def get(self, name: str) -> pd.DataFrame | None:
+        """The table, or None where the run cannot make it (a reason other than
+        ``NotApplicable`` is kept in ``errors``)."""
+        if name not in TABLES:
+            raise KeyError(f"unknown table {name!r}; tables: {', '.join(TABLES)}")
+        try:
+            return self[name]
+        except NotApplicable:
+            return None
+        except (LookupError, ValueError) as exc:
+            self.errors[name] = f"{type(exc).__name__}: {exc}"
+            return None
+
+    def available(self) -> dict[str, pd.DataFrame]:
+        """Every table this run can make, in registry order."""
+        return {name: df for name in TABLES if (df := self.get(name)) is not None}
+
+
+# --------------------------------------------------------------------------- table recipes
+
+
+def _speedup(t: RunTables) -> pd.DataFrame:
+    t.need(t.has_spec and t.has_vanilla, "vanilla and spec legs")
+    return metrics.bracketed_speedup(t.records, t.run.legs_order)
+
+
+def _prompt_speedups(t: RunTables) -> pd.DataFrame:
+    t.need(t.has_spec and t.has_vanilla, "vanilla and spec legs")
+    return metrics.prompt_speedups(t.records, t.run.legs_order)
+
+
+def _exactness(t: RunTables) -> pd.DataFrame:
+    t.need(t.has_spec and t.has_vanilla, "vanilla and spec legs")
+    return metrics.exactness_summary(t.records)
+
+
+def _acceptance(t: RunTables) -> pd.DataFrame:
+    t.need(t.has_spec, "spec leg")
+    return metrics.acceptance(t.records)
+
+
+def _per_position(t: RunTables) -> pd.DataFrame:
+    t.need(t.has_spec, "spec leg")
+    return metrics.per_position_acceptance(t.records)
+
+
+def _over_position(t: RunTables) -> pd.DataFrame:
+    t.need(t.trace is not None, "acceptance trace (trace knob off)")
+    return t.trace.over_position(t.bins)
+
+
+def _counterfactual(t: RunTables) -> pd.DataFrame:
+    t.need(t.trace is not None, "acceptance trace (trace knob off)")
+    return t.trace.curves(RELAX_GRID)
+
+
+def _agreement(t: RunTables) -> pd.DataFrame:
+    """Per prompt: teacher-forced agreement (score leg) beside realised acceptance (first strict leg)."""
+    recs = t.run.records
+    score = recs[recs["mode"] == "score"] if len(recs) else recs
+    t.need(len(score) > 0, "score leg")
+    acc = metrics.prompt_acceptance(t.records)
+    strict = acc[acc["tier"] == "strict"]
+    t.need(len(strict) > 0, "strict leg to compare the score leg with")
+    first = strict[strict["leg"] == strict["leg"].iloc[0]]
+    return score[["pid", "agreement", "n_scored"]].merge(
+        first[["pid", "leg", "acceptance_rate", "acceptance_length"]], on="pid")
+
+
+def _legs_throughput(t: RunTables) -> pd.DataFrame:
+    recs = t.records
+    t.need(len(recs) > 0, "finished engine leg")
+    vt = recs.groupby("leg", sort=False).agg(tier=("tier", "first"), n=("pid", "size"),
+                                             median_tok_s=("tok_s", "median"),
+                                             total_tokens=("gen_len", "sum"), t_max=("t", "max"))
+    # total throughput of a leg: all tokens over the time the slowest prompt finished
+    vt["throughput_tok_s"] = vt["total_tokens"] / vt["t_max"]
+    return vt.reset_index()
+
+
+def _prompts(t: RunTables) -> list:
+    from .prompts import load_prompts
+    return load_prompts(t.run.path / t.run.config.get("prompts_file", "prompts.jsonl"), check_images=False)
+
+
+def _mathvista_accuracy(t: RunTables) -> pd.DataFrame:
+    from .datasets.scoring import score_mathvista
+    t.need(t.dataset == "mathvista" and len(t.records) > 0, "MathVista prompts")
+    prompts = {p.pid: p for p in _prompts(t)}
+    rows = []
+    for r in t.records.itertuples():
+        res = score_mathvista(r.text or "", prompts[r.pid].meta)
+        rows.append({"leg": r.leg, "tier": r.tier, "pid": r.pid, "correct": bool(res.get("correct"))})
+    return pd.DataFrame(rows).groupby("leg", sort=False).agg(
+        tier=("tier", "first"), n=("pid", "size"), accuracy=("correct", "mean")).reset_index()
+
+
+def _mmvet_capability(t: RunTables) -> pd.DataFrame:
+    """Per MM-Vet capability and leg: prompts, tok/s and acceptance length (no grader needed)."""
+    from .datasets.scoring import mmvet_capability_table
+    t.need(t.dataset == "mmvet" and len(t.records) > 0, "MM-Vet prompts")
+    prompts = _prompts(t)
+    acc = metrics.prompt_acceptance(t.records)[["leg", "pid", "acceptance_length"]]
+    merged = t.records[["leg", "tier", "pid", "tok_s"]].merge(acc, on=["leg", "pid"], how="left")
+    parts = []
+    for leg, grp in merged.groupby("leg", sort=False):
+        part = mmvet_capability_table(grp, prompts=prompts, values=("tok_s", "acceptance_length"))
+        part.insert(0, "leg", leg)
+        parts.append(part)
+    return pd.concat(parts, ignore_index=True)
+
+
+TABLES: dict[str, Table] = {t.name: t for t in [
+    Table("speedup", _speedup, "per spec leg: median bracketed speedup over prompts, IQR (metrics.bracketed_speedup)"),
+    Table("prompt_speedups", _prompt_speedups, "per prompt and spec leg: tok/s over the bracketing vanilla legs'"),
+    Table("acceptance", _acceptance, "per spec leg: acceptance rate and length from the per-prompt counters"),
+    Table("exactness", _exactness, "per spec leg: exact-match rate and first divergence vs the first vanilla leg"),
+    Table("per_position_acceptance", _per_position, "per spec leg and draft position: accepted at i / drafts"),
+    Table("acceptance_over_position", _over_position, "per traced leg: acceptance vs output token position",
+          in_summary=False),
+    Table("counterfactual_acceptance", _counterfactual,
+          "per traced leg: acceptance predicted at each relax x on RELAX_GRID from the recorded margins",
+          in_summary=False),
+    Table("agreement", _agreement, "per prompt (E7): teacher-forced agreement beside realised acceptance"),
+    Table("legs_throughput", _legs_throughput, "per engine leg: median tok/s and total throughput"),
+    Table("mathvista_accuracy", _mathvista_accuracy, "per leg: rule-scored MathVista accuracy"),
+    Table("mmvet_capability", _mmvet_capability, "per leg and MM-Vet capability: tok/s, acceptance length"),
+]}
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def _speedup_vs_gamma(speedup: pd.DataFrame):
+    if not speedup["gamma"].notna().any():
+        raise NotApplicable("no spec leg with a gamma in this run")
+    return plots.speedup_vs_gamma(speedup)
+
+
+ANALYSES: dict[str, Analysis] = {a.name: a for a in [
+    Analysis("exactness_table", ("exactness",), plots.exactness_table,
+             "exact-match rate and first divergence of each spec leg vs vanilla"),
+    Analysis("speedup_distribution", ("prompt_speedups",), plots.speedup_distribution,
+             "per-prompt bracketed speedup, one box per spec leg"),
+    Analysis("speedup_vs_gamma", ("speedup",), _speedup_vs_gamma, "median speedup vs gamma with IQR bars"),
+    Analysis("per_position_acceptance", ("per_position_acceptance",), plots.per_position_acceptance,
+             "accepted at draft position i / drafts, per spec leg"),
+    Analysis("acceptance_over_position", ("acceptance_over_position",), plots.acceptance_over_position,
+             "acceptance vs output token position (needs the trace)"),
+    Analysis("acceptance_vs_tau", ("acceptance", "counterfactual_acceptance"), plots.acceptance_vs_tau,
+             "measured acceptance vs relax x, with the counterfactual curve from the trace"),
+    Analysis("agreement_vs_acceptance", ("agreement",), plots.agreement_vs_acceptance,
+             "E7: teacher-forced agreement vs realised acceptance per prompt, Pearson r"),
+]}
+
+
+def check_names(names: Iterable[str], where: str) -> list[str]:
+    """The analysis names of an experiment, refused with a message naming ``where`` if one is unknown."""
+    names = list(names)
+    unknown = [n for n in names if n not in ANALYSES]
+    if unknown:
+        raise ValueError(f"{where}: unknown analysis {unknown[0]!r}; analyses: {', '.join(ANALYSES)}")
+    return names
+
+
+def draw_one(tables: RunTables, name: str):
+    """The figure of one analysis; raises NotApplicable where its first table cannot be made or is empty."""
+    a = ANALYSES[name]
+    first, *optional = a.tables
+    df = tables[first]
+    if df is None or len(df) == 0:
+        raise NotApplicable(f"no rows in table {first!r}")
+    return a.draw(df, *(tables.get(o) for o in optional))
+
+
+def draw(tables: RunTables, names: Iterable[str] | None = None) -> dict[str, Any]:
+    """Figures of the named analyses (default: every registered one) that the run supports.
+
+    Where a named one cannot be drawn (or any one fails), the reason goes to
+    ``tables.errors["figure:<name>"]``.
+    """
+    figs = {}
+    for name in (ANALYSES if names is None else check_names(names, "draw")):
+        try:
+            figs[name] = draw_one(tables, name)
+        except NotApplicable as exc:
+            if names is not None:  # asked for by name: say why it is missing
+                tables.errors[f"figure:{name}"] = f"{type(exc).__name__}: {exc}"
+        except (LookupError, ValueError) as exc:
+            tables.errors[f"figure:{name}"] = f"{type(exc).__name__}: {exc}"
+    return figs
+
+
+# --------------------------------------------------------------------------- writing a run's tables
+
+
+def _json_rows(df: pd.DataFrame) -> list[dict[str, Any]]:
+    out = []
+    for row in df.to_dict(orient="records"):
+        clean = {}
+        for k, v in row.items():
+            if hasattr(v, "item"):
+                v = v.item()
+            if isinstance(v, float) and math.isnan(v):
+                v = None
+            if v is pd.NA:
+                v = None
+            if isinstance(v, (list, dict)):
+                continue
+            clean[k] = v
+        out.append(clean)
+    return out
+
+
+def write_tables(tables: RunTables) -> dict[str, Path]:
+    """Every table the run can make -> ``<run>/tables/<name>.csv`` (written whole, then renamed)."""
+    tdir = tables.run.path / "tables"
+    tdir.mkdir(exist_ok=True)
+    written = {}
+    for name, df in tables.available().items():
+        tmp = tdir / f".{name}.csv.tmp"
+        df.to_csv(tmp, index=False)
+        os.replace(tmp, tdir / f"{name}.csv")
+        written[name] = tdir / f"{name}.csv"
+    return written
+
+
+def summary(tables: RunTables, figures: Iterable[str] = ()) -> dict[str, Any]:
+    """The key numbers of a run (what ``tables/summary.json`` holds)."""
+    run, cfg = tables.run, tables.run.config
+    out: dict[str, Any] = {
+        "experiment": cfg.get("experiment"), "run_id": cfg.get("run_id"), "profile": cfg.get("profile"),
+        "smoke": cfg.get("smoke"), "dataset": tables.dataset,
+        "legs": dict(zip(run.legs["leg"], run.legs["status"])),
+    }
+    out["n_complete"] = sum(s == "complete" for s in out["legs"].values())
+    out["n_failed"] = sum(s == "failed" for s in out["legs"].values())
+    for name, df in tables.available().items():
+        if TABLES[name].in_summary:
+            out[name] = _json_rows(df)
+    agreement = tables.get("agreement")
+    if agreement is not None and len(agreement) >= 2:
+        a = agreement[["agreement", "acceptance_rate"]].astype(float).dropna()
+        out["agreement_acceptance_pearson"] = (float(a.corr().iloc[0, 1]) if len(a) >= 2 and a.std().min() > 0
+                                               else None)
+    out["figures"] = list(figures)
+    out["not_computed"] = dict(tables.errors)
+    return out
+
+
+def write_summary(tables: RunTables, figures: Iterable[str] = ()) -> dict[str, Any]:
+    """``summary(...)`` -> ``<run>/tables/summary.json`` (written whole, then renamed); returns it."""
+    out = summary(tables, figures)
+    path = tables.run.path / "tables" / SUMMARY_JSON
+    path.parent.mkdir(exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(out, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return out
+
+
+def analyze_run(run_dir: str | Path, figures: bool = True) -> dict[str, Any]:
+    """Every table of a run -> ``<run>/tables/*.csv``, its key numbers -> ``tables/summary.json``.
+
+    Figures: the experiment's own analyses (``run.json`` ``analyses``), returned
+    under ``_figures`` (``workbench.export`` writes figure files). Everything
+    is recomputed from ``legs/*/records.jsonl``, so this can be rerun at any time.
+    """
+    tables = RunTables(load_run(run_dir))
+    write_tables(tables)
+    figs = draw(tables, tables.run.config.get("analyses", [])) if figures else {}
+    out = write_summary(tables, list(figs))
+    out["_figures"] = figs
+    return out
