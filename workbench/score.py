@@ -46,9 +46,10 @@ def score_prompt(teacher, prompt, gen_ids: list[int]) -> dict[str, Any]:
     if not gen_ids:
         return {"in_len": teacher.prompt_len(prompt), "n_scored": 0, "n_agree": 0, "agreement": None,
                 "first_disagreement": None, "agree": []}
+    from workbench.teacher import top1_agreement
+
     logits, n_prompt = teacher.forward(prompt, gen_ids)
-    pred = logits.argmax(dim=-1).tolist()
-    agree = [int(p == g) for p, g in zip(pred, gen_ids)]
+    agree = [int(a) for a in top1_agreement(logits, gen_ids)]
     first = next((i for i, a in enumerate(agree) if not a), None)
     return {"in_len": n_prompt, "n_scored": len(agree), "n_agree": sum(agree),
             "agreement": sum(agree) / len(agree), "first_disagreement": first, "agree": agree}

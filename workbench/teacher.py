@@ -2,10 +2,12 @@
 
 For a prompt and the token ids a leg emitted, one forward pass of a model
 (transformers' own implementation, not vLLM) gives the logits that predicted
-each emitted token. The relaxed-tier tests use the target's to check every
+each emitted token. This is the workbench's one teacher-forcing path: the E7
+score leg (``workbench.score``) uses a draft's to measure its top-1 agreement
+with the target's output; the tiny-model checks (``workbench.testing``) use it
+for twin quality; the relaxed-tier tests use the target's to check every
 emitted token stays within the gate; exactness tests use them to tell a
-near-tie from a real error; the E7 score leg (``workbench.score``) uses a
-draft's to measure its top-1 agreement with the target's output.
+near-tie from a real error.
 """
 
 from __future__ import annotations
@@ -18,9 +20,15 @@ from .prompts import Prompt
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def top1_agreement(logits: torch.Tensor, gen_ids: list[int]) -> list[bool]:
+    """Row i of teacher-forced ``logits`` against ``gen_ids[i]``: does the argmax pick it?"""
+    return (logits.argmax(dim=-1) == torch.tensor(gen_ids)).tolist()
+
+
 class TeacherForcer:
     def __init__(self, model_dir: str, dtype: str = "auto", device: str | None = None):
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
+        from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor,
+                                  AutoTokenizer)
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if dtype == "auto":
@@ -32,7 +40,8 @@ class TeacherForcer:
         self.is_vl = hasattr(config, "vision_config")
         cls = AutoModelForImageTextToText if self.is_vl else AutoModelForCausalLM
         self.model = cls.from_pretrained(model_dir, dtype=_DTYPES[dtype]).to(self.device).eval()
-        self.processor = AutoProcessor.from_pretrained(model_dir)
+        # A text-only checkpoint has no image processor to load.
+        self.processor = (AutoProcessor if self.is_vl else AutoTokenizer).from_pretrained(model_dir)
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
 
     def _encode(self, prompt: Prompt) -> dict:
@@ -69,6 +78,18 @@ class TeacherForcer:
 
     def logits(self, prompt: Prompt, gen_ids: list[int]) -> torch.Tensor:
         return self.forward(prompt, gen_ids)[0]
+
+    def agreement(self, prompt: Prompt, gen_ids: list[int]) -> list[bool]:
+        """Per emitted token: is it this model's top-1 given the prompt and the tokens before it?"""
+        return top1_agreement(self.logits(prompt, gen_ids), gen_ids) if gen_ids else []
+
+    @torch.no_grad()
+    def greedy(self, prompt: Prompt, max_new_tokens: int, min_new_tokens: int = 0) -> list[int]:
+        """This model's own greedy continuation of the prompt (transformers' ``generate``)."""
+        enc = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in self._encode(prompt).items()}
+        out = self.model.generate(**enc, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
+                                  do_sample=False)
+        return out[0, enc["input_ids"].shape[1]:].tolist()
 
     def margins(self, prompt: Prompt, gen_ids: list[int]) -> torch.Tensor:
         """max logit - logit of the emitted token, per emitted token (0 = argmax)."""

@@ -405,13 +405,9 @@ def _inherit(model, source_state: dict, source_name) -> None:
         raise RuntimeError(f"tiny build: nothing to inherit for {type(model).__name__}")
 
 
-def _vl_config(shape: VLShape, ids: dict[str, int]):
-    from transformers import Qwen3VLConfig
-
-    rope_half = shape.head_dim // 2
-    # Qwen3-VL splits the rotary half-dim into (t, h, w) sections, interleaved.
-    mrope = [rope_half - 2 * (rope_half * 5 // 16), rope_half * 5 // 16, rope_half * 5 // 16]
-    text = dict(
+def _text_fields(shape: VLShape, ids: dict[str, int], rope_extra: dict) -> dict:
+    """The text tower's configuration, shared by the VL models and the text-only draft."""
+    return dict(
         vocab_size=MODEL_VOCAB_SIZE,
         hidden_size=shape.text_hidden,
         intermediate_size=shape.text_intermediate,
@@ -422,19 +418,23 @@ def _vl_config(shape: VLShape, ids: dict[str, int]):
         hidden_act="silu",
         max_position_embeddings=4096,
         rms_norm_eps=1e-6,
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": 5000000.0,
-            "mrope_section": mrope,
-            "mrope_interleaved": True,
-        },
+        rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, **rope_extra},
         attention_bias=False,
         tie_word_embeddings=False,
         bos_token_id=ids["<|endoftext|>"],
         eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"],
-        dtype="float32",
     )
+
+
+def _vl_config(shape: VLShape, ids: dict[str, int]):
+    from transformers import Qwen3VLConfig
+
+    rope_half = shape.head_dim // 2
+    # Qwen3-VL splits the rotary half-dim into (t, h, w) sections, interleaved.
+    mrope = [rope_half - 2 * (rope_half * 5 // 16), rope_half * 5 // 16, rope_half * 5 // 16]
+    text = _text_fields(shape, ids, {"mrope_section": mrope, "mrope_interleaved": True})
+    text["dtype"] = "float32"
     vision = dict(
         depth=shape.vision_depth,
         hidden_size=shape.vision_hidden,
@@ -466,26 +466,8 @@ def _vl_config(shape: VLShape, ids: dict[str, int]):
 def _text_config(ids: dict[str, int]):
     from transformers import Qwen3Config
 
-    shape = TEXT_DRAFT_SHAPE
-    cfg = Qwen3Config(
-        vocab_size=MODEL_VOCAB_SIZE,
-        hidden_size=shape.text_hidden,
-        intermediate_size=shape.text_intermediate,
-        num_hidden_layers=shape.text_layers,
-        num_attention_heads=shape.text_heads,
-        num_key_value_heads=shape.text_kv_heads,
-        head_dim=shape.head_dim,
-        hidden_act="silu",
-        max_position_embeddings=4096,
-        rms_norm_eps=1e-6,
-        # M-RoPE with equal (t, h, w) positions, as for text, is plain RoPE with the same theta.
-        rope_parameters={"rope_type": "default", "rope_theta": 5000000.0},
-        attention_bias=False,
-        tie_word_embeddings=False,
-        bos_token_id=ids["<|endoftext|>"],
-        eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"],
-    )
+    # M-RoPE with equal (t, h, w) positions, as for text, is plain RoPE with the same theta.
+    cfg = Qwen3Config(**_text_fields(TEXT_DRAFT_SHAPE, ids, {}))
     cfg.architectures = ["Qwen3ForCausalLM"]
     cfg.dtype = "float32"
     return cfg
@@ -768,224 +750,6 @@ def _exclusive_lock(path: Path):
 
 
 # ---------------------------------------------------------------------------
-# Measurement helpers (used by the tests and for tuning the init)
-# ---------------------------------------------------------------------------
-
-
-def demo_images():
-    """A few deterministic synthetic PIL images of different sizes and content."""
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(7)
-    images = []
-    for i, (w, h) in enumerate([(64, 64), (96, 64), (128, 128), (64, 128)]):
-        yy, xx = np.mgrid[0:h, 0:w]
-        base = np.stack([(xx * (3 + i)) % 256, (yy * (5 + 2 * i)) % 256, ((xx + yy) * (7 - i)) % 256], -1)
-        noise = rng.integers(0, 64, size=(h, w, 3))
-        images.append(Image.fromarray(((base + noise) % 256).astype("uint8")))
-    return images
-
-
-DEMO_QUESTIONS = (
-    "Describe the image in one sentence.",
-    "What is shown in this picture?",
-    "How many objects are there in the image?",
-    "Which bar is the tallest in the chart?",
-    "Read the text in the image and answer the question.",
-    "What color is the car?",
-)
-
-
-def chat_prompt(processor, text: str, n_images: int) -> str:
-    content = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": text}]
-    return processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
-
-
-def _load_vl(path: Path):
-    import torch
-    from transformers import AutoModelForImageTextToText
-
-    return AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
-
-
-def greedy_and_agreement(target_dir: Path, draft_dirs: dict[str, Path], n_prompts: int = 6, max_new_tokens: int = 48):
-    """Greedy target outputs, and each draft's teacher-forced top-1 agreement on them.
-
-    Returns ``{"outputs": [[ids], ...], "agreement": {name: fraction}, "positions": N}``.
-    """
-    import torch
-    from transformers import AutoProcessor
-
-    processor = AutoProcessor.from_pretrained(target_dir)
-    target = _load_vl(target_dir)
-    images = demo_images()
-    batches = []
-    for i in range(n_prompts):
-        n_img = i % 3  # text-only, one image, two images
-        imgs = [images[(i + k) % len(images)] for k in range(n_img)]
-        text = chat_prompt(processor, DEMO_QUESTIONS[i % len(DEMO_QUESTIONS)], n_img)
-        inputs = processor(text=[text], images=imgs or None, return_tensors="pt")
-        batches.append(inputs)
-
-    outputs = []
-    full = []
-    with torch.no_grad():
-        for inputs in batches:
-            out = target.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, min_new_tokens=max_new_tokens)
-            n_in = inputs["input_ids"].shape[1]
-            outputs.append(out[0, n_in:].tolist())
-            full.append(out)
-
-    agreement = {}
-    for name, d in draft_dirs.items():
-        draft = _load_vl(d)
-        hits = total = 0
-        with torch.no_grad():
-            for inputs, seq, gen in zip(batches, full, outputs):
-                n_in = inputs["input_ids"].shape[1]
-                kw = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
-                if "mm_token_type_ids" in kw:  # per prompt token; generated tokens are text
-                    tt = kw["mm_token_type_ids"]
-                    kw["mm_token_type_ids"] = torch.cat([tt, tt.new_zeros((1, seq.shape[1] - n_in))], 1)
-                logits = draft(input_ids=seq, attention_mask=torch.ones_like(seq), **kw).logits[0]
-                pred = logits[n_in - 1 : seq.shape[1] - 1].argmax(-1)
-                hits += int((pred == torch.tensor(gen)).sum())
-                total += len(gen)
-        agreement[name] = hits / total
-    return {"outputs": outputs, "agreement": agreement, "positions": sum(len(o) for o in outputs)}
-
-
-def parameter_counts(dirs: dict[str, Path]) -> dict[str, int]:
-    from safetensors import safe_open
-
-    counts = {}
-    for role, d in dirs.items():
-        n = 0
-        for f in sorted(Path(d).glob("*.safetensors")):
-            with safe_open(str(f), "pt") as st:
-                for key in st.keys():
-                    n += math.prod(st.get_slice(key).get_shape())
-        counts[role] = n
-    return counts
-
-
-# ---------------------------------------------------------------------------
-# vLLM smoke check
-# ---------------------------------------------------------------------------
-
-
-def smoke_requests(processor) -> list[dict]:
-    """Text-only, two one-image prompts (different images), one two-image prompt."""
-    images = demo_images()
-    question = DEMO_QUESTIONS[0]
-    return [
-        {"kind": "text", "prompt": chat_prompt(processor, question, 0)},
-        {"kind": "image-a", "prompt": chat_prompt(processor, question, 1), "images": [images[2]]},
-        {"kind": "image-b", "prompt": chat_prompt(processor, question, 1), "images": [images[3]]},
-        {"kind": "two-images", "prompt": chat_prompt(processor, "Compare the two images.", 2), "images": images[:2]},
-    ]
-
-
-def _linear_methods(llm) -> dict[str, str]:
-    """Quant method (and scheme) class of each Linear kind in the first decoder layer and the vision tower."""
-
-    def probe(model):
-        found = {}
-        for name, module in model.named_modules():
-            method = getattr(module, "quant_method", None)
-            if method is None or not ("layers.0." in name or "blocks.0." in name or name.endswith("lm_head")):
-                continue
-            scheme = getattr(module, "scheme", None)
-            found[name] = type(method).__name__ + (f"/{type(scheme).__name__}" if scheme is not None else "")
-        return found
-
-    try:
-        return llm.apply_model(probe)[0]
-    except Exception as exc:  # only a diagnostic; the outputs are what the smoke check is about
-        return {"error": f"{type(exc).__name__}: {exc}"}
-
-
-def vllm_smoke(model_dir: Path, dtype: str, max_tokens: int = 24, reference: list[list[int]] | None = None) -> dict:
-    """Load ``model_dir`` in vLLM and decode the smoke requests greedily.
-
-    With ``reference`` (generated ids per smoke request, e.g. the target's),
-    also returns the teacher-forced top-1 agreement of this model with them,
-    read from vLLM's prompt logprobs. Call under ``if __name__ == "__main__":``.
-    """
-    # Engine core and worker in this process: on CPU, engine start drops from
-    # ~30 s to a few seconds. Only effective before vLLM is first imported.
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from transformers import AutoProcessor, AutoTokenizer
-    from vllm import LLM, SamplingParams
-
-    model_dir = Path(model_dir)
-    multimodal = (model_dir / "preprocessor_config.json").is_file()
-    kw = dict(
-        model=str(model_dir),
-        dtype=dtype,
-        max_model_len=1024,
-        enforce_eager=True,
-        gpu_memory_utilization=0.05,
-        seed=0,
-        distributed_executor_backend="uni",
-    )
-    if multimodal:
-        processor = AutoProcessor.from_pretrained(model_dir)
-        tokenizer = processor.tokenizer
-        requests = smoke_requests(processor)
-        kw["limit_mm_per_prompt"] = {"image": 2, "video": 0}
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        prompt = tokenizer.apply_chat_template(
-            [{"role": "user", "content": DEMO_QUESTIONS[0]}], tokenize=False, add_generation_prompt=True
-        )
-        requests = [{"kind": "text", "prompt": prompt}]
-    t0 = time.perf_counter()
-    llm = LLM(**kw)
-    start_s = time.perf_counter() - t0
-
-    def engine_input(req: dict, ids: list[int] | None = None) -> dict:
-        # Image placeholders stay unexpanded: vLLM expands them itself.
-        out: dict = {"prompt": req["prompt"]} if ids is None else {"prompt_token_ids": ids}
-        if req.get("images"):
-            out["multi_modal_data"] = {"image": req["images"]}
-        return out
-
-    outs = llm.generate([engine_input(r) for r in requests], SamplingParams(temperature=0.0, max_tokens=max_tokens))
-    result: dict = {
-        "model": str(model_dir),
-        "dtype": dtype,
-        "engine_start_s": round(start_s, 1),
-        "quantization": llm.llm_engine.vllm_config.model_config.quantization,
-        "linear_methods": _linear_methods(llm),
-        "outputs": [
-            {"kind": r["kind"], "prompt_len": len(o.prompt_token_ids), "ids": list(o.outputs[0].token_ids), "text": o.outputs[0].text}
-            for r, o in zip(requests, outs)
-        ],
-    }
-    if reference is not None:
-        if len(reference) != len(requests):
-            raise ValueError(f"reference has {len(reference)} outputs, the smoke set has {len(requests)} requests")
-        forced = [
-            engine_input(r, tokenizer(r["prompt"])["input_ids"] + list(ref)) for r, ref in zip(requests, reference)
-        ]
-        outs = llm.generate(forced, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1))
-        hits = total = 0
-        for o, ref in zip(outs, reference):
-            first = len(o.prompt_token_ids) - len(ref)
-            for j, tok in enumerate(ref):
-                entry = o.prompt_logprobs[first + j]
-                hits += int(entry[tok].rank == 1)
-                total += 1
-        result["agreement"] = hits / total if total else None
-        result["agreement_positions"] = total
-    return result
-
-
-# ---------------------------------------------------------------------------
 # CLI
 # ---------------------------------------------------------------------------
 
@@ -996,30 +760,11 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("build", help="build the tiny models (no-op when the manifest matches)")
     b.add_argument("--out", type=Path, default=DEFAULT_ROOT, help="output folder (default: models/tiny)")
     b.add_argument("--force", action="store_true", help="rebuild even when the manifest matches")
-    v = sub.add_parser("vllm-smoke", help="load one checkpoint in vLLM, decode text/image prompts, print JSON")
-    v.add_argument("model_dir", type=Path)
-    v.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
-    v.add_argument("--max-tokens", type=int, default=24)
-    v.add_argument("--reference", type=Path, help="JSON from an earlier vllm-smoke: report teacher-forced agreement with it")
-    v.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args(argv)
-
-    if args.cmd == "build":
-        t0 = time.perf_counter()
-        dirs = ensure_tiny_models(args.out, force=args.force)
-        print(json.dumps({role: str(p) for role, p in dirs.items()}, indent=2))
-        print(f"ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    elif args.cmd == "vllm-smoke":
-        if not (args.model_dir / "config.json").is_file():
-            parser.error(f"{args.model_dir}: not a checkpoint folder (no config.json)")
-        reference = None
-        if args.reference is not None:
-            reference = [o["ids"] for o in json.loads(args.reference.read_text())["outputs"]]
-        result = vllm_smoke(args.model_dir, args.dtype, args.max_tokens, reference)
-        text = json.dumps(result, indent=2)
-        if args.json is not None:
-            args.json.write_text(text + "\n")
-        print(text)
+    t0 = time.perf_counter()
+    dirs = ensure_tiny_models(args.out, force=args.force)
+    print(json.dumps({role: str(p) for role, p in dirs.items()}, indent=2))
+    print(f"ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return 0
 
 
