@@ -52,6 +52,10 @@ def register() -> None:
     from .knobs import read_knobs
 
     knobs = read_knobs()  # refuses bad switch values at engine start
+    from .cpu_int4 import apply_cpu_isa, fallback_mode
+
+    fallback_mode()  # refuses a bad VLLM_SPEC_INT4_FALLBACK at engine start
+    apply_cpu_isa()  # VLLM_SPEC_CPU_ISA=avx2: run as an AVX2-only host would
     # The patched code paths live in the V1 model runner.
     os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     from . import engine_patches

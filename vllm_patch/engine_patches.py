@@ -75,31 +75,116 @@ class EngineReport:
 class TraceWriter:
     """Per verification step and request: drafted, accepted, target margins.
 
-    One JSON line per step with drafted tokens, flushed at once so the leg
-    process can read the trace as soon as ``generate`` returns (the engine
-    does not tell a worker when the last request of a leg has finished).
+    The verification step only queues what it traced: small tensors, copied
+    off the device without waiting (``non_blocking`` into pinned memory, an
+    event recorded behind the copy). Nothing on the decode path synchronises
+    with the device or formats JSON. Every ``batch_steps`` steps the queued
+    steps go to a background thread, which waits for their copies, turns them
+    into JSON lines and appends them to ``trace-<pid>.jsonl``. :meth:`flush`
+    (called by the leg through ``collective_rpc`` once ``generate`` returns)
+    hands over the rest and waits until the file holds every step.
+
+    Line format: ``{"s": step, "r": [[req_id, drafted, accepted, margins], ...]}``
+    plus ``"invalid": {req_id: n}`` when vLLM passed ``n`` placeholder ids for a
+    request; ``drafted`` counts valid drafted tokens only (as vLLM's counters
+    do) and ``margins`` has one entry per valid drafted token.
     """
 
-    def __init__(self, report_dir: str):
+    def __init__(self, report_dir: str, batch_steps: int = 64):
+        import queue
+
         self.report_dir = report_dir
         self.path = os.path.join(report_dir, f"trace-{os.getpid()}.jsonl")
-        self._f = None  # opened on first use: only the worker ever writes
+        self.batch_steps = batch_steps
         self.step = 0
+        self._pending: list[tuple] = []
+        self._queue: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
 
-    def write(self, req_ids, num_draft_tokens, accepted, margins) -> None:
-        rows = []
-        off = 0
-        for rid, k, a in zip(req_ids, num_draft_tokens, accepted):
-            if k > 0:
-                rows.append([rid, k, a, margins[off : off + k]])
-            off += k
+    # -- decode path: no synchronisation, no formatting ------------------- #
+    def record(self, req_ids, num_draft_tokens, accepted, margins) -> None:
         self.step += 1
-        if rows:
-            if self._f is None:
-                os.makedirs(self.report_dir, exist_ok=True)
-                self._f = open(self.path, "a", buffering=1 << 16)
-            self._f.write(json.dumps({"s": self.step, "r": rows}) + "\n")
-            self._f.flush()
+        host = []
+        for t in (accepted, margins):
+            if t is not None and t.device.type != "cpu":
+                buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                buf.copy_(t, non_blocking=True)
+                t = buf
+            host.append(t)
+        event = None
+        if accepted.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        self._pending.append((self.step, list(req_ids), list(num_draft_tokens), *host, event))
+        if len(self._pending) >= self.batch_steps:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        if not self._pending:
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="twin-spec-trace", daemon=True)
+            self._thread.start()
+        self._queue.put(self._pending)
+        self._pending = []
+
+    # -- background thread ------------------------------------------------- #
+    def _run(self) -> None:
+        os.makedirs(self.report_dir, exist_ok=True)
+        with open(self.path, "a") as f:
+            while True:
+                item = self._queue.get()
+                try:
+                    if item is None:
+                        return
+                    if isinstance(item, threading.Event):
+                        f.flush()
+                        item.set()
+                        continue
+                    for step in item:
+                        line = self._format(*step)
+                        if line:
+                            f.write(line)
+                except BaseException as exc:  # surfaced by flush()
+                    self._error = exc
+                finally:
+                    self._queue.task_done()
+
+    @staticmethod
+    def _format(step, req_ids, num_draft_tokens, accepted, margins, event) -> str:
+        if event is not None:
+            event.synchronize()
+        acc = accepted.tolist()
+        m = margins.tolist()
+        rows, invalid, off = [], {}, 0
+        for i, (rid, k) in enumerate(zip(req_ids, num_draft_tokens)):
+            if k > 0:
+                # NaN marks a placeholder / out-of-range id: never an index,
+                # never accepted, no margin; vLLM's counters skip it too.
+                valid = [round(v, 4) for v in m[off : off + k] if v == v]
+                rows.append([rid, len(valid), max(int(acc[i]), 0), valid])
+                if len(valid) < k:
+                    invalid[rid] = k - len(valid)
+            off += k
+        if not rows:
+            return ""
+        line = {"s": step, "r": rows}
+        if invalid:
+            line["invalid"] = invalid
+        return json.dumps(line) + "\n"
+
+    def flush(self, timeout: float = 60.0) -> int:
+        """Write every traced step; returns the number of steps traced so far."""
+        self._hand_over()
+        if self._thread is not None:
+            done = threading.Event()
+            self._queue.put(done)
+            if not done.wait(timeout):
+                raise TimeoutError(f"acceptance trace not written within {timeout}s ({self.path})")
+        if self._error is not None:
+            raise RuntimeError(f"acceptance trace writer failed: {self._error!r}") from self._error
+        return self.step
 
 
 class _Globals:
@@ -189,9 +274,12 @@ def _patch_proposer(knobs: EngineKnobs) -> None:
             draft_vision=("blind" if knobs.blind_mm else "own") if draft_mm else "text-only draft",
             num_speculative_tokens=int(self.num_speculative_tokens),
             platform=str(current_platform.device_name),
-            draft_cudagraph=(
-                (not bool(spec.enforce_eager)) if on_gpu else "n/a (no CUDA: no effect)"
-            ),
+            # What was built, not what was asked: graphs exist only once the
+            # capture phase has captured drafter keys (see capture_model).
+            draft_cudagraph=False,
+            draft_cudagraph_requested=bool(knobs.draft_cudagraph),
+            draft_cudagraph_applies=bool(on_gpu),
+            draft_cudagraph_keys=0,
             relaxed_gate=knobs.relax_logtau,
         )
 
@@ -289,6 +377,78 @@ def _draft_model_module(drafter):
     return unwrap() if callable(unwrap) else model
 
 
+def _linear_kernels(model) -> dict[str, int]:
+    """How many linear layers of a model run on which method / kernel."""
+    counts: dict[str, int] = {}
+    if model is None:
+        return counts
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if method is None or not hasattr(method, "apply"):
+            continue
+        name = type(method).__name__
+        if "Embedding" in type(module).__name__ or "Embedding" in name or "KVCache" in name:
+            continue
+        scheme = getattr(module, "scheme", None)
+        kernel = getattr(scheme, "kernel", None)
+        if kernel is not None:
+            name = f"{type(scheme).__name__}/{type(kernel).__name__}"
+        elif scheme is not None:
+            name = type(scheme).__name__
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def _attention_backends(runner, draft_layers: set[str]) -> dict[str, list[str]]:
+    """Attention backend of the target's and the draft's decoder layers."""
+    out: dict[str, set[str]] = {"target": set(), "draft": set()}
+    ctx = getattr(runner.compilation_config, "static_forward_context", {}) or {}
+    for name, layer in ctx.items():
+        get_backend = getattr(layer, "get_attn_backend", None)
+        if get_backend is None:
+            continue
+        try:
+            label = get_backend().get_name()
+        except Exception:
+            continue
+        fa = getattr(getattr(layer, "impl", None), "vllm_flash_attn_version", None)
+        if fa:
+            label = f"{label}/FA{fa}"
+        out["draft" if name in draft_layers else "target"].add(label)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def _build_facts(runner) -> dict[str, Any]:
+    from vllm.platforms import current_platform
+
+    from . import cpu_int4
+
+    drafter = getattr(runner, "drafter", None)
+    draft_model = getattr(drafter, "model", None) if drafter is not None else None
+    draft_layers = set(getattr(drafter, "_draft_attn_layer_names", set()) or set())
+    facts: dict[str, Any] = {
+        "attention_backend": _attention_backends(runner, draft_layers),
+        "linear_kernels": {
+            "target": _linear_kernels(getattr(runner, "model", None)),
+            "draft": _linear_kernels(draft_model),
+        },
+    }
+    if current_platform.is_cpu():
+        kernels = facts["linear_kernels"]["target"] | facts["linear_kernels"]["draft"]
+        int4_layers = [k for k in kernels if "WNA16" in k]
+        facts["cpu_vector_extensions"] = cpu_int4.cpu_vector_extensions()
+        facts["cpu_kernel_library"] = cpu_int4.cpu_kernel_library()
+        facts["int4_native_op"] = cpu_int4.native_wna16_available()
+        facts["int4_path"] = (
+            ("fallback" if any(cpu_int4.KERNEL_NAME in k for k in int4_layers) else "native")
+            if int4_layers else None
+        )
+    else:
+        facts["int4_path"] = None
+        facts["gpu"] = str(current_platform.get_device_name())
+    return facts
+
+
 def _patch_runner(knobs: EngineKnobs) -> None:
     from vllm.v1.worker import gpu_model_runner as gmr
 
@@ -378,14 +538,26 @@ def _patch_runner(knobs: EngineKnobs) -> None:
         if drafter is not None:
             dispatcher = getattr(drafter, "cudagraph_dispatcher", None)
             keys = getattr(dispatcher, "cudagraph_keys", None)
-            n_keys = sum(len(v) for v in keys.values()) if isinstance(keys, dict) else None
+            n_keys = sum(len(v) for v in keys.values()) if isinstance(keys, dict) else 0
             G.report.update(
+                draft_cudagraph=bool(n_keys),
                 draft_cudagraph_capture_done=True,
                 draft_cudagraph_keys=n_keys,
                 draft_enforce_eager=bool(drafter.speculative_config.enforce_eager),
             )
         return result
 
+    orig_init_kv = runner_cls.initialize_kv_cache
+
+    def initialize_kv_cache(self, *args, **kwargs):
+        result = orig_init_kv(self, *args, **kwargs)
+        try:
+            G.report.update(**_build_facts(self))
+        except Exception as exc:  # a report must never stop an engine
+            G.report.update(build_facts_error=repr(exc))
+        return result
+
+    runner_cls.initialize_kv_cache = initialize_kv_cache
     runner_cls.capture_model = capture_model
 
 
@@ -414,12 +586,17 @@ def _patch_rejection_sampler(knobs: EngineKnobs) -> None:
         want_trace = G.trace is not None and req_ids is not None
         margins = None
         if (x > 0 or want_trace) and draft_token_ids.numel() > 0:
-            idx = draft_token_ids.long().unsqueeze(1)
+            vocab = target_logits.shape[-1]
+            ids = draft_token_ids.long()
+            # vLLM pads drafts it invalidated with -1 (its kernels reject them):
+            # such an id is never an index, never passes, and has no margin.
+            valid = (ids >= 0) & (ids < vocab)
+            idx = torch.where(valid, ids, torch.zeros_like(ids)).unsqueeze(1)
             drafted_logit = target_logits.gather(1, idx).squeeze(1)
             top = target_logits.max(dim=-1).values
-            margins = top - drafted_logit
+            margins = torch.where(valid, (top - drafted_logit).float(), float("nan"))
             if x > 0:
-                passes = margins <= x
+                passes = valid & (margins <= x)
                 if not sampling_metadata.all_greedy:
                     greedy_req = sampling_metadata.temperature == rs.GREEDY_TEMPERATURE
                     counts = torch.as_tensor(num_draft_tokens, device=greedy_req.device)
@@ -429,6 +606,7 @@ def _patch_rejection_sampler(knobs: EngineKnobs) -> None:
                 # Make a passing drafted token the argmax of its row; the
                 # greedy kernel then accepts up to the first failing position
                 # and emits the (true) argmax there and as the bonus token.
+                # Rows of invalid ids write their own column-0 logit back.
                 raised = torch.where(passes, top + 1.0, drafted_logit)
                 target_logits.scatter_(1, idx, raised.unsqueeze(1))
         out = orig_rejection_sample(
@@ -444,11 +622,10 @@ def _patch_rejection_sampler(knobs: EngineKnobs) -> None:
             **kwargs,
         )
         if want_trace:
-            emitted = (out != rs.PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1
-            accepted = emitted.clamp(min=0).tolist()
-            # 1e-4 resolution keeps trace lines short; rounding on the tensor is cheap.
-            m = (margins.float() * 1e4).round().div_(1e4).tolist() if margins is not None else []
-            G.trace.write(req_ids, list(num_draft_tokens), accepted, m)
+            accepted = (out != rs.PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1
+            if margins is None:
+                margins = torch.empty(0, device=out.device)
+            G.trace.record(req_ids, num_draft_tokens, accepted, margins)
         return out
 
     rs.rejection_sample = rejection_sample
@@ -505,6 +682,21 @@ def _patch_compressed_tensors_ignore() -> None:
     ct.should_ignore_layer = should_ignore_layer
 
 
+def flush_trace() -> int:
+    """Write out every traced step of this process; the number of steps traced."""
+    return G.trace.flush() if G.trace is not None else 0
+
+
+def _patch_worker_rpc() -> None:
+    """``llm.collective_rpc("twin_spec_flush_trace")`` reaches every worker."""
+    from vllm.v1.worker.worker_base import WorkerBase
+
+    def twin_spec_flush_trace(self) -> int:
+        return flush_trace()
+
+    WorkerBase.twin_spec_flush_trace = twin_spec_flush_trace
+
+
 def apply(knobs: EngineKnobs) -> None:
     """Install every change once per process (plugins load more than once)."""
     import vllm
@@ -521,4 +713,8 @@ def apply(knobs: EngineKnobs) -> None:
     _patch_rejection_sampler(knobs)
     _patch_input_processor(knobs)
     _patch_compressed_tensors_ignore()
+    _patch_worker_rpc()
+    from . import cpu_int4
+
+    cpu_int4.install()
     setattr(vllm, _PATCHED_MARK, True)

