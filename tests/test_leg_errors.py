@@ -88,3 +88,98 @@ def test_a_failed_rerun_does_not_leave_the_old_result_looking_current(run_leg, t
 def test_gamma_without_draft_is_refused(run_leg, tiny_models):
     res = run_leg("--target", tiny_models["target"], "--gamma", "3", "--prompts", TINY_PROMPTS, "--max-tokens", "4")
     _assert_failed_cleanly(res, "--gamma given without --draft")
+
+
+# --------------------------------------------------------------------------- a finished leg is never lost (#10)
+def _finished_leg(folder):
+    """A leg folder as a finished leg leaves it (the failing commands below never get to an engine)."""
+    folder.mkdir(parents=True)
+    (folder / "records.jsonl").write_text('{"pid": "tiny-001", "mode": "vanilla", "tier": "vanilla", "tok_s": 1.0}\n')
+    (folder / "summary.json").write_text(json.dumps({"status": "complete", "n_prompts": 1}))
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_a_failing_command_never_touches_a_finished_leg(run_leg, tiny_models, tmp_path):
+    out = tmp_path / "done"
+    before = _finished_leg(out)
+    typo = run_leg("--target", tiny_models["target"], "--draft", tiny_models["twin-int4"], "--gamma", "0",
+                   "--prompts", TINY_PROMPTS, "--max-tokens", "4", out=out)
+    assert typo.returncode == 2 and "'gamma' must be an integer 1..32, got 0" in typo.stderr
+    assert "the finished leg in" in typo.stderr and "is unchanged" in typo.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    forced = run_leg("--target", tiny_models["target"], "--prompts", tmp_path / "missing.jsonl",
+                     "--max-tokens", "4", "--force", out=out)
+    assert forced.returncode == 2 and "prompt file not found" in forced.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before, "--force moved the leg before checking"
+    again = run_leg("--target", tiny_models["target"], "--prompts", TINY_PROMPTS, "--max-tokens", "4", out=out)
+    assert again.returncode == 2 and "already holds a finished leg" in again.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+@pytest.mark.vllm
+def test_force_keeps_the_replaced_leg_under_attempts(run_leg, tiny_models, tmp_path):
+    out = tmp_path / "done"
+    before = _finished_leg(out)
+    res = run_leg("--target", tiny_models["target"], "--prompts", TINY_PROMPTS, "--n", "1", "--max-tokens", "4",
+                  "--dtype", "bfloat16", "--force", out=out).ok()
+    assert res.summary["status"] == "complete" and len(res.records) == 1
+    assert {p.name: p.read_bytes() for p in (out / "attempts" / "1").iterdir()} == before
+
+
+def test_config_json_that_is_a_list(run_leg, tmp_path):
+    model = tmp_path / "list-model"
+    model.mkdir()
+    (model / "config.json").write_text("[]")
+    res = run_leg("--target", model, "--prompts", TINY_PROMPTS, "--max-tokens", "4")
+    _assert_failed_cleanly(res, "config.json holds a JSON list, not an object", str(model))
+
+
+def test_gamma_beyond_the_limit_is_refused_before_an_engine_starts(run_leg, tiny_models):
+    res = run_leg("--target", tiny_models["target"], "--draft", tiny_models["twin-int4"], "--gamma", "100000",
+                  "--prompts", TINY_PROMPTS, "--max-tokens", "4")
+    _assert_failed_cleanly(res, "'gamma' must be an integer 1..32, got 100000")
+    assert "Loading safetensors" not in res.stderr
+    from workbench.leg import gamma_problem, spec_len_limit
+    assert spec_len_limit() == 128  # vLLM 0.27.1's rejection sampler
+    assert "vLLM's limit of 128" in gamma_problem(200, 4096, spec_len_limit())
+    assert "does not fit max_model_len=16" in gamma_problem(20, 16, 128)
+    assert gamma_problem(6, 4096, 128) is None
+
+
+def test_prompt_longer_than_max_model_len_is_refused_before_any_prompt_is_decoded(run_leg, tiny_models):
+    res = run_leg("--target", tiny_models["target"], "--prompts", TINY_PROMPTS, "--n", "4",
+                  "--max-model-len", "42", "--max-tokens", "4")
+    _assert_failed_cleanly(res, "do not fit max_model_len=42", "'tiny-002' (42 tokens)", "'tiny-004' (48 tokens)")
+    assert "'tiny-001'" not in res.failure["error"]
+    assert "Loading safetensors" not in res.stderr and not (res.out / "records.jsonl.partial").exists()
+
+
+def test_huge_image_names_the_prompt(run_leg, tiny_models, tmp_path):
+    from PIL import Image
+    Image.new("L", (20000, 20000)).save(tmp_path / "huge.png")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"pid": "big-picture", "text": "what?", "images": ["huge.png"]}) + "\n")
+    res = run_leg("--target", tiny_models["target"], "--prompts", prompts, "--max-tokens", "4")
+    _assert_failed_cleanly(res, "big-picture", "huge.png", "too large")
+
+
+def test_unwritable_leg_folder_is_reported_not_a_traceback(run_leg, tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if os.geteuid() == 0:
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True)
+        if proc.returncode != 0:
+            pytest.skip("cannot mount a read-only folder here")
+    else:
+        ro.chmod(0o555)
+    try:
+        res = run_leg("--target", tmp_path / "missing", "--prompts", TINY_PROMPTS, "--max-tokens", "4",
+                      out=ro / "leg")
+        assert res.returncode == 2
+        assert "target checkpoint not found" in res.stderr and "could not write" in res.stderr
+        assert "Traceback" not in res.stderr
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["umount", str(ro)], check=False)
+        else:
+            ro.chmod(0o755)

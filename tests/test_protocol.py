@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench import protocol
+from workbench import planning, protocol
 from workbench.protocol import ProtocolError
 from workbench.registry import RegistryError, load_registry
 
@@ -36,7 +36,7 @@ def _check_brackets(p):
         before = next(l for l in reversed(engine[:i]) if l.kind == "vanilla")
         after = next(l for l in engine[i + 1:] if l.kind == "vanilla")
         for v in (before, after):
-            assert protocol._shape(v) == protocol._shape(engine[i]), (engine[i].name, v.name)
+            assert planning._shape(v) == planning._shape(engine[i]), (engine[i].name, v.name)
     run = 0
     for l in engine:
         run = run + 1 if l.kind == "spec" else 0
@@ -149,46 +149,59 @@ def test_profile_restrictions():
 # --- execution mechanics with a fake leg -------------------------------------------------------
 
 FAKE_LEG = textwrap.dedent('''
-    """FAKE leg for protocol-mechanics tests: writes the documented leg files, no engine."""
-    import argparse, json, os, sys, time
+    """FAKE leg for protocol-mechanics tests: reads leg.json, writes the documented leg files, no engine."""
+    import argparse, json, os, subprocess, sys, time
     ap = argparse.ArgumentParser()
-    for a in ("--target", "--draft", "--gamma", "--prompts", "--n", "--max-tokens", "--max-model-len",
-              "--max-num-seqs", "--dtype", "--relax-logtau", "--experiment", "--leg", "--run-id", "--out",
-              "--model", "--reference"):
+    for a in ("--config", "--model", "--reference", "--prompts", "--max-model-len", "--dtype", "--experiment",
+              "--leg", "--run-id", "--out"):
         ap.add_argument(a)
-    for f in ("--blind-mm", "--no-draft-cudagraph", "--trace"):
-        ap.add_argument(f, action="store_true")
     a = ap.parse_args()
+    if a.config:
+        c = json.load(open(a.config))
+        leg, out, prompts, n, spec = c["leg"], c["out"], c["prompts"], c["n"], c["draft"] is not None
+        knobs, experiment, run_id = c["knobs"], c["experiment"], c["run_id"]
+    else:  # score leg
+        leg, out, prompts, n, spec, knobs = a.leg, a.out, a.prompts, 99, False, {}
+        experiment, run_id = a.experiment, a.run_id
+    if os.environ.get("FAKE_LEG_REAL_PARENT_WATCH"):
+        sys.path.insert(0, os.environ["FAKE_LEG_REPO"])
+        from workbench.leg import die_with_parent
+        die_with_parent()
     with open(os.environ["FAKE_LEG_CALLS"], "a") as fh:
-        fh.write(a.leg + "\\n")
-    mode = os.environ.get("FAKE_LEG_MODE", "") if a.leg in os.environ.get("FAKE_LEG_BAD", "").split(",") else ""
+        fh.write(leg + "\\n")
+    mode = os.environ.get("FAKE_LEG_MODE", "") if leg in os.environ.get("FAKE_LEG_BAD", "").split(",") else ""
     if mode == "crash":
         print("Traceback: engine exploded in a fake way", file=sys.stderr)
         sys.exit(3)
     if mode == "failure":
         json.dump({"status": "failed", "error": "fake leg refused", "traceback": "..."},
-                  open(os.path.join(a.out, "failure.json"), "w"))
+                  open(os.path.join(out, "failure.json"), "w"))
         sys.exit(1)
+    if mode == "partial-crash":
+        open(os.path.join(out, "records.jsonl.partial"), "w").write(json.dumps({"pid": "p0"}) + "\\n")
+        sys.exit(4)
     if mode == "hang":
-        time.sleep(60)
-    spec = a.draft is not None
-    pids = [json.loads(l)["pid"] for l in open(a.prompts) if l.strip()][: int(a.n)]
+        # an "engine core" child in the leg's process group, as vLLM starts on a GPU
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        open(os.path.join(out, "pids.txt"), "w").write(f"{os.getpid()} {child.pid}\\n")
+        time.sleep(120)
+    pids = [json.loads(l)["pid"] for l in open(prompts) if l.strip()][: int(n)]
     recs = []
     for i, pid in enumerate(pids):
         tok_s = (150.0 if spec else 100.0) + i
         recs.append({"pid": pid, "mode": "spec" if spec else "vanilla",
-                     "tier": ("relaxed" if a.relax_logtau else "strict") if spec else "vanilla",
-                     "gamma": int(a.gamma) if spec else None, "in_len": 10, "gen_len": 8, "t": 8 / tok_s,
+                     "tier": ("relaxed" if knobs.get("relax_logtau") else "strict") if spec else "vanilla",
+                     "gamma": knobs["gamma"] if spec else None, "in_len": 10, "gen_len": 8, "t": 8 / tok_s,
                      "tok_s": tok_s, "gen_ids": [1, 2, 3, 4, 5, 6, 7, 8], "text": "x",
-                     "experiment": a.experiment, "leg": a.leg, "run_id": a.run_id,
-                     "knobs": {"relax_logtau": float(a.relax_logtau or 0)},
+                     "experiment": experiment, "leg": leg, "run_id": run_id,
+                     "knobs": {"relax_logtau": float(knobs.get("relax_logtau") or 0)},
                      "spec": {"drafts": 4, "draft_tokens": 16, "accepted": 8, "accepted_per_pos": [4, 2, 1, 1],
                               "acceptance_length": 3.0} if spec else None, "trace": None})
-    with open(os.path.join(a.out, "records.jsonl"), "w") as fh:
+    with open(os.path.join(out, "records.jsonl"), "w") as fh:
         fh.writelines(json.dumps(r) + "\\n" for r in recs)
-    summary = {"status": "complete", "experiment": a.experiment, "leg": a.leg, "run_id": a.run_id,
+    summary = {"status": "complete", "experiment": experiment, "leg": leg, "run_id": run_id,
                "mode": "spec" if spec else "vanilla", "n_prompts": len(recs), "knobs": {}, "spec": {}}
-    json.dump(summary, open(os.path.join(a.out, "summary.json"), "w"))
+    json.dump(summary, open(os.path.join(out, "summary.json"), "w"))
     if mode == "late-crash":
         sys.exit(5)
 ''')
@@ -230,8 +243,9 @@ def test_prepare_run_writes_folder(tmp_path):
     assert protocol.prepare_run("E4", "tiny", None, True, run_dir=rdir) == rdir
     with pytest.raises(ProtocolError, match="different configuration: experiment"):
         protocol.prepare_run("E1", "tiny", None, True, run_dir=rdir)
-    with pytest.raises(RegistryError, match="--model-path: role\\(s\\) \\['small-vlm'\\] are not used by E4"):
+    with pytest.raises(ProtocolError, match="--model-path: role\\(s\\) \\['small-vlm'\\] are not used by E4"):
         protocol.prepare_run("E4", "tiny", None, True, tmp_path / "r2", model_paths={"small-vlm": "x"})
+    assert not (tmp_path / "r2").exists(), "a run that cannot start leaves nothing behind"
 
 
 def test_execute_resume_and_analysis(tmp_path, fake):
@@ -318,21 +332,27 @@ def test_execute_refuses_unprepared_folder(tmp_path):
         protocol.execute(tmp_path)
 
 
-def test_leg_command_follows_the_documented_command_line(tmp_path):
+def test_leg_config_is_what_the_leg_command_line_would_build(tmp_path):
+    """The protocol hands a leg one leg.json; the same leg by hand on the command line is the same config."""
+    from workbench.leg import LegConfig, build_parser, config_from_args
     rdir = _prepare(tmp_path, "E5")
     cfg = json.loads((rdir / "run.json").read_text())
     legs = {d["name"]: protocol.PlannedLeg.from_dict(d) for d in cfg["legs"]}
-    cmd = protocol.leg_command(legs["strict_blind"], cfg, rdir, python="py")
-    assert cmd[:3] == ["py", "-m", "workbench.leg"]
-    s = " ".join(cmd)
-    for part in ("--target fake/target", "--draft fake/twin", "--gamma 6", "--n 2", "--max-tokens 16",
-                 "--max-num-seqs 1", "--dtype bfloat16", "--blind-mm", "--experiment E5", "--leg strict_blind",
-                 f"--run-id {cfg['run_id']}", f"--out {rdir / 'legs' / 'strict_blind'}"):
-        assert part in s
-    assert "--relax-logtau" not in s and "--no-draft-cudagraph" not in s and "--trace" in s
-    assert "--gpu-memory-utilization" not in s, "on CPU the leg chooses its own KV-cache share"
-    van = " ".join(protocol.leg_command(legs["vanilla_1"], cfg, rdir, python="py"))
-    assert "--draft" not in van and "--gamma" not in van and "--blind-mm" not in van
+    out = rdir / "legs" / "strict_blind"
+    assert protocol.leg_command(legs["strict_blind"], cfg, rdir, python="py") == [
+        "py", "-m", "workbench.leg", "--config", str(out / "leg.json")]
+    blind = protocol.leg_config(legs["strict_blind"], cfg, rdir)
+    by_hand = config_from_args(build_parser().parse_args([
+        "--target", "fake/target", "--draft", "fake/twin", "--gamma", "6", "--prompts", str(rdir / "prompts.jsonl"),
+        "--n", "2", "--max-tokens", "16", "--max-model-len", str(blind.max_model_len), "--max-num-seqs", "1",
+        "--dtype", "bfloat16", "--blind-mm", "--trace", "--experiment", "E5", "--leg", "strict_blind",
+        "--run-id", cfg["run_id"], "--out", str(out)]))
+    assert blind == by_hand
+    assert LegConfig.from_dict(json.loads(json.dumps(blind.to_dict()))) == blind
+    assert blind.gpu_memory_utilization is None, "on CPU the leg chooses its own KV-cache share"
+    assert blind.knobs.relax_logtau == 0.0 and blind.knobs.draft_cudagraph is True
+    van = protocol.leg_config(legs["vanilla_1"], cfg, rdir)
+    assert van.draft is None and van.knobs.gamma is None and not van.knobs.blind_mm
 
 
 def test_score_leg_agrees_with_itself(tmp_path):

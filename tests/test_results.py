@@ -94,7 +94,7 @@ def test_list_runs_counts(tmp_path):
 
 def test_names_and_ids():
     rid = new_run_id(datetime(2026, 11, 29, 10, 15, 0, tzinfo=timezone.utc))
-    assert re.fullmatch(r"20261129T101500Z-[0-9a-f]{4}", rid)
+    assert re.fullmatch(r"20261129T101500Z-[0-9a-f]{8}", rid)
     assert len({new_run_id() for _ in range(50)}) > 1
     assert run_dir("results", "E1", rid) == Path("results") / "E1" / rid
     assert leg_dir("results/E1/x", "strict_g6") == Path("results/E1/x/legs/strict_g6")

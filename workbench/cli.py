@@ -4,7 +4,8 @@
     workbench show E4                                one experiment in full, with its planned legs
     workbench legs E1 --profile tiny [-p gamma=4]    dry run: the legs a run would execute
     workbench run E11 --profile tiny -p gamma=4 [--smoke|--full] [--results results/] [--resume RUN_DIR]
-    workbench export RUN_DIR                         figures + tables of a finished run
+                                          [--formats png,html]
+    workbench export RUN_DIR [--formats png,svg,pdf,html]   tables + figures recomputed from the records
     workbench data fetch|verify ...                  prompt data sets
 """
 
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from workbench.datasets.cli import add_cli as add_data_cli
 from workbench.registry import RegistryError, load_registry
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "experiment.ipynb"
@@ -103,17 +105,47 @@ def run_notebook(run_dir: Path, params: dict[str, Any], notebook: Path = NOTEBOO
     return out
 
 
+def _formats(text: str) -> tuple[str, ...]:
+    """Formats this host can write; one warning when static ones are skipped for want of a browser."""
+    from workbench import export
+
+    try:
+        fmts, skipped = export.usable_formats(text)
+    except ValueError as exc:
+        raise CliError(f"--formats: {exc}") from None
+    if skipped:
+        print(f"warning: {skipped}", file=sys.stderr)
+    return fmts
+
+
+def _read_run_json(rdir: Path, what: str) -> dict[str, Any]:
+    from workbench.runfolder import read_json
+
+    if not (rdir / "run.json").is_file():
+        raise CliError(f"{what} {rdir}: not a run folder (run.json missing)")
+    try:
+        cfg = read_json(rdir / "run.json")
+    except (OSError, ValueError) as exc:
+        raise CliError(f"{what} {rdir}: damaged run folder: {exc}") from None
+    if not isinstance(cfg, dict) or "experiment" not in cfg:
+        raise CliError(f"{what} {rdir}: damaged run folder: run.json is not a run configuration")
+    return cfg
+
+
 def cmd_run(args) -> int:
     from workbench import protocol
 
     model_paths = _pairs(args.model_path, "--model-path")
     sources = _pairs(args.data_source, "--data-source")
     smoke = _smoke_flag(args)
+    from workbench import export
+    try:
+        export.parse_formats(args.formats)
+    except ValueError as exc:
+        raise CliError(f"--formats: {exc}") from None
     if args.resume:
         rdir = Path(args.resume)
-        if not (rdir / "run.json").is_file():
-            raise CliError(f"--resume {rdir}: not a run folder (run.json missing)")
-        cfg = json.loads((rdir / "run.json").read_text())
+        cfg = _read_run_json(rdir, "--resume")
         if args.experiment.upper() != cfg["experiment"]:
             raise CliError(f"--resume {rdir}: that run is {cfg['experiment']}, not {args.experiment}")
         rdir = protocol.prepare_run(cfg["experiment"], args.profile, args.param or None, smoke,
@@ -122,40 +154,53 @@ def cmd_run(args) -> int:
         rdir = protocol.prepare_run(args.experiment, args.profile, args.param, smoke, args.results,
                                     model_paths=model_paths, dataset_sources=sources)
     cfg = json.loads((rdir / "run.json").read_text())
-    print(f"run folder: {rdir}")
-    if args.no_notebook:
-        statuses = protocol.execute(rdir, stop_on_failure=args.stop_on_failure, leg_timeout=args.leg_timeout)
-        protocol.analyze_run(rdir)
-    else:
-        params = {"experiment": cfg["experiment"], "profile": cfg["profile"], "run_dir": str(rdir.resolve()),
-                  "overrides": cfg["overrides"], "smoke": cfg["smoke"],
-                  "stop_on_failure": bool(args.stop_on_failure),
-                  "leg_timeout": args.leg_timeout, "figure_formats": args.figure_formats.split(",")}
-        nb = run_notebook(rdir, params)
-        print(f"executed notebook: {nb}")
-        statuses = json.loads((rdir / protocol.STATE_JSON).read_text())["legs"]
+    print(f"run folder: {rdir}", flush=True)
+    formats = _formats(args.formats)
+    # The legs run here, as children of this process: they stop when it stops, however it stops.
+    statuses = protocol.execute(rdir, stop_on_failure=args.stop_on_failure, leg_timeout=args.leg_timeout)
     failed = [k for k, v in statuses.items() if v != "complete"]
+    rc = 0
+    try:
+        if args.no_notebook:
+            from workbench import analyses, export
+
+            analysis = analyses.analyze_run(rdir)
+            figs = analysis.pop("_figures", {})
+            if figs:
+                export.export_figures(figs, rdir / "figures", formats=formats)
+        else:
+            params = {"experiment": cfg["experiment"], "profile": cfg["profile"], "run_dir": str(rdir.resolve()),
+                      "overrides": cfg["overrides"], "smoke": cfg["smoke"], "run_legs": False,
+                      "stop_on_failure": bool(args.stop_on_failure), "leg_timeout": args.leg_timeout,
+                      "figure_formats": list(formats)}
+            nb = run_notebook(rdir, params)
+            print(f"executed notebook: {nb}")
+    except Exception as exc:  # the legs' records stand; the analysis can be redone with `workbench export`
+        print(f"error: analysis of {rdir} failed: {type(exc).__name__}: {str(exc).strip()[-2000:]}\n"
+              f"  the legs' records are kept; rerun the analysis with `workbench export {rdir}`", file=sys.stderr)
+        rc = 1
     if failed:
         print(f"legs not complete: {', '.join(failed)}", file=sys.stderr)
         return 1
-    return 0
+    return rc
 
 
 def cmd_export(args) -> int:
-    from workbench import export
+    from workbench import analyses, export
 
     rdir = Path(args.run_dir)
-    if not (rdir / "run.json").is_file():
-        raise CliError(f"{rdir}: not a run folder (run.json missing)")
-    out = export.export_run(rdir)
+    _read_run_json(rdir, "export")
+    formats = _formats(args.formats)
+    out = export.export_run(rdir, formats=formats)
+    removed = out.pop("removed", [])
     # The experiment's own analyses (e.g. E7's agreement scatter), as its notebook shows them.
-    from workbench import protocol
-
-    figs = protocol.analyze_run(rdir).pop("_figures", {})
+    figs = analyses.analyze_run(rdir).pop("_figures", {})
     if figs:
-        out.update(export.export_figures(figs, rdir / "figures"))
+        out.update(export.export_figures(figs, rdir / "figures", formats=formats))
     for name, paths in sorted(out.items()):
         print(f"{name}: " + ", ".join(p.name for p in paths))
+    if removed:
+        print(f"removed (their records are gone): {', '.join(str(p.relative_to(rdir)) for p in removed)}")
     return 0
 
 
@@ -192,19 +237,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="load a prompt set from a local copy (mmvet=path/to/mm-vet)")
     p.add_argument("--leg-timeout", type=float, default=None, metavar="S", help="kill a leg after S seconds")
     p.add_argument("--no-notebook", action="store_true", help="run legs + tables without the notebook")
-    p.add_argument("--figure-formats", default="png,html", help="formats for <run>/figures (default png,html)")
+    p.add_argument("--formats", "--figure-formats", dest="formats", default="png,html", metavar="FMT,...",
+                   help="figure formats for <run>/figures: png, svg, pdf, html (default png,html; "
+                        "without a browser only html is written)")
     p.set_defaults(func=cmd_run)
-    p = sub.add_parser("export", help="export figures and tables of a run folder")
+    p = sub.add_parser("export", help="recompute tables and figures of a run folder from its records")
     p.add_argument("run_dir")
+    p.add_argument("--formats", default="png,html", metavar="FMT,...",
+                   help="figure formats: png, svg, pdf, html (default png,html; without a browser only html)")
     p.set_defaults(func=cmd_export)
     p = sub.add_parser("data", help="prompt data sets (fetch, verify)")
-    dsub = p.add_subparsers(dest="data_command", required=True)
-    try:
-        from workbench.datasets.cli import add_cli
-    except ImportError:
-        add_cli = None
-    if add_cli is not None:
-        add_cli(dsub)
+    add_data_cli(p.add_subparsers(dest="data_command", required=True))
     return ap
 
 
@@ -219,8 +262,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         from workbench.protocol import ProtocolError
         from workbench.prompts import PromptError
-        if isinstance(exc, (ProtocolError, PromptError, FileNotFoundError)):
+        from workbench.runfolder import RunFolderError
+        if isinstance(exc, (ProtocolError, PromptError, RunFolderError, FileNotFoundError, ValueError)):
             print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if isinstance(exc, OSError):  # a read-only or full disk: say which file, not a traceback
+            print(f"error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
             return 2
         raise
 

@@ -8,7 +8,9 @@ installed plotly package, so export works offline.
 
 Files are written into a hidden staging folder and moved into place only
 when every requested file exists, so an interrupted export never leaves a
-set of figures that looks complete.
+set of figures that looks complete. Without a browser, static formats are
+skipped with a warning and HTML is still written. ``export_run`` removes
+derived tables and figures the run's records can no longer make.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -32,6 +35,14 @@ BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome
 _FIG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
+class MissingBrowserWarning(UserWarning):
+    """Static figures (png/svg/pdf) were skipped: no Chromium-family browser; HTML was written."""
+
+
+INSTALL_BROWSER = ("install a Chromium-family browser for kaleido (Debian/Ubuntu: `apt-get install -y chromium`) "
+                   "or set BROWSER_PATH to its executable")
+
+
 def find_browser() -> str:
     """Path of the browser kaleido will drive; clear error when there is none."""
     env = os.environ.get("BROWSER_PATH")
@@ -43,10 +54,38 @@ def find_browser() -> str:
         path = shutil.which(name)
         if path:
             return path
-    raise RuntimeError(
-        "static figure export (png/svg/pdf) needs a Chromium-family browser for kaleido and none was found: "
-        "install one (Debian/Ubuntu: `apt-get install -y chromium`) or set BROWSER_PATH to its executable"
-    )
+    raise RuntimeError("static figure export (png/svg/pdf) needs a Chromium-family browser and none was found: "
+                       + INSTALL_BROWSER)
+
+
+def parse_formats(formats: Iterable[str] | str) -> tuple[str, ...]:
+    """``"png,html"`` or ``["png", "html"]`` -> ``("png", "html")``; unknown formats are refused."""
+    if isinstance(formats, str):
+        formats = formats.split(",")
+    out = tuple(dict.fromkeys(f.strip().lower().lstrip(".") for f in formats if f.strip()))
+    bad = [f for f in out if f not in FORMATS]
+    if bad or not out:
+        raise ValueError(f"unknown export format(s) {bad or list(out)}; choose from {', '.join(FORMATS)}")
+    return out
+
+
+def usable_formats(formats: Iterable[str] | str) -> tuple[tuple[str, ...], str | None]:
+    """The requested formats this host can write, and a warning when static ones must be skipped.
+
+    HTML needs no browser. Without one (and without BROWSER_PATH), png/svg/pdf are dropped and the
+    warning says what to install; a BROWSER_PATH that points nowhere stays an error.
+    """
+    fmts = parse_formats(formats)
+    static = [f for f in fmts if f in STATIC_FORMATS]
+    if not static or os.environ.get("BROWSER_PATH"):
+        return fmts, None
+    try:
+        find_browser()
+    except RuntimeError:
+        kept = tuple(f for f in fmts if f not in STATIC_FORMATS)
+        return kept, (f"{'/'.join(static)} figures skipped (no Chromium-family browser found); "
+                      f"{'/'.join(kept) or 'no other'} figures written. To get them: {INSTALL_BROWSER}")
+    return fmts, None
 
 
 def export_figures(
@@ -61,11 +100,10 @@ def export_figures(
 
     PNG is ``width*scale`` x ``height*scale`` pixels; SVG and PDF have the
     same layout size. HTML embeds plotly.js (no network needed to view it).
+    Without a Chromium-family browser, png/svg/pdf are skipped with one
+    ``MissingBrowserWarning`` naming what to install; HTML is still written.
     """
-    formats = tuple(dict.fromkeys(f.lower().lstrip(".") for f in formats))
-    bad = [f for f in formats if f not in FORMATS]
-    if bad or not formats:
-        raise ValueError(f"unknown export format(s) {bad or formats}; choose from {FORMATS}")
+    formats = parse_formats(formats)
     for name, fig in figs.items():
         if not isinstance(name, str) or not _FIG_NAME.match(name):
             raise ValueError(f"figure name {name!r} is not a plain file name")
@@ -73,6 +111,10 @@ def export_figures(
             raise TypeError(f"figure {name!r} is a {type(fig).__name__}, not a plotly Figure")
     if int(width) <= 0 or int(height) <= 0 or scale <= 0:
         raise ValueError(f"width, height and scale must be positive (got {width}, {height}, {scale})")
+    if figs:
+        formats, skipped = usable_formats(formats)
+        if skipped:
+            warnings.warn(skipped, MissingBrowserWarning, stacklevel=2)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     static = [f for f in formats if f in STATIC_FORMATS]
@@ -113,11 +155,6 @@ def export_figures(
 # --------------------------------------------------------------------------- a run's standard set
 
 
-def standard_tables(run: Run) -> dict[str, pd.DataFrame]:
-    """Every table of ``workbench.analyses`` that the run can make, from its records alone."""
-    return analyses.RunTables(run).available()
-
-
 def standard_figures(run: Run, tables: analyses.RunTables | None = None) -> dict[str, go.Figure]:
     """Every figure of ``workbench.analyses`` that the run's legs support, named by its analysis."""
     return analyses.draw(tables if tables is not None else analyses.RunTables(run))
@@ -134,12 +171,16 @@ def export_run(
 
     Writes ``run_dir/figures/<analysis>.<fmt>`` for every analysis the run
     supports and, with ``tables``, ``run_dir/tables/<table>.csv`` and
-    ``tables/summary.json`` (``workbench.analyses``). Raises if the run has
+    ``tables/summary.json`` (``workbench.analyses``), and removes the derived
+    files whose inputs are gone (``written["removed"]``). Raises if the run has
     no finished leg.
     """
     run = load_run(run_dir)
     if run.records.empty:
-        raise ValueError(f"run {run.path} has no finished leg with records; nothing to export")
+        removed = remove_stale(run.path, set(), set()) if tables else []
+        raise ValueError(f"run {run.path} has no finished leg with records; nothing to export"
+                         + (f" (removed {len(removed)} derived file(s) left from earlier: "
+                            f"{', '.join(p.name for p in removed)})" if removed else ""))
     t = analyses.RunTables(run)
     figs = standard_figures(run, t)
     written = export_figures(figs, run.path / "figures", formats, width, height)
@@ -148,4 +189,27 @@ def export_run(
             written[f"table:{name}"] = [path]
         analyses.write_summary(t, list(figs))
         written["table:summary"] = [run.path / "tables" / analyses.SUMMARY_JSON]
+        removed = remove_stale(run.path, set(t.available()), set(figs))
+        if removed:
+            written["removed"] = removed
     return written
+
+
+def remove_stale(run_dir: str | Path, tables: set[str], figures: set[str]) -> list[Path]:
+    """Delete derived files the run's records can no longer make (a leg's records gone, say).
+
+    Only files named after a registered table (``tables/<name>.csv``) or analysis
+    (``figures/<name>.<fmt>``) are considered; anything else in those folders is left alone.
+    Returns the files removed.
+    """
+    rdir = Path(run_dir)
+    removed: list[Path] = []
+    for path in sorted((rdir / "tables").glob("*.csv")):
+        if path.stem in analyses.TABLES and path.stem not in tables:
+            path.unlink()
+            removed.append(path)
+    for path in sorted((rdir / "figures").glob("*.*")):
+        if path.suffix.lstrip(".") in FORMATS and path.stem in analyses.ANALYSES and path.stem not in figures:
+            path.unlink()
+            removed.append(path)
+    return removed

@@ -1,29 +1,49 @@
-"""One vocabulary for the knobs, from notebook slider to engine environment.
+"""One knob table, from notebook slider to engine environment.
 
-``Knobs`` is what a researcher sets; :meth:`Knobs.to_env` is what the leg's
-process gets; the engine reads it back through ``vllm_patch.knobs`` and each
-leg record states the values the engine reported, not these.
+``KNOBS`` is the table: the engine switches of ``vllm_patch.knobs.SWITCHES``
+(the plugin cannot import the workbench, so they are defined there) plus the
+workload knobs a leg or an experiment sets. The registry validates
+experiments.yaml and ``-p`` overrides with it, the leg builds its command-line
+options from it, :meth:`Knobs.to_env` builds the engine's environment from it,
+and the plugin parses that environment with the same entries. Each leg record
+states the values the engine reported back, not the ones asked for.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, fields
+import argparse
+from dataclasses import asdict, dataclass
 
-from vllm_patch.knobs import ENV_BLIND, ENV_NO_GRAPH, ENV_RELAX, ENV_REPORT_DIR, ENV_TRACE
-
-TAU_LADDER = {0.9: 0.105, 0.75: 0.288, 0.5: 0.693, 0.25: 1.386}
+from vllm_patch.knobs import ENV_REPORT_DIR, SWITCHES, Knob, KnobError
 
 
-def logtau_from_tau(tau: float) -> float:
-    """x = ln(1/tau): a drafted token is accepted when its target logit >= max - x."""
-    if not 0 < tau <= 1:
-        raise ValueError(f"tau must be in (0, 1], got {tau}")
-    return math.log(1.0 / tau)
+def _int_range(lo: int, hi: int | None = None):
+    return lambda v: v >= lo and (hi is None or v <= hi)
 
 
-def tau_from_logtau(x: float) -> float:
-    return math.exp(-x)
+KNOBS: dict[str, Knob] = {k.name: k for k in [
+    Knob("gamma", int, None, _int_range(1, 32), "an integer 1..32", "draft length (tokens proposed per step)",
+         flag="--gamma", spec_only=True),
+    *SWITCHES.values(),
+    Knob("max_num_seqs", int, 1, _int_range(1, 4096), "an integer >= 1", "max concurrent sequences",
+         flag="--max-num-seqs"),
+    Knob("max_tokens", int, None, _int_range(1), "an integer >= 1", "tokens generated per prompt",
+         flag="--max-tokens"),
+    Knob("max_model_len", int, 4096, _int_range(32), "an integer >= 32", "engine context length",
+         flag="--max-model-len"),
+    Knob("n", int, None, _int_range(1), "an integer >= 1", "number of prompts", flag="--n"),
+    Knob("gpu_memory_utilization", float, None, lambda v: 0 < v <= 1, "a float in (0, 1]",
+         "share of accelerator (on CPU: host) memory the engine may take", flag="--gpu-memory-utilization"),
+    Knob("dtype", str, "auto", lambda v: v in ("auto", "bfloat16", "float16", "float32"),
+         "one of auto, bfloat16, float16, float32", "model dtype", flag="--dtype"),
+]}
+
+# Knobs without meaning for a vanilla leg (no draft).
+SPEC_ONLY = tuple(name for name, k in KNOBS.items() if k.spec_only)
+# Knobs that accept a value on CPU but act only on an accelerator.
+NOT_ON_CPU = tuple(name for name, k in KNOBS.items() if not k.applies_on_cpu)
+# The per-leg speculative knobs held by ``Knobs``.
+LEG_KNOBS = ("gamma",) + tuple(SWITCHES)
 
 
 @dataclass(frozen=True)
@@ -35,11 +55,14 @@ class Knobs:
     trace: bool = True                # per-request, per-step acceptance trace
 
     def __post_init__(self):
-        if self.gamma is not None and (not isinstance(self.gamma, int) or self.gamma < 1):
-            raise ValueError(f"gamma must be a positive integer or None, got {self.gamma!r}")
-        if not isinstance(self.relax_logtau, (int, float)) or not math.isfinite(self.relax_logtau) \
-                or self.relax_logtau < 0:
-            raise ValueError(f"relax_logtau must be a finite number >= 0, got {self.relax_logtau!r}")
+        for name in LEG_KNOBS:
+            value = getattr(self, name)
+            if name == "gamma" and value is None:
+                continue
+            try:
+                KNOBS[name].validate(value)
+            except KnobError as exc:
+                raise ValueError(str(exc)) from None
         if self.gamma is None and (self.relax_logtau > 0 or self.blind_mm):
             raise ValueError("relax_logtau and blind_mm need a draft (gamma is None: vanilla leg)")
 
@@ -50,12 +73,7 @@ class Knobs:
         return "relaxed" if self.relax_logtau > 0 else "strict"
 
     def to_env(self, report_dir: str | None = None) -> dict[str, str]:
-        env = {
-            ENV_RELAX: repr(float(self.relax_logtau)),
-            ENV_BLIND: "1" if self.blind_mm else "0",
-            ENV_NO_GRAPH: "0" if self.draft_cudagraph else "1",
-            ENV_TRACE: "1" if self.trace else "0",
-        }
+        env = {k.env: k.env_value(getattr(self, name)) for name, k in SWITCHES.items()}
         if report_dir is not None:
             env[ENV_REPORT_DIR] = str(report_dir)
         return env
@@ -63,6 +81,20 @@ class Knobs:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    @staticmethod
+    def add_leg_options(ap: argparse.ArgumentParser) -> None:
+        """The leg's options for these knobs, from the table (``--no-draft-cudagraph``, ``--no-trace``)."""
+        defaults = {f: Knobs.__dataclass_fields__[f].default for f in LEG_KNOBS}
+        for name in LEG_KNOBS:
+            k = KNOBS[name]
+            if k.type is bool and defaults[name]:
+                ap.add_argument(k.flag, dest=name, action=argparse.BooleanOptionalAction, default=True,
+                                help=f"{k.help} (default on)")
+            elif k.type is bool:
+                ap.add_argument(k.flag, dest=name, action="store_true", help=k.help)
+            else:
+                ap.add_argument(k.flag, dest=name, type=k.type, default=defaults[name], help=k.help)
+
     @classmethod
-    def names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
+    def from_leg_args(cls, args: argparse.Namespace) -> "Knobs":
+        return cls(**{name: getattr(args, name) for name in LEG_KNOBS})

@@ -1,35 +1,44 @@
 """One leg: one process, one engine, one configuration, every prompt decoded greedily.
 
+    python -m workbench.leg --config legs/<leg>/leg.json          (what the protocol runs)
     python -m workbench.leg --target DIR [--draft DIR --gamma N] --prompts FILE.jsonl \
         --max-tokens N --out DIR [--relax-logtau X] [--blind-mm] [--no-draft-cudagraph] ...
 
-Writes ``records.jsonl`` (one line per prompt) and ``summary.json`` into
-``--out`` only once every prompt has been decoded; a failure writes
-``failure.json`` instead and removes anything partial. See
-docs/architecture.md for the record fields.
+Both routes build the same ``LegConfig``. Every input that can be checked
+before an engine starts is checked first (``preflight``). Records stream into
+``records.jsonl.partial`` as prompts finish and are renamed ``records.jsonl``
+when the leg completes, next to ``summary.json``; a failure writes
+``failure.json`` and keeps the partial records beside it. A finished leg is
+never changed by a later command that fails; ``--force`` moves it under
+``attempts/`` only once the new leg's inputs have passed the checks. See
+docs/architecture.md for the formats.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import glob
 import json
 import os
 import platform
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from .knobs import Knobs
+from .runfolder import (FAILURE, LEG_JSON, RECORDS, RECORDS_PARTIAL, SUMMARY, append_jsonl, archive_leg,
+                        leg_status, read_json, read_jsonl, write_json_atomic)
 
-RECORDS = "records.jsonl"
-SUMMARY = "summary.json"
-FAILURE = "failure.json"
+# Set by the protocol for the legs it starts: the leg stops when that process dies.
+PARENT_ENV = "WORKBENCH_PARENT_PID"
 
 
 class LegError(ValueError):
@@ -63,16 +72,51 @@ class LegConfig:
     run_id: str | None = None
     ignore_eos: bool = False
     force: bool = False
+    # a failed earlier attempt of this leg: its finished prompts are reused when the engine settings match
+    resume_from: str | None = None
+
+    # Fields that do not change what the engine computes or how fast: identity and bookkeeping.
+    _NOT_ENGINE = ("out", "pids", "n", "experiment", "leg", "run_id", "force", "resume_from")
 
     @property
     def mode(self) -> str:
         return "vanilla" if self.draft is None else "spec"
 
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["knobs"] = self.knobs.as_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "leg config") -> "LegConfig":
+        if not isinstance(d, dict):
+            raise LegError(f"{where}: expected a JSON object, got {type(d).__name__}")
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise LegError(f"{where}: unknown field(s) {unknown}; fields: {sorted(names)}")
+        missing = [k for k in ("target", "prompts", "out", "max_tokens") if d.get(k) is None]
+        if missing:
+            raise LegError(f"{where}: missing field(s) {missing}")
+        kw = dict(d)
+        knobs = kw.pop("knobs", None) or {}
+        if not isinstance(knobs, dict):
+            raise LegError(f"{where}: 'knobs' must be an object")
+        try:
+            kw["knobs"] = Knobs(**knobs)
+        except TypeError as exc:
+            raise LegError(f"{where}: knobs: {exc}") from None
+        return cls(**kw)
+
+    def engine_settings(self) -> dict[str, Any]:
+        """What must match for records of two attempts to belong in one leg."""
+        return {k: v for k, v in self.to_dict().items() if k not in self._NOT_ENGINE}
+
 
 # --------------------------------------------------------------------------- #
 # Checks that need no engine                                                   #
 # --------------------------------------------------------------------------- #
-def _read_config(path: str, role: str) -> dict:
+def read_model_config(path: str, role: str) -> dict:
     p = Path(path)
     if not p.exists():
         raise LegError(f"{role} checkpoint not found: {path}")
@@ -80,25 +124,112 @@ def _read_config(path: str, role: str) -> dict:
     if not cfg.is_file():
         raise LegError(f"{role} checkpoint {path} has no config.json (not a model folder?)")
     try:
-        return json.loads(cfg.read_text())
+        data = json.loads(cfg.read_text())
     except json.JSONDecodeError as exc:
         raise LegError(f"{role} checkpoint {path}: config.json is not valid JSON: {exc}") from None
+    except OSError as exc:
+        raise LegError(f"{role} checkpoint {path}: cannot read config.json ({exc.strerror})") from None
+    if not isinstance(data, dict):
+        raise LegError(f"{role} checkpoint {path}: config.json holds a JSON {type(data).__name__}, "
+                       "not an object (a model config is a JSON object)")
+    return data
 
 
 def _vocab_size(cfg: dict) -> int | None:
     for c in (cfg.get("text_config") or {}, cfg):
-        if isinstance(c.get("vocab_size"), int):
+        if isinstance(c, dict) and isinstance(c.get("vocab_size"), int):
             return c["vocab_size"]
     return None
 
 
-def _is_local(path: str) -> bool:
+def is_local(path: str) -> bool:
     # A Hugging Face id looks like "org/name" and does not exist locally.
     return os.path.isabs(path) or path.startswith(".") or os.path.exists(path)
 
 
-def preflight(cfg: LegConfig):
-    """Everything that can be wrong before an engine starts; returns the prompts."""
+def spec_len_limit() -> int:
+    """vLLM 0.27.1's rejection sampler takes at most this many drafted tokens per step."""
+    from vllm.v1.sample.rejection_sampler import MAX_SPEC_LEN
+
+    return int(MAX_SPEC_LEN)
+
+
+def gamma_problem(gamma: int | None, max_model_len: int, limit: int | None = None) -> str | None:
+    """Why ``gamma`` cannot run on this engine, or None."""
+    if gamma is None:
+        return None
+    if limit is not None and gamma > limit:
+        return (f"gamma={gamma} is larger than vLLM's limit of {limit} drafted tokens per step "
+                f"(rejection sampler MAX_SPEC_LEN); use gamma <= {limit}")
+    if gamma >= max_model_len:
+        return f"gamma={gamma} does not fit max_model_len={max_model_len}; use gamma < {max_model_len}"
+    return None
+
+
+def model_problems(target: str, draft: str | None) -> list[str]:
+    """Checkpoint folders and configs (local paths only; a hub id is resolved by the engine)."""
+    problems: list[str] = []
+    tcfg = dcfg = None
+    for role, path in (("target", target), ("draft", draft)):
+        if path is None or not is_local(path):
+            continue
+        try:
+            cfg = read_model_config(path, role)
+        except LegError as exc:
+            problems.append(str(exc))
+            continue
+        if role == "target":
+            tcfg = cfg
+        else:
+            dcfg = cfg
+    if tcfg is not None and dcfg is not None:
+        tv, dv = _vocab_size(tcfg), _vocab_size(dcfg)
+        if tv is not None and dv is not None and dv > tv:
+            problems.append(f"draft vocabulary ({dv} tokens, {draft}) is larger than the target's ({tv} tokens, "
+                            f"{target}): drafted ids could fall outside the target's vocabulary")
+    return problems
+
+
+def prompt_lengths(target: str, prompts: list, images: list[list] | None = None) -> list[int]:
+    """Prompt tokens (image tokens included) as the engine will count them: the target's own processor."""
+    from .chat import load_images, render_prompt
+
+    try:
+        from transformers import AutoProcessor
+
+        proc = AutoProcessor.from_pretrained(target)
+        tok = getattr(proc, "tokenizer", None)
+    except (OSError, ValueError, KeyError):
+        proc, tok = None, None
+    if tok is None:  # a text-only model has no processor
+        from transformers import AutoTokenizer
+
+        tok, proc = AutoTokenizer.from_pretrained(target), None
+    out = []
+    for i, p in enumerate(prompts):
+        imgs = images[i] if images is not None else (load_images(p) if p.images else [])
+        if proc is not None and imgs:
+            enc = proc(text=[render_prompt(tok, p)], images=imgs)
+            out.append(len(enc["input_ids"][0]))
+        else:
+            out.append(len(tok(render_prompt(tok, p, with_images=proc is not None and bool(imgs)),
+                               add_special_tokens=False)["input_ids"]))
+    return out
+
+
+def length_problems(prompts: list, lengths: list[int], max_model_len: int, model: str) -> list[str]:
+    # vLLM refuses a prompt of max_model_len tokens or more (no room for one output token).
+    long = [(p.pid, n) for p, n in zip(prompts, lengths) if n >= max_model_len]
+    if not long:
+        return []
+    shown = ", ".join(f"{pid!r} ({n} tokens)" for pid, n in long[:10])
+    more = f" and {len(long) - 10} more" if len(long) > 10 else ""
+    return [f"{len(long)} prompt(s) do not fit max_model_len={max_model_len} with the tokenizer of {model}: "
+            f"{shown}{more}; raise max_model_len or leave those prompts out"]
+
+
+def preflight(cfg: LegConfig) -> tuple[list, list[list], list[int]]:
+    """Everything that can be wrong before an engine starts; returns prompts, their images, their lengths."""
     import vllm_patch
 
     vllm_patch.check_vllm_version()
@@ -115,27 +246,24 @@ def preflight(cfg: LegConfig):
         raise LegError("a draft model needs --gamma (number of speculative tokens)")
     if cfg.draft is None and cfg.knobs.gamma is not None:
         raise LegError("--gamma given without --draft")
-    if _is_local(cfg.target):
-        tcfg = _read_config(cfg.target, "target")
-        if cfg.draft is not None and _is_local(cfg.draft):
-            dcfg = _read_config(cfg.draft, "draft")
-            tv, dv = _vocab_size(tcfg), _vocab_size(dcfg)
-            if tv is not None and dv is not None and dv > tv:
-                raise LegError(
-                    f"draft vocabulary ({dv} tokens, {cfg.draft}) is larger than the "
-                    f"target's ({tv} tokens, {cfg.target}): drafted ids could fall "
-                    "outside the target's vocabulary"
-                )
+    problems = model_problems(cfg.target, cfg.draft)
+    bad_gamma = gamma_problem(cfg.knobs.gamma, cfg.max_model_len, spec_len_limit())
+    if bad_gamma:
+        problems.append(bad_gamma)
+    if problems:
+        raise LegError("; ".join(problems))
+    from .chat import load_images
     from .prompts import load_prompts
 
     prompts = load_prompts(cfg.prompts, pids=cfg.pids, n=cfg.n)
     if not prompts:
         raise LegError(f"no prompts selected from {cfg.prompts}")
-    from .chat import load_images
-
-    for p in prompts:  # every image must decode before the engine starts
-        load_images(p)
-    return prompts
+    images = [load_images(p) for p in prompts]  # every image decodes before the engine starts
+    lengths = prompt_lengths(cfg.target, prompts, images)
+    problems = length_problems(prompts, lengths, cfg.max_model_len, cfg.target)
+    if problems:
+        raise LegError("; ".join(problems))
+    return prompts, images, lengths
 
 
 # --------------------------------------------------------------------------- #
@@ -243,18 +371,8 @@ def read_engine_reports(report_dir: Path) -> dict:
 
 
 def read_trace(report_dir: Path) -> dict[str, list[list]]:
-    """internal request id -> [[drafted, accepted, margins], ...] in step order."""
-    per_req: dict[str, list[list]] = {}
-    for path in sorted(report_dir.glob("trace-*.jsonl")):
-        with path.open() as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                step = json.loads(line)
-                invalid = step.get("invalid", {})
-                for rid, k, a, margins in step["r"]:
-                    per_req.setdefault(rid, []).append([k, a, margins, invalid.get(rid, 0)])
-    return per_req
+    """internal request id -> [[drafted, accepted, margins, invalid], ...] in step order."""
+    return TraceTail(report_dir).read_new()
 
 
 def _external_id(internal: str) -> str:
@@ -298,98 +416,118 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _atomic_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    os.replace(tmp, path)
+class TraceTail:
+    """Reads the engine's acceptance trace files incrementally (whole lines only)."""
+
+    def __init__(self, report_dir: Path):
+        self.report_dir = Path(report_dir)
+        self._offsets: dict[Path, int] = {}
+
+    def read_new(self) -> dict[str, list[list]]:
+        """internal request id -> [[drafted, accepted, margins, invalid], ...] for steps not read before."""
+        per_req: dict[str, list[list]] = {}
+        for path in sorted(self.report_dir.glob("trace-*.jsonl")):
+            with path.open("rb") as f:
+                f.seek(self._offsets.get(path, 0))
+                data = f.read()
+            end = data.rfind(b"\n") + 1
+            self._offsets[path] = self._offsets.get(path, 0) + end
+            for line in data[:end].decode("utf-8").splitlines():
+                if not line.strip():
+                    continue
+                step = json.loads(line)
+                invalid = step.get("invalid", {})
+                for rid, k, a, margins in step["r"]:
+                    per_req.setdefault(rid, []).append([k, a, margins, invalid.get(rid, 0)])
+        return per_req
+
+
+def _knobs_in_effect(cfg: LegConfig, engine_report: dict) -> dict[str, Any]:
+    if cfg.draft is None:
+        return {"gamma": None}
+    knobs = dict(engine_report.get("knobs", {}))
+    knobs.pop("report_dir", None)
+    knobs["gamma"] = engine_report.get("num_speculative_tokens")
+    # What was built, not what was asked; whether the switch can act on this host is its own field.
+    knobs["draft_cudagraph"] = engine_report.get("draft_cudagraph", knobs.get("draft_cudagraph"))
+    knobs["draft_cudagraph_applies"] = engine_report.get("draft_cudagraph_applies")
+    knobs["draft_vision"] = engine_report.get("draft_vision")
+    return knobs
+
+
+def _resumable_records(cfg: LegConfig, wanted: list[str]) -> tuple[list[dict], str | None]:
+    """Finished prompts of an earlier failed attempt, when its engine settings equal this leg's."""
+    if not cfg.resume_from:
+        return [], None
+    prev = Path(cfg.resume_from)
+    try:
+        old = LegConfig.from_dict(read_json(prev / LEG_JSON), str(prev / LEG_JSON))
+    except (OSError, ValueError) as exc:
+        return [], f"not reused: {prev / LEG_JSON} unreadable ({exc})"
+    if old.engine_settings() != cfg.engine_settings():
+        diff = sorted(k for k, v in cfg.engine_settings().items() if old.engine_settings().get(k) != v)
+        return [], f"not reused: engine settings differ ({', '.join(diff)})"
+    src = prev / RECORDS_PARTIAL if (prev / RECORDS_PARTIAL).is_file() else prev / RECORDS
+    if not src.is_file():
+        return [], "not reused: no records"
+    want = set(wanted)
+    recs = [r for r in read_jsonl(src, tolerate_torn_tail=True) if r.get("pid") in want]
+    for r in recs:
+        r["resumed_from"] = str(prev)
+    return recs, f"reused {len(recs)} prompt(s) from {prev}"
 
 
 def run_leg(cfg: LegConfig) -> dict:
     out = Path(cfg.out)
-    if (out / SUMMARY).exists() and not cfg.force:
+    finished = leg_status(out) == "complete"
+    if finished and not cfg.force:
         raise LegError(f"{out} already holds a finished leg ({SUMMARY}); use --force to redo it")
     prepare_process_env(cfg)
-    prompts = preflight(cfg)
+    prompts, images, lengths = preflight(cfg)
+    # The inputs are good: only now may an earlier result make room.
+    if out.is_dir() and any((out / f).exists() for f in (RECORDS, RECORDS_PARTIAL, SUMMARY, FAILURE)):
+        archived = archive_leg(out)
+        print(f"[leg] earlier result moved to {archived}", file=sys.stderr, flush=True)
+        if cfg.resume_from and Path(cfg.resume_from).resolve() == out.resolve():
+            cfg.resume_from = str(archived)  # "resume this folder": its earlier attempt is now there
     out.mkdir(parents=True, exist_ok=True)
-    for stale in (RECORDS, SUMMARY, FAILURE):
-        (out / stale).unlink(missing_ok=True)
+    write_json_atomic(out / LEG_JSON, dict(cfg.to_dict(), force=False))
+
+    carried, resume_note = _resumable_records(cfg, [p.pid for p in prompts])
+    done = {r["pid"] for r in carried}
+    partial = out / RECORDS_PARTIAL
+    partial.unlink(missing_ok=True)
+    if carried:
+        append_jsonl(partial, carried)
 
     report_dir = Path(tempfile.mkdtemp(prefix="engine-", dir=out))
     os.environ.update(cfg.knobs.to_env(report_dir=str(report_dir)))
 
     from vllm import LLM, SamplingParams
 
-    from .chat import load_images, render_prompt
+    from .chat import render_prompt
 
     engine_kwargs = _engine_kwargs(cfg)
     t0 = time.perf_counter()
     llm = LLM(**engine_kwargs)
     engine_start_s = time.perf_counter() - t0
     tokenizer = llm.get_tokenizer()
+    engine_report = read_engine_reports(report_dir)
+    knobs_in_effect = _knobs_in_effect(cfg, engine_report)
+    tracing = cfg.draft is not None and cfg.knobs.trace
+    trace = TraceTail(report_dir)
+    trace_by_ext: dict[str, list[list]] = {}
 
+    todo = [i for i, p in enumerate(prompts) if p.pid not in done]
     inputs = []
-    for p in prompts:
-        item: dict[str, Any] = {"prompt": render_prompt(tokenizer, p)}
-        images = load_images(p)
-        if images:
-            item["multi_modal_data"] = {"image": images}
+    for i in todo:
+        item: dict[str, Any] = {"prompt": render_prompt(tokenizer, prompts[i])}
+        if images[i]:
+            item["multi_modal_data"] = {"image": images[i]}
         inputs.append(item)
     sp = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens, ignore_eos=cfg.ignore_eos, seed=cfg.seed)
 
-    before = spec_counters(llm)
-    outputs: list[tuple[Any, float, float | None]] = []
-    t_run = time.perf_counter()
-    if cfg.max_num_seqs == 1:
-        # One request at a time: t is that request's own wall time.
-        for i, item in enumerate(inputs):
-            ts = time.perf_counter()
-            res = llm.generate([item], sp, use_tqdm=False)[0]
-            outputs.append((res, time.perf_counter() - ts, None))
-            print(
-                f"[leg {cfg.leg or cfg.mode}] {i + 1}/{len(inputs)} {prompts[i].pid}: "
-                f"{len(res.outputs[0].token_ids)} tokens in {outputs[-1][1]:.2f}s",
-                file=sys.stderr,
-                flush=True,
-            )
-    else:
-        ts = time.perf_counter()
-        results = llm.generate(inputs, sp, use_tqdm=False)
-        wall = time.perf_counter() - ts
-        for res in results:
-            # Engine-core timestamps (one monotonic clock): the request's service
-            # time from first scheduled to last token; waiting for a free slot
-            # under the concurrency limit is kept apart (t_queue).
-            m = getattr(res, "metrics", None)
-            sched, last, queued = (getattr(m, k, 0.0) or 0.0 for k in ("scheduled_ts", "last_token_ts", "queued_ts"))
-            if sched > 0 and last > sched:
-                outputs.append((res, last - sched, max(sched - queued, 0.0) if queued > 0 else None))
-            else:
-                outputs.append((res, wall, None))
-    wall_s = time.perf_counter() - t_run
-    counters = _counter_delta(spec_counters(llm), before)
-    if cfg.draft is not None and cfg.knobs.trace:
-        # The trace is written off the decode path; wait until it is complete.
-        llm.collective_rpc("twin_spec_flush_trace")
-    engine_report = read_engine_reports(report_dir)
-    trace = read_trace(report_dir) if cfg.draft is not None else {}
-    trace_by_ext: dict[str, list[list]] = {}
-    for rid, steps in trace.items():
-        trace_by_ext.setdefault(_external_id(rid), []).extend(steps)
-
-    knobs_in_effect = dict(engine_report.get("knobs", {}))
-    knobs_in_effect.pop("report_dir", None)
-    if cfg.draft is not None:
-        knobs_in_effect["gamma"] = engine_report.get("num_speculative_tokens")
-        knobs_in_effect["draft_cudagraph"] = engine_report.get(
-            "draft_cudagraph", knobs_in_effect.get("draft_cudagraph")
-        )
-        knobs_in_effect["draft_cudagraph_applies"] = engine_report.get("draft_cudagraph_applies")
-        knobs_in_effect["draft_vision"] = engine_report.get("draft_vision")
-    else:
-        knobs_in_effect = {"gamma": None}
-
-    records = []
-    for p, (res, t, t_queue) in zip(prompts, outputs):
+    def record(p, res, t: float, t_queue: float | None) -> dict[str, Any]:
         comp = res.outputs[0]
         gen_ids = list(comp.token_ids)
         rec: dict[str, Any] = {
@@ -420,22 +558,60 @@ def run_leg(cfg: LegConfig) -> dict:
             "spec": None,
             "trace": None,
         }
-        if cfg.draft is not None:
+        if tracing:
             steps = trace_by_ext.get(res.request_id, [])
-            if cfg.knobs.trace:
-                rec["spec"] = per_prompt_spec(steps, cfg.knobs.gamma)
-                rec["trace"] = {
-                    "steps": [{"drafted": k, "accepted": a, "margins": m, **({"invalid": bad} if bad else {})}
-                              for k, a, m, bad in steps]
-                }
-        records.append(rec)
+            rec["spec"] = per_prompt_spec(steps, cfg.knobs.gamma)
+            rec["trace"] = {
+                "steps": [{"drafted": k, "accepted": a, "margins": m, **({"invalid": bad} if bad else {})}
+                          for k, a, m, bad in steps]
+            }
+        return rec
 
-    # Nothing is published until every prompt is done.
+    def collect_trace() -> None:
+        if tracing:
+            for rid, steps in trace.read_new().items():
+                trace_by_ext.setdefault(_external_id(rid), []).extend(steps)
+
+    before = spec_counters(llm)
+    t_run = time.perf_counter()
+    if cfg.max_num_seqs == 1:
+        # One request at a time: t is that request's own wall time; each record is kept as it finishes.
+        for j, (i, item) in enumerate(zip(todo, inputs)):
+            ts = time.perf_counter()
+            res = llm.generate([item], sp, use_tqdm=False)[0]
+            t = time.perf_counter() - ts
+            collect_trace()
+            append_jsonl(partial, [record(prompts[i], res, t, None)])
+            print(f"[leg {cfg.leg or cfg.mode}] {j + 1}/{len(todo)} {prompts[i].pid}: "
+                  f"{len(res.outputs[0].token_ids)} tokens in {t:.2f}s", file=sys.stderr, flush=True)
+    elif inputs:
+        ts = time.perf_counter()
+        results = llm.generate(inputs, sp, use_tqdm=False)
+        wall = time.perf_counter() - ts
+        collect_trace()
+        rows = []
+        for i, res in zip(todo, results):
+            # Engine-core timestamps (one monotonic clock): the request's service
+            # time from first scheduled to last token; waiting for a free slot
+            # under the concurrency limit is kept apart (t_queue).
+            m = getattr(res, "metrics", None)
+            sched, last, queued = (getattr(m, k, 0.0) or 0.0 for k in ("scheduled_ts", "last_token_ts", "queued_ts"))
+            if sched > 0 and last > sched:
+                rows.append(record(prompts[i], res, last - sched, max(sched - queued, 0.0) if queued > 0 else None))
+            else:
+                rows.append(record(prompts[i], res, wall, None))
+        append_jsonl(partial, rows)
+    wall_s = time.perf_counter() - t_run
+    counters = _counter_delta(spec_counters(llm), before)
+
+    by_pid = {r["pid"]: r for r in read_jsonl(partial)}
+    records = [by_pid[p.pid] for p in prompts]  # prompt order, carried prompts included
     tmp = out / (RECORDS + ".tmp")
     with tmp.open("w") as f:
         for rec in records:
             f.write(json.dumps(rec) + "\n")
     os.replace(tmp, out / RECORDS)
+    partial.unlink(missing_ok=True)
     spec_summary = None
     if cfg.draft is not None:
         spec_summary = dict(counters)
@@ -454,30 +630,36 @@ def run_leg(cfg: LegConfig) -> dict:
         "draft": cfg.draft,
         "prompts": cfg.prompts,
         "n_prompts": len(records),
+        "n_resumed": len(carried),
+        "resume": resume_note,
         "max_tokens": cfg.max_tokens,
         "knobs_requested": cfg.knobs.as_dict(),
         "knobs": knobs_in_effect,
-        "engine_report": engine_report,
+        "engine_report": read_engine_reports(report_dir),
         "engine_args": {k: v for k, v in engine_kwargs.items()},
         "versions": _versions(),
         "host": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
         "engine_start_s": round(engine_start_s, 3),
         "wall_s": round(wall_s, 3),
         "gen_tokens": sum(r["gen_len"] for r in records),
+        # engine-wide counters cover the prompts decoded by this process (not the resumed ones)
         "spec": spec_summary,
     }
-    _atomic_json(out / SUMMARY, summary)
+    write_json_atomic(out / SUMMARY, summary)
     shutil.rmtree(report_dir, ignore_errors=True)
     return summary
 
 
 def write_failure(out: Path, exc: BaseException, cfg: LegConfig | None = None) -> None:
+    """failure.json; records of prompts that finished stay in records.jsonl.partial beside it."""
     out.mkdir(parents=True, exist_ok=True)
-    for partial in (RECORDS, RECORDS + ".tmp", SUMMARY):
-        (out / partial).unlink(missing_ok=True)
+    for stale in (RECORDS, RECORDS + ".tmp", SUMMARY):
+        (out / stale).unlink(missing_ok=True)
     for d in glob.glob(str(out / "engine-*")):
         shutil.rmtree(d, ignore_errors=True)
-    _atomic_json(
+    partial = out / RECORDS_PARTIAL
+    n_done = len(read_jsonl(partial, tolerate_torn_tail=True)) if partial.is_file() else 0
+    write_json_atomic(
         out / FAILURE,
         {
             "status": "failed",
@@ -486,8 +668,56 @@ def write_failure(out: Path, exc: BaseException, cfg: LegConfig | None = None) -
             "leg": cfg.leg if cfg else None,
             "experiment": cfg.experiment if cfg else None,
             "run_id": cfg.run_id if cfg else None,
+            "mode": cfg.mode if cfg else None,
+            "tier": cfg.knobs.tier if cfg else None,
+            "gamma": cfg.knobs.gamma if cfg else None,
+            "n_prompts_done": n_done,
+            "partial_records": RECORDS_PARTIAL if n_done else None,
         },
     )
+
+
+# --------------------------------------------------------------------------- #
+# Dying with the run                                                           #
+# --------------------------------------------------------------------------- #
+PR_SET_PDEATHSIG = 1
+
+
+def _stop_own_group(*_: Any) -> None:
+    # The leg leads its process group (the protocol starts it in a new session): engine-core and
+    # worker processes are in it too, and go with it.
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpid(), signal.SIGKILL)
+    os._exit(143)
+
+
+def die_with_parent() -> None:
+    """When the process that started this leg dies, by any signal, the leg and its engine stop.
+
+    Three layers: the kernel's parent-death signal (prctl PR_SET_PDEATHSIG), a SIGTERM handler that
+    takes the leg's whole process group down, and a watchdog thread for the window before prctl and
+    for a main thread stuck in native code.
+    """
+    raw = os.environ.get(PARENT_ENV)
+    if not raw:
+        return  # started by hand: the terminal owns it
+    parent = int(raw)
+    signal.signal(signal.SIGTERM, _stop_own_group)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        _stop_own_group()
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                _stop_own_group()
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="leg-parent-watch", daemon=True).start()
 
 
 # --------------------------------------------------------------------------- #
@@ -495,13 +725,13 @@ def write_failure(out: Path, exc: BaseException, cfg: LegConfig | None = None) -
 # --------------------------------------------------------------------------- #
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m workbench.leg", description=__doc__.split("\n")[0])
-    ap.add_argument("--target", required=True, help="target checkpoint (folder or HF id)")
+    ap.add_argument("--config", help="leg.json written by the protocol (replaces every other option but --force)")
+    ap.add_argument("--target", help="target checkpoint (folder or HF id)")
     ap.add_argument("--draft", help="draft checkpoint; omit for a vanilla leg")
-    ap.add_argument("--gamma", type=int, help="draft length (num_speculative_tokens)")
-    ap.add_argument("--prompts", required=True, help="prompt file (JSONL, workbench prompt schema)")
+    ap.add_argument("--prompts", help="prompt file (JSONL, workbench prompt schema)")
     ap.add_argument("--pids", help="comma-separated prompt ids to run, in this order")
     ap.add_argument("--n", type=int, help="first N prompts")
-    ap.add_argument("--max-tokens", type=int, required=True)
+    ap.add_argument("--max-tokens", type=int)
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--max-num-seqs", type=int, default=1, help="engine concurrency; 1 = one prompt at a time")
     ap.add_argument("--max-num-batched-tokens", type=int)
@@ -511,11 +741,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--limit-images", type=int, default=4, help="max images per prompt")
-    ap.add_argument("--relax-logtau", type=float, default=0.0, help="relaxed gate x = ln(1/tau); 0 = strict")
-    ap.add_argument("--blind-mm", action="store_true", help="draft decodes without image embeddings")
-    ap.add_argument("--no-draft-cudagraph", action="store_true", help="leave the drafting loop uncaptured")
-    ap.add_argument("--trace", action=argparse.BooleanOptionalAction, default=True,
-                    help="per-request acceptance trace (default on)")
+    Knobs.add_leg_options(ap)
     ap.add_argument("--in-process", action=argparse.BooleanOptionalAction, default=None,
                     help="run engine core and worker inside the leg process (default: on CPU)")
     ap.add_argument("--cpu-threads", type=int, default=1,
@@ -525,26 +751,30 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--experiment")
     ap.add_argument("--leg")
     ap.add_argument("--run-id")
-    ap.add_argument("--out", required=True, help="leg folder")
-    ap.add_argument("--force", action="store_true", help="redo a finished leg")
+    ap.add_argument("--out", help="leg folder")
+    ap.add_argument("--force", action="store_true",
+                    help="redo a finished leg (it is moved under attempts/ once the new inputs pass the checks)")
+    ap.add_argument("--resume-from", help="an earlier failed attempt of this leg: reuse its finished prompts")
     return ap
 
 
 def config_from_args(args: argparse.Namespace) -> LegConfig:
-    knobs = Knobs(
-        gamma=args.gamma,
-        relax_logtau=args.relax_logtau,
-        blind_mm=args.blind_mm,
-        draft_cudagraph=not args.no_draft_cudagraph,
-        trace=args.trace,
-    )
+    if args.config:
+        cfg = LegConfig.from_dict(read_json(args.config), args.config)
+        if args.force:
+            cfg.force = True
+        return cfg
+    missing = [f"--{n.replace('_', '-')}" for n in ("target", "prompts", "max_tokens", "out")
+               if getattr(args, n) is None]
+    if missing:
+        raise LegError(f"missing option(s) {', '.join(missing)} (or give --config leg.json)")
     return LegConfig(
         target=args.target,
         draft=args.draft,
         prompts=args.prompts,
         out=args.out,
         max_tokens=args.max_tokens,
-        knobs=knobs,
+        knobs=Knobs.from_leg_args(args),
         pids=[p for p in args.pids.split(",") if p] if args.pids else None,
         n=args.n,
         max_model_len=args.max_model_len,
@@ -564,21 +794,48 @@ def config_from_args(args: argparse.Namespace) -> LegConfig:
         run_id=args.run_id,
         ignore_eos=args.ignore_eos,
         force=args.force,
+        resume_from=args.resume_from,
     )
+
+
+def _out_of(args: argparse.Namespace) -> Path | None:
+    if args.out:
+        return Path(args.out)
+    if args.config:
+        try:
+            return Path(read_json(args.config)["out"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return Path(args.config).parent
+    return None
+
+
+def report_failure(out: Path | None, exc: BaseException, cfg: LegConfig | None) -> str:
+    """failure.json where it may go; a finished leg is never touched. Returns the message printed."""
+    msg = f"leg failed: {type(exc).__name__}: {exc}"
+    if out is None:
+        return msg
+    if leg_status(out) == "complete":
+        # The failure came before --force moved the finished leg aside: it stays as it was.
+        return msg + f"\n  the finished leg in {out} is unchanged"
+    try:
+        write_failure(out, exc, cfg)
+    except OSError as err:
+        msg += f"\n  could not write {out / FAILURE}: {err.strerror or err}"
+    return msg
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    die_with_parent()
     cfg = None
+    out = _out_of(args)
     try:
         cfg = config_from_args(args)
+        out = Path(cfg.out)
         prepare_process_env(cfg)
         summary = run_leg(cfg)
     except Exception as exc:
-        out = Path(args.out)
-        if cfg is None or not (out / SUMMARY).exists() or cfg.force:
-            write_failure(out, exc, cfg)
-        print(f"leg failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(report_failure(out, exc, cfg), file=sys.stderr)
         return 2
     spec = summary.get("spec") or {}
     line = (
@@ -588,6 +845,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if spec:
         line += f", acceptance length {spec.get('acceptance_length')}"
+    if summary.get("resume"):
+        line += f"; {summary['resume']}"
     print(line, file=sys.stderr)
     return 0
 

@@ -110,6 +110,8 @@ def _check_image_readable(pid: str, path: Path) -> None:
     try:
         with Image.open(path) as im:
             im.verify()
+    except Image.DecompressionBombError as exc:
+        raise PromptError(f"prompt {pid!r}: image {path} is too large to decode ({exc})") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         raise PromptError(f"prompt {pid!r}: image is not a readable image file: {path} ({exc})") from exc
 

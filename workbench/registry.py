@@ -14,14 +14,15 @@ Public API:
 
 from __future__ import annotations
 
-import math
 import re
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
+
+from workbench.knobs import KNOBS, SPEC_ONLY, Knob, KnobError
 
 __all__ = [
     "RegistryError", "KnobSpec", "KNOBS", "ROLES", "TINY_ROLES", "LEG_KINDS", "TIERS", "DATASETS",
@@ -38,37 +39,11 @@ class RegistryError(ValueError):
     """experiments.yaml / profiles.yaml / an override is invalid; the message names the item and field."""
 
 
-# --- knobs -------------------------------------------------------------------------------------
+# --- knobs ---------------------------------------------------------------------------------------
+# The table lives in workbench.knobs (one entry per knob: type, check, variable, option, ...).
 
-@dataclass(frozen=True)
-class KnobSpec:
-    name: str
-    type: type
-    check: Callable[[Any], bool]
-    rule: str
-    help: str
+KnobSpec = Knob
 
-
-def _int_range(lo, hi=None):
-    return lambda v: v >= lo and (hi is None or v <= hi)
-
-
-KNOBS: dict[str, KnobSpec] = {k.name: k for k in [
-    KnobSpec("gamma", int, _int_range(1, 32), "an integer 1..32", "draft length (tokens proposed per step)"),
-    KnobSpec("relax_logtau", float, lambda v: math.isfinite(v) and v >= 0, "a float >= 0",
-             "relaxed gate x = ln(1/tau); 0 = strict"),
-    KnobSpec("blind_mm", bool, lambda v: True, "true or false", "draft decodes without image embeddings"),
-    KnobSpec("draft_cudagraph", bool, lambda v: True, "true or false", "capture the drafter's CUDA graphs"),
-    KnobSpec("trace", bool, lambda v: True, "true or false", "record the per-step acceptance trace"),
-    KnobSpec("max_num_seqs", int, _int_range(1, 4096), "an integer >= 1", "max concurrent sequences"),
-    KnobSpec("max_tokens", int, _int_range(1), "an integer >= 1", "tokens generated per prompt"),
-    KnobSpec("max_model_len", int, _int_range(32), "an integer >= 32", "engine context length"),
-    KnobSpec("n", int, _int_range(1), "an integer >= 1", "number of prompts"),
-    KnobSpec("gpu_memory_utilization", float, lambda v: 0 < v <= 1, "a float in (0, 1]",
-             "share of accelerator (on CPU: host) memory the engine may take"),
-    KnobSpec("dtype", str, lambda v: v in ("auto", "bfloat16", "float16", "float32"),
-             "one of auto, bfloat16, float16, float32", "model dtype"),
-]}
 
 # Roles an experiment may name; a profile binds each to a checkpoint.
 ROLES = ("target", "twin", "small-vlm", "text-draft")
@@ -94,24 +69,10 @@ def check_knob(name: str, value: Any, where: str) -> Any:
     spec = KNOBS.get(name)
     if spec is None:
         raise RegistryError(f"{where}: unknown knob {name!r}; known knobs: {', '.join(KNOBS)}")
-    ok_type = False
-    if spec.type is bool:
-        ok_type = isinstance(value, bool)
-    elif spec.type is int:
-        ok_type = isinstance(value, int) and not isinstance(value, bool)
-    elif spec.type is float:
-        ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if ok_type:
-            value = float(value)
-    else:
-        ok_type = isinstance(value, spec.type)
-    if not ok_type or not spec.check(value):
-        raise RegistryError(f"{where}: knob {name!r} must be {spec.rule}, got {value!r}")
-    return value
-
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+    try:
+        return spec.validate(value, where)
+    except KnobError as exc:
+        raise RegistryError(str(exc)) from None
 
 
 def parse_knob_text(name: str, text: str, where: str = "override") -> Any:
@@ -119,25 +80,10 @@ def parse_knob_text(name: str, text: str, where: str = "override") -> Any:
     spec = KNOBS.get(name)
     if spec is None:
         raise RegistryError(f"{where}: unknown knob {name!r}; known knobs: {', '.join(KNOBS)}")
-    raw = text.strip()
     try:
-        if spec.type is bool:
-            low = raw.lower()
-            if low in _TRUE:
-                value: Any = True
-            elif low in _FALSE:
-                value = False
-            else:
-                raise ValueError
-        elif spec.type is int:
-            value = int(raw)
-        elif spec.type is float:
-            value = float(raw)
-        else:
-            value = raw
-    except ValueError:
-        raise RegistryError(f"{where}: knob {name!r} must be {spec.rule}, got {text!r}") from None
-    return check_knob(name, value, where)
+        return spec.parse(text, where)
+    except KnobError as exc:
+        raise RegistryError(str(exc)) from None
 
 
 def split_role(ref: str) -> tuple[str, str | None]:
@@ -384,7 +330,7 @@ def _load_leg(raw: Any, where: str, profiles: dict[str, Profile]) -> LegTemplate
         for fname, val in (("draft", draft), ("tier", tier)):
             if val is not None:
                 raise RegistryError(f"{where}: a {kind} leg takes no {fname!r}")
-        bad = sorted(set(knobs) & {"gamma", "relax_logtau", "blind_mm", "draft_cudagraph"})
+        bad = sorted(set(knobs) & set(SPEC_ONLY) - {"trace"})
         if bad:
             raise RegistryError(f"{where}: knob(s) {bad} do not apply to a {kind} leg")
     if kind == "score":

@@ -4,33 +4,29 @@ Everything here is derived from ``run.json``, ``env.json`` and
 ``legs/<leg>/{records.jsonl,summary.json,failure.json}`` alone, so any table or
 figure can be regenerated from a copied run folder.
 
-Leg status, as read from the folder:
-
-- ``complete``: ``summary.json`` with ``"status": "complete"`` and ``records.jsonl``.
-- ``failed``: ``failure.json``; contributes no records.
-- ``incomplete``: the folder exists but has no summary (for example a
-  ``records.jsonl`` without ``summary.json``, or only a ``.tmp``); a leg that was
-  interrupted is not finished, so its records are not read.
-- ``pending``: planned in ``run.json`` but no folder yet.
+Leg status is ``workbench.runfolder.leg_status`` (complete, failed, incomplete,
+pending); only complete legs contribute records (a failed leg's
+``records.jsonl.partial`` is evidence, not a result).
 """
 
 from __future__ import annotations
 
 import json
-import re
-import secrets
+import warnings
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-RECORDS = "records.jsonl"
-SUMMARY = "summary.json"
-FAILURE = "failure.json"
-RUN_JSON = "run.json"
-ENV_JSON = "env.json"
+from .runfolder import (ENV_JSON, FAILURE, RECORDS, RUN_JSON, SUMMARY, check_name, leg_dir, leg_status,
+                        new_run_id, read_json)
+
+__all__ = ["Run", "load_run", "list_runs", "run_dir", "leg_dir", "new_run_id", "DamagedRunWarning"]
+
+
+class DamagedRunWarning(UserWarning):
+    """A run folder under a results root cannot be read; it is left out, the others are listed."""
 
 # Fields a record must carry for any metric to be meaningful.
 REQUIRED_RECORD_FIELDS = ("pid", "mode", "tier", "tok_s")
@@ -45,13 +41,10 @@ RECORD_COLUMNS = [
 
 LEG_COLUMNS = [
     "leg", "leg_index", "status", "mode", "tier", "gamma", "relax_logtau",
-    "blind_mm", "draft_cudagraph", "n_prompts", "engine_start_s", "wall_s",
+    "blind_mm", "draft_cudagraph", "draft_cudagraph_applies", "n_prompts", "engine_start_s", "wall_s",
     "spec_num_drafts", "spec_num_draft_tokens", "spec_num_accepted_tokens",
     "spec_accepted_per_pos", "target", "draft", "error", "path",
 ]
-
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
-
 
 @dataclass
 class Run:
@@ -80,42 +73,11 @@ class Run:
         return self.records[self.records["leg"] == leg]
 
 
-def _check_name(kind: str, value: str) -> str:
-    if not isinstance(value, str) or not _NAME_RE.match(value):
-        raise ValueError(
-            f"invalid {kind} {value!r}: use letters, digits and . _ + = - "
-            "(no path separators, not starting with a dot)"
-        )
-    return value
-
-
-def new_run_id(now: datetime | None = None) -> str:
-    """UTC time plus a short random suffix, e.g. ``20261129T101500Z-3f2a``.
-
-    The time prefix makes ids sort chronologically; the suffix keeps two runs
-    started in the same second apart.
-    """
-    now = now or datetime.now(timezone.utc)
-    if now.tzinfo is None:
-        raise ValueError("new_run_id needs a timezone-aware datetime (UTC)")
-    stamp = now.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return f"{stamp}-{secrets.token_hex(2)}"
-
-
 def run_dir(results_root: str | Path, experiment: str, run_id: str) -> Path:
-    return Path(results_root) / _check_name("experiment", experiment) / _check_name("run id", run_id)
+    return Path(results_root) / check_name("experiment", experiment) / check_name("run id", run_id)
 
 
-def leg_dir(run_dir: str | Path, leg_name: str) -> Path:
-    return Path(run_dir) / "legs" / _check_name("leg name", leg_name)
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        with path.open(encoding="utf-8") as fh:
-            return json.load(fh)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+_read_json = read_json
 
 
 def _planned_legs(config: dict[str, Any], run_json: Path) -> list[str]:
@@ -176,9 +138,9 @@ def _leg_row(folder: Path | None, leg: str, leg_index: int) -> dict[str, Any]:
     if folder is None or not folder.is_dir():
         row["status"] = "pending"
         return row
-    summary, failure = folder / SUMMARY, folder / FAILURE
-    if failure.is_file():
-        info = _read_json(failure)
+    status = leg_status(folder)
+    if status == "failed":
+        info = _read_json(folder / FAILURE)
         row["status"] = "failed"
         row["error"] = str(info.get("error", "")) if isinstance(info, dict) else str(info)
         # A failure file may carry the leg's identity; keep what is there.
@@ -186,16 +148,10 @@ def _leg_row(folder: Path | None, leg: str, leg_index: int) -> dict[str, Any]:
             for key in ("mode", "tier", "gamma"):
                 row[key] = info.get(key)
         return row
-    if not summary.is_file() or not (folder / RECORDS).is_file():
-        row["status"] = "incomplete"
-        return row
-    info = _read_json(summary)
-    if not isinstance(info, dict):
-        raise ValueError(f"{summary}: must be a JSON object")
-    status = info.get("status")
     if status != "complete":
-        row["status"] = "incomplete" if status is None else str(status)
+        row["status"] = status
         return row
+    info = _read_json(folder / SUMMARY)
     knobs = info.get("knobs") or {}
     spec = info.get("spec") or {}
     row.update(
@@ -206,6 +162,7 @@ def _leg_row(folder: Path | None, leg: str, leg_index: int) -> dict[str, Any]:
         relax_logtau=knobs.get("relax_logtau"),
         blind_mm=knobs.get("blind_mm"),
         draft_cudagraph=knobs.get("draft_cudagraph"),
+        draft_cudagraph_applies=knobs.get("draft_cudagraph_applies"),
         n_prompts=info.get("n_prompts"),
         engine_start_s=info.get("engine_start_s"),
         wall_s=info.get("wall_s"),
@@ -266,13 +223,17 @@ def load_run(run_dir: str | Path) -> Run:
 
 
 def list_runs(results_root: str | Path, experiment: str | None = None) -> pd.DataFrame:
-    """One row per run folder under ``results_root`` (newest last), with leg counts by status."""
+    """One row per run folder under ``results_root`` (newest last), with leg counts by status.
+
+    A run folder that cannot be read (a corrupt run.json, say) is left out with a
+    ``DamagedRunWarning`` naming it; the other runs are listed.
+    """
     root = Path(results_root)
     cols = ["experiment", "run_id", "path", "profile", "smoke", "n_legs",
             "n_complete", "n_failed", "n_incomplete", "n_pending"]
     if not root.is_dir():
         raise FileNotFoundError(f"results root {root} not found")
-    exp_dirs = [root / _check_name("experiment", experiment)] if experiment else sorted(
+    exp_dirs = [root / check_name("experiment", experiment)] if experiment else sorted(
         p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
     )
     rows = []
@@ -280,27 +241,24 @@ def list_runs(results_root: str | Path, experiment: str | None = None) -> pd.Dat
         if not exp_dir.is_dir():
             continue
         for rdir in sorted(p for p in exp_dir.iterdir() if (p / RUN_JSON).is_file()):
-            config = _read_json(rdir / RUN_JSON)
-            planned = _planned_legs(config, rdir / RUN_JSON) if isinstance(config, dict) else []
-            legs_root = rdir / "legs"
-            on_disk = [p.name for p in legs_root.iterdir() if p.is_dir()] if legs_root.is_dir() else []
-            names = planned + [n for n in sorted(on_disk) if n not in planned]
-            counts = {"complete": 0, "failed": 0, "incomplete": 0, "pending": 0}
-            for n in names:
-                folder = legs_root / n
-                if not folder.is_dir():
-                    counts["pending"] += 1
-                elif (folder / FAILURE).is_file():
-                    counts["failed"] += 1
-                elif (folder / SUMMARY).is_file() and (folder / RECORDS).is_file():
-                    counts["complete"] += 1
-                else:
-                    counts["incomplete"] += 1
-            rows.append({
-                "experiment": exp_dir.name, "run_id": rdir.name, "path": str(rdir),
-                "profile": config.get("profile") if isinstance(config, dict) else None,
-                "smoke": config.get("smoke") if isinstance(config, dict) else None,
-                "n_legs": len(names),
-                **{f"n_{k}": v for k, v in counts.items()},
-            })
+            try:
+                rows.append(_run_row(exp_dir, rdir))
+            except (OSError, ValueError) as exc:
+                warnings.warn(f"skipping damaged run {rdir}: {exc}", DamagedRunWarning, stacklevel=2)
     return pd.DataFrame(rows, columns=cols)
+
+
+def _run_row(exp_dir: Path, rdir: Path) -> dict[str, Any]:
+    config = _read_json(rdir / RUN_JSON)
+    if not isinstance(config, dict):
+        raise ValueError(f"{rdir / RUN_JSON}: must be a JSON object, got {type(config).__name__}")
+    planned = _planned_legs(config, rdir / RUN_JSON)
+    legs_root = rdir / "legs"
+    on_disk = [p.name for p in legs_root.iterdir() if p.is_dir()] if legs_root.is_dir() else []
+    names = planned + [n for n in sorted(on_disk) if n not in planned]
+    counts = {"complete": 0, "failed": 0, "incomplete": 0, "pending": 0}
+    for n in names:
+        counts[leg_status(legs_root / n)] += 1
+    return {"experiment": exp_dir.name, "run_id": rdir.name, "path": str(rdir),
+            "profile": config.get("profile"), "smoke": config.get("smoke"), "n_legs": len(names),
+            **{f"n_{k}": v for k, v in counts.items()}}

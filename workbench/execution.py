@@ -1,0 +1,510 @@
+"""Execution: the run folder, its legs, resume, the lock, failures.
+
+    prepare_run(experiment, profile, overrides, smoke, results_root, ...) -> Path
+    execute(run_dir, stop_on_failure=False, leg_timeout=None, ...) -> {leg: status}
+
+``prepare_run`` checks everything that can be checked before an engine starts
+(roles, model folders and configs, gamma against the context length, data
+sources, prompt lengths with the target's own tokenizer, that the results
+root is writable) and reports every problem in one message; only a run that
+can start gets a folder. ``execute`` holds the run's lock, starts each leg as
+its own process group that dies with the run, records which leg process is
+running, and on resume records what it found (a lock left by a killed run,
+an interrupted leg) and refuses to run beside a leg process that is still
+alive. File names and leg status: ``workbench.runfolder``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from workbench.planning import Plan, PlannedLeg, parse_overrides, plan
+from workbench.registry import DATASETS, Registry, RegistryError, load_registry, split_role
+from workbench.runfolder import (ENV_JSON, FAILURE, LEG_JSON, LEG_LOG, LEGS, PROMPTS, RECORDS, RECORDS_PARTIAL,
+                                 RUN_JSON, STATE_JSON, SUMMARY, RunFolderError, RunLock, archive_leg, leg_status,
+                                 new_run_id, process_alive, process_start_ticks, read_json, write_json_atomic)
+
+__all__ = ["ProtocolError", "prepare_run", "execute", "resolve_models", "leg_config", "leg_command",
+           "preflight_problems", "REPO_ROOT"]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class ProtocolError(RuntimeError):
+    """The plan or the run folder is inconsistent; the message names the experiment/leg/file."""
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+# --- preparing a run ---------------------------------------------------------------------------
+
+def _env_key(ref: str) -> str:
+    return "WORKBENCH_MODEL_" + ref.upper().replace("-", "_").replace("@", "_")
+
+
+def _model_refs(p: Plan) -> list[str]:
+    refs: list[str] = []
+    for l in p.legs:
+        for r in (l.model, l.draft):
+            if r and r not in refs:
+                refs.append(r)
+    return refs
+
+
+def resolve_models(p: Plan, model_paths: dict[str, str] | None = None,
+                   registry: Registry | None = None) -> dict[str, str]:
+    """Role reference -> checkpoint (folder or hub id). Order: --model-path, environment, profile."""
+    reg = registry or load_registry()
+    model_paths = dict(model_paths or {})
+    refs = _model_refs(p)
+    unknown = sorted(set(model_paths) - set(refs) - {split_role(r)[0] for r in refs})
+    if unknown:
+        raise RegistryError(f"--model-path: role(s) {unknown} are not used by {p.experiment.id}; "
+                            f"used: {', '.join(refs)}")
+    out: dict[str, str] = {}
+    tiny_dirs = None
+    for ref in refs:
+        role, other = split_role(ref)
+        explicit = model_paths.get(ref) or os.environ.get(_env_key(ref))
+        if not explicit and ref != role and p.profile.stand_in:
+            # under a stand-in profile every profile's role is the same model, so a plain role override applies
+            explicit = model_paths.get(role) or os.environ.get(_env_key(role))
+        if explicit:
+            out[ref] = str(explicit)
+            continue
+        prof = p.profile if (other is None or p.profile.stand_in) else reg.profile(other)
+        if prof.tiny:
+            if tiny_dirs is None:
+                from workbench.tiny import ensure_tiny_models
+                tiny_dirs = ensure_tiny_models()
+            out[ref] = str(tiny_dirs[prof.roles[role]])
+        else:
+            out[ref] = prof.roles[role]
+    return out
+
+
+def _load_prompts(p: Plan, dataset_sources: dict[str, str] | None) -> tuple[list, dict[str, Any]]:
+    """First dataset candidate that loads wins; the run records which one and why the others did not."""
+    from workbench.prompts import PromptError
+    tried: list[dict[str, str]] = []
+    for name in p.datasets:
+        kw: dict[str, Any] = {"n": p.n}
+        src = (dataset_sources or {}).get(name)
+        if src:
+            kw["source"] = src
+        if name == "mathvista" and p.profile.tiny:
+            # the tiny profile never has the real MathVista images; stand-ins keep the text and answers
+            kw["stand_in_images"] = True
+        try:
+            from workbench.datasets import load_prompt_set
+            prompts = load_prompt_set(name, **kw)
+        except (PromptError, FileNotFoundError, OSError, ImportError, ValueError) as exc:
+            tried.append({"dataset": name, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        info = {"requested": p.experiment.dataset, "candidates": p.datasets, "resolved": name,
+                "source": str(src) if src else "default", "n": len(prompts), "pids": [q.pid for q in prompts],
+                "stand_in_images": bool(kw.get("stand_in_images")), "not_used": tried}
+        if name != p.experiment.dataset:
+            info["note"] = (f"{p.experiment.dataset} requested; ran on {name!r} "
+                            f"({'smoke/tiny fallback' if p.profile.tiny else 'override'})")
+        return prompts, info
+    raise ProtocolError(f"{p.experiment.id}: no prompt set could be loaded; tried "
+                        + "; ".join(f"{t['dataset']}: {t['error']}" for t in tried))
+
+
+def _writable_problem(folder: Path) -> str | None:
+    """Why ``folder`` cannot be created and written, or None (nothing is created to find out)."""
+    probe = folder
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"results folder {folder}: {probe} exists and is not a folder"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"results folder {folder}: {probe} is not writable"
+    return None
+
+
+def preflight_problems(p: Plan, models: dict[str, str], prompts: list | None) -> list[str]:
+    """Model folders and configs, gamma, prompt lengths with the real tokenizer; one line per problem.
+
+    Prompt lengths are checked only where ``prompts`` loaded and the model is a local folder.
+    """
+    from workbench import leg as legmod
+
+    problems: list[str] = []
+    bad_models: set[str] = set()
+    for ref, path in models.items():
+        if legmod.is_local(path):
+            try:
+                legmod.read_model_config(path, f"role {ref}")
+            except legmod.LegError as exc:
+                problems.append(str(exc))
+                bad_models.add(ref)
+    lengths_by: dict[str, list[int]] = {}
+    groups: dict[tuple, list[str]] = {}
+    for l in p.legs:
+        if l.kind == "score":
+            continue
+        k = l.knobs
+        bad = legmod.gamma_problem(k.get("gamma"), int(k["max_model_len"])) if l.kind == "spec" else None
+        if bad:
+            problems.append(f"leg {l.name}: {bad}")
+        path = models[l.model]
+        if prompts is not None and l.model not in bad_models and legmod.is_local(path):
+            # a hub id is resolved by the engine; its tokenizer is not fetched here
+            groups.setdefault((path, int(k["max_model_len"]), int(k["n"])), []).append(l.name)
+    for (path, max_len, n), names in groups.items():
+        if path not in lengths_by:
+            try:
+                lengths_by[path] = legmod.prompt_lengths(path, prompts)
+            except Exception as exc:  # a tokenizer that does not load is itself the problem
+                problems.append(f"cannot load the tokenizer of {path} ({type(exc).__name__}: {exc})")
+                lengths_by[path] = []
+        if lengths_by[path]:
+            for msg in legmod.length_problems(prompts[:n], lengths_by[path][:n], max_len, path):
+                problems.append(f"leg(s) {', '.join(names)}: {msg}")
+    return problems
+
+
+def prepare_run(experiment: str, profile: str | None = None, overrides: Any = None, smoke: bool | None = None,
+                results_root: str | Path = "results", run_dir: str | Path | None = None,
+                model_paths: dict[str, str] | None = None, dataset_sources: dict[str, str] | None = None,
+                registry: Registry | None = None) -> Path:
+    """Create the run folder (run.json, env.json, prompts.jsonl), or reuse a prepared one (resume).
+
+    Reusing checks that the folder was made for the same experiment/profile/overrides/smoke, so a resume
+    can never silently mix two configurations in one run. A new run is checked in full first; its folder
+    appears only when every check passed, and never reuses an existing folder.
+    """
+    if run_dir is not None and (Path(run_dir) / RUN_JSON).is_file():
+        try:
+            cfg = read_json(Path(run_dir) / RUN_JSON)
+        except ValueError as exc:
+            raise ProtocolError(f"cannot resume {run_dir}: {exc}") from None
+        asked = {"experiment": experiment.upper() if isinstance(experiment, str) else experiment,
+                 "profile": profile, "smoke": smoke}
+        if overrides:
+            asked["overrides"] = parse_overrides(overrides, load_registry().experiment(experiment)
+                                                 if registry is None else registry.experiment(experiment))
+        clash = {k: (v, cfg.get(k)) for k, v in asked.items() if v is not None and cfg.get(k) != v}
+        if clash:
+            raise ProtocolError(f"{run_dir} was created with a different configuration: "
+                                + ", ".join(f"{k}: run.json has {b!r}, asked {a!r}" for k, (a, b) in clash.items()))
+        return Path(run_dir)
+
+    reg = registry or load_registry()
+    p = plan(experiment, profile, overrides, smoke, registry=reg)
+    run_id = Path(run_dir).name if run_dir is not None else new_run_id()
+    rdir = Path(run_dir) if run_dir is not None else Path(results_root) / p.experiment.id / run_id
+
+    problems: list[str] = []
+    if rdir.exists():
+        problems.append(f"run folder {rdir} already exists; a run never reuses a folder "
+                        f"(resume a prepared run with --resume)")
+    else:
+        why = _writable_problem(rdir)
+        if why:
+            problems.append(why)
+    bad_sources = sorted(set(dataset_sources or {}) - set(DATASETS))
+    if bad_sources:
+        problems.append(f"--data-source: unknown data set(s) {bad_sources}; data sets: {', '.join(DATASETS)}")
+    for name, src in (dataset_sources or {}).items():
+        if name in DATASETS and not Path(src).exists():
+            problems.append(f"--data-source {name}={src}: no such file or folder")
+    try:
+        models = resolve_models(p, model_paths, reg)
+    except RegistryError as exc:
+        problems.append(str(exc))
+        models = None
+    prompts = dinfo = None
+    if not bad_sources:
+        try:
+            prompts, dinfo = _load_prompts(p, dataset_sources)
+        except ProtocolError as exc:
+            problems.append(str(exc))
+    if models is not None:
+        problems += preflight_problems(p, models, prompts)
+    if problems:
+        raise ProtocolError(f"{p.experiment.id} cannot start ({len(problems)} problem(s)); nothing was created:\n"
+                            + "\n".join(f"  - {q}" for q in problems))
+
+    # Built beside its final name and renamed in one step: a run folder is complete or absent.
+    staging = rdir.parent / f".{rdir.name}.preparing"
+    try:
+        staging.mkdir(parents=True)
+        from workbench import envcapture
+        from workbench.prompts import save_prompts
+        save_prompts(prompts, staging / PROMPTS)
+        write_json_atomic(staging / ENV_JSON, envcapture.capture())
+        cfg = p.config()
+        cfg.update(run_id=run_id, created=_now(), models=models, model_paths=dict(model_paths or {}),
+                   dataset=dinfo, prompts_file=PROMPTS)
+        write_json_atomic(staging / RUN_JSON, cfg)
+        os.rename(staging, rdir)  # refuses when rdir appeared meanwhile
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, (FileExistsError, IsADirectoryError)) or (rdir.exists() and exc.errno in (39, 17)):
+            raise ProtocolError(f"run folder {rdir} already exists; a run never reuses a folder") from None
+        raise ProtocolError(f"cannot create run folder {rdir}: {exc.strerror or exc}") from None
+    return rdir
+
+
+# --- one leg -----------------------------------------------------------------------------------
+
+def leg_config(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path, resume_from: Path | None = None):
+    """The leg's configuration (written as legs/<leg>/leg.json and read by `python -m workbench.leg`)."""
+    from workbench.knobs import Knobs
+    from workbench.leg import LegConfig
+
+    k = leg.knobs
+    spec = leg.kind == "spec"
+    knobs = Knobs(gamma=k["gamma"], relax_logtau=float(k.get("relax_logtau") or 0.0),
+                  blind_mm=bool(k.get("blind_mm")), draft_cudagraph=k.get("draft_cudagraph") is not False,
+                  trace=bool(k.get("trace"))) if spec else Knobs()
+    gpu_mem = k.get("gpu_memory_utilization")
+    return LegConfig(
+        target=cfg["models"][leg.model], draft=cfg["models"][leg.draft] if spec else None,
+        prompts=str(run_dir / cfg.get("prompts_file", PROMPTS)), out=str(run_dir / LEGS / leg.name),
+        max_tokens=int(k["max_tokens"]), knobs=knobs, n=int(k["n"]), max_model_len=int(k["max_model_len"]),
+        max_num_seqs=int(k["max_num_seqs"]), dtype=str(k.get("dtype") or "auto"),
+        # on CPU the leg picks its own small host-memory share for the KV cache
+        gpu_memory_utilization=float(gpu_mem) if cfg.get("device") == "gpu" and gpu_mem is not None else None,
+        experiment=cfg["experiment"], leg=leg.name, run_id=cfg["run_id"],
+        resume_from=str(resume_from) if resume_from else None)
+
+
+def leg_command(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path, python: str = sys.executable,
+                runner: list[str] | None = None) -> list[str]:
+    """The leg's command; `runner` replaces `python -m workbench.leg|score` (tests use a fake leg there).
+
+    An engine leg reads legs/<leg>/leg.json; a score leg takes its few options on the command line.
+    """
+    out = run_dir / LEGS / leg.name
+    if leg.kind == "score":
+        k = leg.knobs
+        dtype = [] if k.get("dtype") in (None, "auto") else ["--dtype", str(k["dtype"])]
+        ref = run_dir / LEGS / leg.reference / RECORDS
+        return [*(runner or [python, "-m", "workbench.score"]), "--model", cfg["models"][leg.model],
+                "--reference", str(ref), "--prompts", str(run_dir / cfg.get("prompts_file", PROMPTS)),
+                "--max-model-len", str(k["max_model_len"]), *dtype, "--experiment", cfg["experiment"],
+                "--leg", leg.name, "--run-id", cfg["run_id"], "--out", str(out)]
+    return [*(runner or [python, "-m", "workbench.leg"]), "--config", str(out / LEG_JSON)]
+
+
+def _fmt_s(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
+
+
+def _tail(path: Path, n_chars: int = 4000) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - n_chars))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _child_setup(parent: int) -> Callable[[], None]:
+    """Runs in the leg's process before exec: it gets SIGTERM when this process dies, by any signal."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def setup() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # died before prctl took effect
+            os._exit(1)
+    return setup
+
+
+def _run_one(cmd: list[str], folder: Path, timeout: float | None, env: dict[str, str],
+             on_start: Callable[[subprocess.Popen], None]) -> tuple[int | None, str]:
+    log = folder / LEG_LOG
+    with log.open("ab") as fh:
+        fh.write(("$ " + " ".join(cmd) + "\n").encode())
+        fh.flush()
+        # Own session and process group: the leg's engine processes can be stopped as one.
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT), env=env,
+                                start_new_session=True, preexec_fn=_child_setup(os.getpid()))
+        try:
+            on_start(proc)
+            return proc.wait(timeout=timeout), ""
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            return None, f"leg timed out after {timeout:g} s"
+        except BaseException:
+            _kill_group(proc)
+            raise
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    # vLLM spawns engine-core workers; the whole group goes, not only the leg's main process.
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=15)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def _finalise(folder: Path, leg: PlannedLeg, rc: int | None, why: str) -> str:
+    """Decide the leg's status from what is on disk; write failure.json where the leg could not."""
+    status = leg_status(folder)
+    if status == "complete" and rc == 0:
+        return status
+    if status == "failed":
+        return status
+    if status == "complete":  # a summary says complete but the process failed: do not trust it
+        os.replace(folder / SUMMARY, folder / "summary.rejected.json")
+        if (folder / RECORDS).is_file():
+            os.replace(folder / RECORDS, folder / RECORDS_PARTIAL)
+    err = why or (f"leg process exited with code {rc} without writing summary.json" if rc
+                  else "leg process exited 0 but left no complete summary.json + records.jsonl")
+    write_json_atomic(folder / FAILURE, {
+        "status": "failed", "error": err, "returncode": rc, "leg": leg.name, "mode": leg.kind,
+        "tier": leg.tier, "gamma": leg.knobs.get("gamma"), "written_by": "workbench.execution",
+        "partial_records": RECORDS_PARTIAL if (folder / RECORDS_PARTIAL).is_file() else None,
+        "stderr_tail": _tail(folder / LEG_LOG)})
+    return "failed"
+
+
+# --- a run -------------------------------------------------------------------------------------
+
+def _previous_process(state: dict[str, Any]) -> dict[str, Any] | None:
+    lp = state.get("leg_process")
+    return lp if isinstance(lp, dict) and lp.get("pid") else None
+
+
+def execute(run_dir: str | Path, stop_on_failure: bool = False, leg_timeout: float | None = None,
+            python: str = sys.executable, log: Callable[[str], None] | None = None,
+            only: Iterable[str] | None = None, runner: list[str] | None = None) -> dict[str, str]:
+    """Run every planned leg that is not complete yet; returns {leg name: status}.
+
+    Finished legs are skipped, so calling this again resumes. A failed or interrupted leg is moved under
+    attempts/ and rerun; its finished prompts are reused when its engine settings match. The run folder
+    is locked while this runs; a second writer is refused with the holder's PID and start time.
+    """
+    rdir = Path(run_dir)
+    if not (rdir / RUN_JSON).is_file():
+        raise ProtocolError(f"{rdir} is not a prepared run folder ({RUN_JSON} missing)")
+    try:
+        cfg = read_json(rdir / RUN_JSON)
+    except ValueError as exc:
+        raise ProtocolError(str(exc)) from None
+    legs = [PlannedLeg.from_dict(d) for d in cfg["legs"]]
+    wanted = set(only) if only is not None else None
+    if wanted is not None:
+        unknown = sorted(wanted - {l.name for l in legs})
+        if unknown:
+            raise ProtocolError(f"unknown leg(s) {unknown} in {rdir}")
+    try:
+        lock = RunLock(rdir).acquire()
+    except RunFolderError as exc:
+        raise ProtocolError(str(exc)) from None
+    try:
+        return _execute_locked(rdir, cfg, legs, wanted, lock, stop_on_failure, leg_timeout, python, log, runner)
+    finally:
+        lock.release()
+
+
+def _execute_locked(rdir, cfg, legs, wanted, lock, stop_on_failure, leg_timeout, python, log, runner):
+    emit = log or (lambda s: print(s, flush=True))
+    old_state: dict[str, Any] = {}
+    if (rdir / STATE_JSON).is_file():
+        try:
+            old_state = read_json(rdir / STATE_JSON) or {}
+        except ValueError:
+            old_state = {"note": f"{STATE_JSON} was unreadable"}
+    prev = _previous_process(old_state)
+    if prev and process_alive(prev["pid"], prev.get("start_ticks")):
+        raise ProtocolError(f"leg {prev.get('leg')} of an earlier run of {rdir} is still running as PID "
+                            f"{prev['pid']} (started {prev.get('started')}); it would skew this run's timing. "
+                            f"Stop it first (kill -- -{prev['pid']}) or wait for it")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    from workbench.leg import PARENT_ENV
+    env[PARENT_ENV] = str(os.getpid())
+    (rdir / LEGS).mkdir(exist_ok=True)
+    statuses = {l.name: leg_status(rdir / LEGS / l.name) for l in legs}
+    todo = [l for l in legs if statuses[l.name] != "complete" and (wanted is None or l.name in wanted)]
+    history = list(old_state.get("history", []))
+    if old_state:
+        found = {"at": _now(), "previous_state": old_state.get("state"),
+                 "legs_found": dict(statuses), "to_run": [l.name for l in todo]}
+        if old_state.get("state") == "running":
+            found["note"] = "the previous run stopped without finishing (killed or crashed)"
+        if lock.previous:
+            found["lock_taken_over_from"] = lock.previous
+        if prev:
+            found["interrupted_leg"] = dict(prev, alive=False)
+        history.append(found)
+    state = {"state": "running", "started": _now(), "pid": os.getpid(), "legs": statuses, "history": history,
+             "leg_process": None}
+    write_json_atomic(rdir / STATE_JSON, state)
+    emit(f"{cfg['experiment']} {cfg['run_id']}: {len(legs)} legs, {len(legs) - len(todo)} already complete, "
+         f"{len(todo)} to run" + ("" if not history else f" (resumed; {STATE_JSON} records what was found)"))
+    t_run = time.monotonic()
+    durations: list[float] = []
+    stopped = False
+    for i, leg in enumerate(todo):
+        folder = rdir / LEGS / leg.name
+        earlier = archive_leg(folder) if folder.exists() else None
+        folder.mkdir(parents=True)
+        if leg.kind != "score":
+            reuse = earlier if earlier is not None and (earlier / LEG_JSON).is_file() else None
+            write_json_atomic(folder / LEG_JSON, leg_config(leg, cfg, rdir, reuse).to_dict())
+        cmd = leg_command(leg, cfg, rdir, python, runner)
+        t0 = time.monotonic()
+
+        def started(proc: subprocess.Popen, leg=leg) -> None:
+            state["leg_process"] = {"leg": leg.name, "pid": proc.pid, "start_ticks": process_start_ticks(proc.pid),
+                                    "started": _now()}
+            write_json_atomic(rdir / STATE_JSON, state)
+
+        rc, why = _run_one(cmd, folder, leg_timeout, env, started)
+        dt = time.monotonic() - t0
+        durations.append(dt)
+        status = _finalise(folder, leg, rc, why)
+        statuses[leg.name] = status
+        state.update(legs=statuses, leg_process=None)
+        write_json_atomic(rdir / STATE_JSON, state)
+        left = len(todo) - i - 1
+        eta = (sum(durations) / len(durations)) * left
+        msg = (f"[{leg.index + 1}/{len(legs)}] {leg.name:<24} {leg.describe():<40} {status:<8} {dt:6.1f} s"
+               f"  elapsed {_fmt_s(time.monotonic() - t_run)}  ETA {_fmt_s(eta) if left else '-'}")
+        if status == "failed":
+            err = read_json(folder / FAILURE).get("error", "")
+            msg += f"\n      failure: {str(err).strip().splitlines()[-1] if str(err).strip() else '?'}" \
+                   f" (see {folder / FAILURE})"
+        emit(msg)
+        if status == "failed" and stop_on_failure:
+            stopped = True
+            break
+    n_failed = sum(1 for s in statuses.values() if s == "failed")
+    final = "stopped" if stopped else ("finished_with_failures" if n_failed else
+                                       ("finished" if all(s == "complete" for s in statuses.values())
+                                        else "partial"))
+    write_json_atomic(rdir / STATE_JSON, dict(state, state=final, legs=statuses, finished=_now()))
+    emit(f"{cfg['experiment']} {cfg['run_id']}: {final} in {_fmt_s(time.monotonic() - t_run)} "
+         f"({sum(s == 'complete' for s in statuses.values())}/{len(legs)} legs complete)")
+    return statuses

@@ -1,0 +1,302 @@
+"""The run-folder contract: file names, leg status, atomic writes, the run lock.
+
+Both the writers (``workbench.leg``, ``workbench.execution``) and the reader
+(``workbench.results``) use this module, so a file name or the meaning of
+"complete" is defined once.
+
+    results/<experiment>/<run id>/
+      run.json  env.json  prompts.jsonl  protocol.json  run.lock
+      legs/<leg>/  leg.json  records.jsonl | records.jsonl.partial  summary.json | failure.json  leg.log
+      attempts/<leg>.<k>/   earlier attempts of a leg (failed, interrupted, or replaced with --force)
+      tables/  figures/  notebook.ipynb
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import re
+import secrets
+import socket
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+RUN_JSON = "run.json"
+ENV_JSON = "env.json"
+STATE_JSON = "protocol.json"
+PROMPTS = "prompts.jsonl"
+LOCK = "run.lock"
+LEGS = "legs"
+ATTEMPTS = "attempts"
+TABLES = "tables"
+FIGURES = "figures"
+
+LEG_JSON = "leg.json"
+RECORDS = "records.jsonl"
+RECORDS_PARTIAL = "records.jsonl.partial"
+SUMMARY = "summary.json"
+FAILURE = "failure.json"
+LEG_LOG = "leg.log"
+
+LEG_STATUSES = ("complete", "failed", "incomplete", "pending")
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
+
+
+class RunFolderError(RuntimeError):
+    """The run folder cannot be used as asked (locked, unwritable, ...); the message says why."""
+
+
+# --- names -------------------------------------------------------------------------------------
+
+def check_name(kind: str, value: str) -> str:
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise ValueError(f"invalid {kind} {value!r}: use letters, digits and . _ + = - "
+                         "(no path separators, not starting with a dot)")
+    return value
+
+
+def new_run_id(now: datetime | None = None) -> str:
+    """UTC time plus a random suffix, e.g. ``20261129T101500Z-3f2a9c1e``.
+
+    The time prefix sorts ids chronologically; 32 random bits keep two runs started in the
+    same second apart (and the folder is created exclusively, so a clash is refused anyway).
+    """
+    now = now or datetime.now(timezone.utc)
+    if now.tzinfo is None:
+        raise ValueError("new_run_id needs a timezone-aware datetime (UTC)")
+    return f"{now.astimezone(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(4)}"
+
+
+def leg_dir(run_dir: str | Path, leg_name: str) -> Path:
+    return Path(run_dir) / LEGS / check_name("leg name", leg_name)
+
+
+def run_dir_of_leg(folder: str | Path) -> Path | None:
+    """The run folder a leg folder belongs to, or None for a stand-alone leg folder."""
+    folder = Path(folder)
+    if folder.parent.name == LEGS and (folder.parent.parent / RUN_JSON).is_file():
+        return folder.parent.parent
+    return None
+
+
+# --- JSON --------------------------------------------------------------------------------------
+
+def read_json(path: str | Path) -> Any:
+    path = Path(path)
+    try:
+        with path.open(encoding="utf-8") as fh:
+            return json.load(fh)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    """Write to ``<name>.tmp`` and rename: a reader sees the old file or the new one, never half."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1, default=str)
+        fh.write("\n")
+    os.replace(tmp, path)
+
+
+def append_jsonl(path: str | Path, rows: Iterable[dict]) -> None:
+    """Append whole lines and flush them to disk: a crash loses at most the line being written."""
+    with Path(path).open("a", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def read_jsonl(path: str | Path, tolerate_torn_tail: bool = False) -> list[dict]:
+    """Records of a JSONL file; ``tolerate_torn_tail`` drops an unfinished last line (a partial file)."""
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    out = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if tolerate_torn_tail and lineno == len(lines):
+                break
+            raise ValueError(f"{path}:{lineno}: not valid JSON ({exc})") from None
+    return out
+
+
+# --- leg status --------------------------------------------------------------------------------
+
+def leg_status(folder: str | Path) -> str:
+    """``complete`` | ``failed`` | ``incomplete`` | ``pending``, from the files alone.
+
+    complete: summary.json says "complete" and records.jsonl exists; failed: failure.json (its
+    partial records, if any, stay in records.jsonl.partial); incomplete: a folder with neither
+    (interrupted, or still running); pending: no folder.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return "pending"
+    if (folder / FAILURE).is_file():
+        return "failed"
+    summary = folder / SUMMARY
+    if summary.is_file() and (folder / RECORDS).is_file():
+        try:
+            info = read_json(summary)
+        except (OSError, ValueError):
+            return "incomplete"
+        return "complete" if isinstance(info, dict) and info.get("status") == "complete" else "incomplete"
+    return "incomplete"
+
+
+def archive_leg(folder: str | Path) -> Path:
+    """Move a leg folder aside, keeping it as evidence; returns where it went.
+
+    In a run folder: ``<run>/attempts/<leg>.<k>``. A stand-alone leg folder keeps its earlier
+    attempts inside itself: ``<leg>/attempts/<k>``.
+    """
+    folder = Path(folder)
+    rdir = run_dir_of_leg(folder)
+    if rdir is not None:
+        attempts = rdir / ATTEMPTS
+        attempts.mkdir(exist_ok=True)
+        k = 1
+        while (attempts / f"{folder.name}.{k}").exists():
+            k += 1
+        dest = attempts / f"{folder.name}.{k}"
+        os.replace(folder, dest)
+        return dest
+    attempts = folder / ATTEMPTS
+    attempts.mkdir(exist_ok=True)
+    k = 1
+    while (attempts / str(k)).exists():
+        k += 1
+    dest = attempts / str(k)
+    dest.mkdir()
+    for item in folder.iterdir():
+        if item.name != ATTEMPTS:
+            os.replace(item, dest / item.name)
+    return dest
+
+
+# --- processes ---------------------------------------------------------------------------------
+
+def process_start_ticks(pid: int) -> int | None:
+    """Start time of a process (clock ticks since boot), or None if there is no such process.
+
+    PID and start time together name a process: a PID reused after a reboot or wrap-around
+    has another start time.
+    """
+    try:
+        with open(f"/proc/{int(pid)}/stat", encoding="ascii", errors="replace") as fh:
+            stat = fh.read()
+    except (OSError, ValueError):
+        return None
+    # the command name (field 2) may hold spaces or ')': fields after the last ')' are fixed
+    rest = stat.rsplit(")", 1)[-1].split()
+    try:
+        if rest[0] == "Z":       # a zombie has exited
+            return None
+        return int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def process_alive(pid: int | None, start_ticks: int | None = None) -> bool:
+    if not pid:
+        return False
+    ticks = process_start_ticks(pid)
+    if ticks is None:
+        return False
+    return start_ticks is None or ticks == start_ticks
+
+
+def process_identity(pid: int | None = None) -> dict[str, Any]:
+    pid = os.getpid() if pid is None else pid
+    return {"pid": pid, "start_ticks": process_start_ticks(pid), "host": socket.gethostname(),
+            "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+# --- the run lock ------------------------------------------------------------------------------
+
+class RunLock:
+    """One writer per run folder: ``<run>/run.lock`` held with ``flock`` for as long as the run goes.
+
+    The kernel drops an flock when its holder dies by any signal, so a lock left by a killed run is
+    taken over at once; the file keeps the holder's PID and start time, which is how the next run
+    learns that it took over (``previous``) and how a refused writer learns who holds it. The file is
+    never deleted (deleting a lock file races with a writer that has it open); releasing empties it.
+    """
+
+    def __init__(self, run_dir: str | Path, purpose: str = "run"):
+        self.path = Path(run_dir) / LOCK
+        self.purpose = purpose
+        self.previous: dict[str, Any] | None = None
+        self._fd: int | None = None
+
+    def acquire(self) -> "RunLock":
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except PermissionError as exc:
+            raise RunFolderError(f"cannot lock {self.path.parent}: not writable ({exc.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _read_lock(fd)
+            os.close(fd)
+            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise
+            who = (f"PID {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
+                   f" ({holder.get('purpose', 'run')})") if holder else "another process"
+            raise RunFolderError(f"{self.path.parent} is in use by {who}; wait for it to finish "
+                                 f"or stop that process first") from None
+        stale = _read_lock(fd)
+        if stale:
+            self.previous = dict(stale, alive=process_alive(stale.get("pid"), stale.get("start_ticks")))
+        ident = dict(process_identity(), purpose=self.purpose)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(ident) + "\n").encode(), 0)
+        os.fsync(fd)
+        self._fd = fd
+        self.holder = ident
+        return self
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.ftruncate(self._fd, 0)
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read_lock(fd: int) -> dict[str, Any] | None:
+    try:
+        raw = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+        return json.loads(raw) if raw else None
+    except (OSError, ValueError):
+        return {"pid": None, "note": "unreadable lock file"}
+
+
+def wait_for_exit(pid: int, start_ticks: int | None, timeout: float) -> bool:
+    """True once the process is gone (or was never there)."""
+    deadline = time.monotonic() + timeout
+    while process_alive(pid, start_ticks):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
