@@ -569,6 +569,8 @@ def run_leg(cfg: LegConfig) -> dict:
 
     def collect_trace() -> None:
         if tracing:
+            # The trace is written off the decode path; wait until it is complete.
+            llm.collective_rpc("twin_spec_flush_trace")
             for rid, steps in trace.read_new().items():
                 trace_by_ext.setdefault(_external_id(rid), []).extend(steps)
 
