@@ -1,12 +1,14 @@
-"""`workbench run E1 --profile tiny` end to end: a complete run folder from one command."""
+"""`workbench run E1 --profile tiny` end to end: a complete run folder from one command; killed, it leaves
+no leg behind and resumes alone; without a browser it still succeeds with HTML figures (#10)."""
 
 from __future__ import annotations
 
 import json
 import os
-import struct
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -17,12 +19,30 @@ from conftest import REPO
 pytestmark = pytest.mark.vllm
 
 
-def test_workbench_run_e1_tiny_makes_a_complete_run_folder(tmp_path, tiny_models):
+def _env_without_browser(tmp_path: Path) -> dict:
+    """This environment with every program on PATH except a Chromium-family browser."""
+    from workbench.export import BROWSER_NAMES
+    bin_dir = tmp_path / "bin-without-browser"
+    bin_dir.mkdir()
+    for folder in [str(Path(sys.executable).parent)] + os.environ.get("PATH", "").split(os.pathsep):
+        if not folder or not Path(folder).is_dir():
+            continue
+        for prog in Path(folder).iterdir():
+            if prog.name not in BROWSER_NAMES and not (bin_dir / prog.name).exists():
+                (bin_dir / prog.name).symlink_to(prog)
+    env = {k: v for k, v in os.environ.items() if k != "BROWSER_PATH"}
+    env["PATH"] = str(bin_dir)
+    return env
+
+
+def test_workbench_run_e1_tiny_makes_a_complete_run_folder_without_a_browser(tmp_path, tiny_models):
     results = tmp_path / "results"
     proc = subprocess.run([sys.executable, "-m", "workbench.cli", "run", "E1", "--profile", "tiny",
-                           "--results", str(results)], cwd=REPO, capture_output=True, text=True, timeout=900,
-                          env={**os.environ})
+                           "--results", str(results), "--formats", "png,html"], cwd=REPO, capture_output=True,
+                          text=True, timeout=900, env=_env_without_browser(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    warnings = [l for l in proc.stderr.splitlines() if l.startswith("warning:")]
+    assert len(warnings) == 1 and "png figures skipped" in warnings[0] and "apt-get install -y chromium" in warnings[0]
     runs = list((results / "E1").iterdir())
     assert len(runs) == 1
     rdir = runs[0]
@@ -33,18 +53,58 @@ def test_workbench_run_e1_tiny_makes_a_complete_run_folder(tmp_path, tiny_models
         folder = rdir / "legs" / leg["name"]
         assert (folder / "records.jsonl").is_file() and (folder / "summary.json").is_file(), leg["name"]
         assert json.loads((folder / "summary.json").read_text())["status"] == "complete"
+        assert json.loads((folder / "leg.json").read_text())["leg"] == leg["name"]
+        assert not (folder / "records.jsonl.partial").exists()
     nb = nbformat.read(rdir / "notebook.ipynb", as_version=4)
     figure_outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
                       if "application/vnd.plotly.v1+json" in o.get("data", {})]
     assert figure_outputs, "the executed notebook shows no figures"
-    pngs = sorted((rdir / "figures").glob("*.png"))
-    assert pngs and all(p.stat().st_size > 1000 for p in pngs)
-    for p in pngs:
-        head = p.read_bytes()[:24]
-        assert head[:8] == b"\x89PNG\r\n\x1a\n"
-        width, height = struct.unpack(">II", head[16:24])
-        assert width >= 400 and height >= 300
-    assert sorted((rdir / "figures").glob("*.html"))
+    htmls = sorted((rdir / "figures").glob("*.html"))
+    assert htmls and all(p.stat().st_size > 10000 for p in htmls)
+    assert not list((rdir / "figures").glob("*.png"))
     summary = json.loads((rdir / "tables" / "summary.json").read_text())
     exact = {r["leg"]: r["match_rate"] for r in summary["exactness"]}
     assert exact and all(v == 1.0 for v in exact.values())
+    state = json.loads((rdir / "protocol.json").read_text())
+    assert state["state"] == "finished" and state["leg_process"] is None
+    assert (rdir / "run.lock").read_text() == ""
+
+
+def test_kill_9_of_workbench_run_leaves_no_leg_and_the_resume_runs_alone(tmp_path, tiny_models):
+    results = tmp_path / "results"
+    cmd = [sys.executable, "-m", "workbench.cli", "run", "E1", "--profile", "tiny", "--results", str(results),
+           "-p", "max_tokens=32", "--no-notebook", "--formats", "html"]
+    run = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 600
+        leg = None
+        while leg is None:
+            assert run.poll() is None and time.monotonic() < deadline, "no leg started"
+            states = list(results.glob("E1/*/protocol.json"))
+            if states:
+                try:
+                    leg = json.loads(states[0].read_text()).get("leg_process")
+                except ValueError:
+                    pass
+            time.sleep(0.05)
+        rdir = states[0].parent
+        time.sleep(1.0)  # the leg is importing vLLM or decoding
+        run.send_signal(signal.SIGKILL)
+        run.wait(timeout=30)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    from workbench.runfolder import process_alive
+    deadline = time.monotonic() + 10
+    while process_alive(leg["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not process_alive(leg["pid"]), f"leg {leg['leg']} (PID {leg['pid']}) outlived `workbench run`"
+    proc = subprocess.run([sys.executable, "-m", "workbench.cli", "run", "E1", "--profile", "tiny",
+                           "--resume", str(rdir), "--no-notebook", "--formats", "html"], cwd=REPO,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    state = json.loads((rdir / "protocol.json").read_text())
+    found = state["history"][-1]
+    assert found["lock_taken_over_from"]["pid"] == run.pid
+    assert found["interrupted_leg"]["pid"] == leg["pid"]
+    assert state["state"] == "finished"
