@@ -1,12 +1,12 @@
 """What a run was made with: package versions, git state, engine-patch fingerprint, hardware.
 
 Written to `<run>/env.json` so that a run folder says exactly how it was made.
-Every probe is best-effort: a missing tool is recorded as such, never fatal.
+Every probe of the machine is best-effort: a missing tool is recorded as such,
+never fatal. The patch fingerprint is the plugin's own, as in every leg summary.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 import subprocess
@@ -51,26 +51,10 @@ def git_state() -> dict[str, Any]:
 
 
 def patch_fingerprint() -> dict[str, Any]:
-    """The plugin's own fingerprint when it offers one, else sha256 over vllm_patch/*.py."""
-    try:
-        import vllm_patch  # noqa: WPS433 (the plugin decides what its fingerprint covers)
-        fp = getattr(vllm_patch, "fingerprint", None)
-        if callable(fp):
-            return {"fingerprint": str(fp()), "method": "vllm_patch.fingerprint()"}
-    except Exception as exc:  # importing the plugin may import vLLM; any failure falls back to hashing
-        import_error = f"{type(exc).__name__}: {exc}"
-    else:
-        import_error = None
-    files = sorted((REPO_ROOT / "vllm_patch").glob("*.py"))
-    if not files:
-        return {"fingerprint": None, "method": "none", "note": "vllm_patch/ has no .py files"}
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
-    out = {"fingerprint": h.hexdigest(), "method": "sha256 over vllm_patch/*.py", "files": [f.name for f in files]}
-    if import_error:
-        out["import_error"] = import_error
-    return out
+    """The plugin's own fingerprint (``vllm_patch.fingerprint()``), the one every leg summary states."""
+    import vllm_patch
+
+    return {"fingerprint": vllm_patch.fingerprint(), "method": "vllm_patch.fingerprint()"}
 
 
 def cpu_info() -> dict[str, Any]:
