@@ -17,7 +17,6 @@ test: env
 test-fast: env
 	$(PY) -m pytest -q -m "not vllm"
 
+# the demo run and every benchmark run, each into results/<id>/<run id>/ (the figures the README quotes)
 bench: env
-	$(PY) benchmarks/bench_legs.py spec
-	$(PY) benchmarks/bench_legs.py trace
-	$(PY) benchmarks/bench_explorer.py
+	$(PY) benchmarks/run_all.py

@@ -1,18 +1,20 @@
 """Time the explorer's slider callbacks over a run of 100,000 prompt records (goal: < 200 ms a move).
 
-    python benchmarks/bench_explorer.py [--records 100000] [--moves 15] [--steps 12]
+    python benchmarks/bench_explorer.py [--records 100000] [--moves 15] [--steps 12] [--results results]
 
 Builds a synthetic run in memory (seven legs, bracketed: vanilla / strict gamma 2, 4 /
 vanilla / strict gamma 6 / relaxed gamma 6 / vanilla, every spec prompt traced), builds
 the explorer once (precomputation, reported separately), then times what a move of
 each slider runs: ``Explorer.on_relax`` (counterfactual acceptance from the traces,
 every figure edited in place) and ``Explorer.on_gamma`` (legs shown for one gamma).
+The timings go to a run folder ``results/explorer_bench/<run id>/`` (run.json with the
+parameters, env.json, ``tables/benchmark.json``); the synthetic records are not kept.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import json
 import sys
 import time
 from pathlib import Path
@@ -24,7 +26,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from synthetic_runs import LADDER_LEGS as LEGS, bulk_records  # noqa: E402
 
-from workbench.results import LEG_COLUMNS, Run  # noqa: E402
+from runs import write_numbers  # noqa: E402
+
+from workbench import envcapture, metrics  # noqa: E402
+from workbench.results import LEG_COLUMNS, Run, new_run_id, run_dir  # noqa: E402
 from workbench.widgets import Explorer  # noqa: E402
 
 
@@ -49,12 +54,13 @@ def timed(fn, values) -> list[float]:
     return out
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=100_000)
     ap.add_argument("--moves", type=int, default=15)
     ap.add_argument("--steps", type=int, default=12, help="draft steps per traced prompt")
-    args = ap.parse_args()
+    ap.add_argument("--results", default=str(ROOT / "results"), help="results root (default: results)")
+    args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
     run = in_memory_run(args.records, args.steps)
@@ -69,12 +75,26 @@ def main() -> None:
     gammas = [g for _ in range(args.moves) for g in ex.gamma_slider.options][: args.moves]
     gamma_ms = timed(ex.on_gamma, gammas)
 
+    rdir = run_dir(args.results, "explorer_bench", new_run_id())
+    rdir.mkdir(parents=True)
+    (rdir / "run.json").write_text(json.dumps({
+        "experiment": "explorer_bench", "run_id": rdir.name, "legs": [],
+        "parameters": {"records": args.records, "moves": args.moves, "steps": args.steps,
+                       "legs": [leg["name"] for leg in LEGS]}}, indent=1) + "\n")
+    (rdir / "env.json").write_text(json.dumps(envcapture.capture(), indent=1, default=str) + "\n")
+    numbers = {"run": f"explorer_bench/{rdir.name}", "records": len(run.records), "traced_steps": n_steps,
+               "synthetic_data_s": t_gen, "explorer_build_s": t_build,
+               "relax_logtau_move_ms": metrics.median_iqr(relax_ms) | {"max": max(relax_ms)},
+               "gamma_move_ms": metrics.median_iqr(gamma_ms) | {"max": max(gamma_ms)}}
+    write_numbers(rdir, numbers)
+    print(f"run folder: {rdir}")
     print(f"records: {len(run.records):,} prompt records in {run.records['leg'].nunique()} legs; "
           f"{n_steps:,} traced draft steps")
     print(f"synthetic data: {t_gen:.1f} s; explorer build (precompute + figures): {t_build:.2f} s")
-    for name, ms in (("relax_logtau move (on_relax)", relax_ms), ("gamma move (on_gamma)", gamma_ms)):
-        print(f"{name}: median {statistics.median(ms):.1f} ms, max {max(ms):.1f} ms over {len(ms)} moves"
-              f" -> {'OK' if statistics.median(ms) < 200 else 'SLOW'} (goal < 200 ms)")
+    for name, key in (("relax_logtau move (on_relax)", "relax_logtau_move_ms"), ("gamma move (on_gamma)", "gamma_move_ms")):
+        ms = numbers[key]
+        print(f"{name}: median {ms['median']:.1f} ms, max {ms['max']:.1f} ms over {ms['n']} moves"
+              f" -> {'OK' if ms['median'] < 200 else 'SLOW'} (goal < 200 ms)")
 
 
 if __name__ == "__main__":

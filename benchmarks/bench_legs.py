@@ -1,96 +1,101 @@
-"""Side-by-side leg benchmarks on the tiny models (CPU), alternating A and B legs in one run.
+"""Side-by-side leg benchmarks on the tiny models (CPU), legs alternating A and B in one run.
 
-    python benchmarks/bench_legs.py spec   # vanilla vs strict twin drafting: decode tok/s, engine start
-    python benchmarks/bench_legs.py trace  # strict with vs without the acceptance trace: cost of tracing
+    python benchmarks/bench_legs.py spec   # E101: vanilla vs strict twin drafting: decode tok/s, engine start
+    python benchmarks/bench_legs.py trace  # E102: strict with vs without the acceptance trace: cost of tracing
+    python benchmarks/bench_legs.py --analyze results/E101/<run id>   # the numbers of a finished run
 
-Each leg is a fresh process (as in every experiment). Legs alternate
-A, B, A, B, A so that drift of the machine shows up in the A legs; every B leg
-is compared with the mean of the A legs on either side of it, prompt by
-prompt, and the median ratio is printed. Numbers, not assertions: this machine
-is noisy and shared.
+Each benchmark is an experiment of benchmarks/benchmarks.yaml run through the protocol
+into results/<id>/<run id>/ (every leg a fresh process). Every B leg is compared with
+the mean of the A legs on either side of it, prompt by prompt
+(``workbench.metrics.prompt_ratios``), and the median ratio over prompts of all B legs
+is reported with its IQR; the numbers go to ``tables/benchmark.json`` of the run.
+Numbers, not assertions: this machine is noisy and shared.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from runs import REPO, fmt_ratio, leg_rows, portable, run, write_numbers
+
+EXPERIMENTS = {"spec": "E101", "trace": "E102"}
 
 
-def run_leg(out: Path, args: list[str]) -> tuple[dict, dict[str, dict]]:
-    proc = subprocess.run([sys.executable, "-m", "workbench.leg", "--out", str(out), *args],
-                          cwd=REPO, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"leg failed:\n{proc.stderr[-3000:]}")
-    summary = json.loads((out / "summary.json").read_text())
-    recs = {r["pid"]: r for r in map(json.loads, (out / "records.jsonl").read_text().splitlines())}
-    return summary, recs
+def spec_numbers(run_) -> dict:
+    from workbench import metrics
+    from workbench.analyses import RunTables
+
+    t = RunTables(run_)
+    legs = run_.legs.set_index("leg")
+    throughput = t["legs_throughput"].set_index("leg")
+    strict = [leg for leg in run_.legs_order if leg.startswith("strict")]
+    vanilla = leg_rows(run_, "vanilla")
+    counters = metrics.leg_summary_acceptance(run_.legs)
+    accepted, drafted, drafts = (float(counters[c].sum()) for c in
+                                 ("spec_num_accepted_tokens", "spec_num_draft_tokens", "spec_num_drafts"))
+    return {
+        "what": "strict gamma=6 (int4 twin) vs vanilla: per-prompt decode tok/s ratio against the bracketing "
+                "vanilla legs, pooled over the strict legs",
+        "ratio": metrics.median_iqr(t["prompt_speedups"]["speedup"]),
+        "per_leg": t["speedup"][["leg", "speedup", "q25", "q75", "n"]].to_dict(orient="records"),
+        # generated tokens over the leg's decode wall time, mean over the legs of a kind
+        "decode_tok_s": {kind: float((throughput.loc[names, "total_tokens"] / legs.loc[names, "wall_s"]).mean())
+                         for kind, names in (("vanilla", vanilla), ("strict", strict))},
+        "engine_start_s": {kind: float(legs.loc[names, "engine_start_s"].mean())
+                           for kind, names in (("vanilla", vanilla), ("strict", strict))},
+        "acceptance_rate": metrics.acceptance_rate(accepted, drafted),
+        "acceptance_length": metrics.acceptance_length(accepted, drafts),
+        "exact": {r["leg"]: f"{r['n_exact']}/{r['n']}" for r in t["exactness"].to_dict(orient="records")},
+    }
+
+
+def trace_numbers(run_) -> dict:
+    from workbench import metrics
+
+    per = metrics.prompt_ratios(run_.records, leg_rows(run_, "strict_notrace"), run_.legs_order, "tok_s",
+                                legs=leg_rows(run_, "strict_trace"))
+    ratio = metrics.median_iqr(per["ratio"])
+    return {"what": "strict with the acceptance trace vs strict without: per-prompt decode tok/s ratio against "
+                    "the untraced legs on either side, pooled over the traced legs",
+            "ratio": ratio, "per_leg": metrics.ratio_summary(per).drop(columns=["tier"], errors="ignore")
+            [["leg", "ratio", "q25", "q75", "n"]].to_dict(orient="records"),
+            "cost_pct_of_decode_rate": 100 * (1 - ratio["median"])}
+
+
+def report(run_dir: Path) -> dict:
+    from workbench.results import load_run
+
+    run_ = load_run(run_dir)
+    numbers = spec_numbers(run_) if run_.experiment == EXPERIMENTS["spec"] else trace_numbers(run_)
+    numbers["run"] = f"{run_.experiment}/{run_.run_id}"
+    write_numbers(run_dir, numbers)
+    print(f"\n{numbers['run']}: {numbers['what']}")
+    print(f"  median {fmt_ratio(numbers['ratio'])}")
+    if "decode_tok_s" in numbers:
+        print("  decode tok/s (mean of legs): " + ", ".join(f"{k} {v:.1f}" for k, v in numbers["decode_tok_s"].items()))
+        print("  engine start s: " + ", ".join(f"{k} {v:.1f}" for k, v in numbers["engine_start_s"].items()))
+        print(f"  acceptance rate {numbers['acceptance_rate']:.3f}, length {numbers['acceptance_length']:.2f}; "
+              f"exact: {numbers['exact']}")
+    else:
+        print(f"  tracing cost: {numbers['cost_pct_of_decode_rate']:.1f}% of decode rate (median)")
+    return numbers
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=["spec", "trace"])
-    ap.add_argument("--gamma", type=int, default=6)
-    ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--pairs", type=int, default=2, help="number of B legs (A legs = pairs + 1)")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("what", nargs="?", choices=sorted(EXPERIMENTS))
+    ap.add_argument("--results", default=str(REPO / "results"), help="results root (default: results)")
+    ap.add_argument("--analyze", metavar="RUN_DIR", help="only recompute and print the numbers of a finished run")
+    ap.add_argument("--portable", action="store_true", help="make the run folder citable (repository-relative paths)")
     args = ap.parse_args(argv)
-
-    from workbench.tiny import ensure_tiny_models
-
-    m = ensure_tiny_models()
-    common = ["--target", str(m["target"]), "--prompts", str(REPO / "data/tiny/prompts.jsonl"),
-              "--max-tokens", str(args.max_tokens), "--ignore-eos", "--dtype", args.dtype,
-              "--max-model-len", "1024"]
-    spec = ["--draft", str(m["twin-int4"]), "--gamma", str(args.gamma)]
-    if args.what == "spec":
-        a_name, a_args = "vanilla", []
-        b_name, b_args = f"strict_g{args.gamma}", spec
-    else:
-        a_name, a_args = "strict_no_trace", spec + ["--no-trace"]
-        b_name, b_args = "strict_trace", spec + ["--trace"]
-
-    seq = []
-    for i in range(args.pairs):
-        seq += [(a_name, a_args), (b_name, b_args)]
-    seq.append((a_name, a_args))
-    results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, (name, extra) in enumerate(seq):
-            summary, recs = run_leg(Path(tmp) / f"{i}_{name}", common + extra)
-            results.append((name, summary, recs))
-            print(f"  leg {i} {name:<16} engine start {summary['engine_start_s']:5.1f}s  "
-                  f"decode {summary['gen_tokens'] / summary['wall_s']:7.1f} tok/s", flush=True)
-
-    print(f"\n{b_name} vs {a_name} (tiny models, {args.dtype}, CPU, {args.max_tokens} tokens/prompt)")
-    ratios = []
-    for i in range(1, len(results), 2):
-        _, _, before = results[i - 1]
-        name, summary, recs = results[i]
-        _, _, after = results[i + 1]
-        for pid, r in recs.items():
-            ref = (before[pid]["tok_s"] + after[pid]["tok_s"]) / 2
-            ratios.append(r["tok_s"] / ref)
-    q = statistics.quantiles(ratios, n=4)
-    a_rate = statistics.mean(s["gen_tokens"] / s["wall_s"] for n, s, _ in results if n == a_name)
-    b_rate = statistics.mean(s["gen_tokens"] / s["wall_s"] for n, s, _ in results if n == b_name)
-    print(f"  decode tok/s (mean of legs): {a_name} {a_rate:.1f}   {b_name} {b_rate:.1f}")
-    print(f"  per-prompt ratio {b_name}/{a_name}: median {statistics.median(ratios):.3f} "
-          f"(IQR {q[0]:.3f}-{q[2]:.3f}, n={len(ratios)})")
-    starts = {n: [s["engine_start_s"] for m_, s, _ in results if m_ == n] for n in (a_name, b_name)}
-    print(f"  engine start s: " + ", ".join(f"{n} {statistics.mean(v):.1f}" for n, v in starts.items()))
-    if args.what == "spec":
-        spec_s = [s for n, s, _ in results if n == b_name][0]["spec"]
-        print(f"  acceptance rate {spec_s['acceptance_rate']:.3f}, acceptance length {spec_s['acceptance_length']:.2f}")
-    else:
-        print(f"  tracing cost: {100 * (1 - statistics.median(ratios)):.1f}% of decode rate (median)")
+    if not args.analyze and not args.what:
+        ap.error("name a benchmark (spec, trace) or --analyze RUN_DIR")
+    rdir = Path(args.analyze) if args.analyze else run(EXPERIMENTS[args.what], args.results)
+    report(rdir)
+    if args.portable:
+        portable(rdir)
     return 0
 
 

@@ -1,12 +1,15 @@
 """The workbench's overhead over a bare vLLM `generate` on the same prompts (goal: < 5% of decode time).
 
-    python benchmarks/bench_overhead.py [--spec] [--pairs 2] [--max-tokens 96]
+    python benchmarks/bench_overhead.py [--spec]                    # E103 (vanilla) or E104 (strict gamma=6 + trace)
+    python benchmarks/bench_overhead.py --analyze results/E103/<run id>
 
-A "bare" process builds the same engine (same arguments as the leg) and calls
-`LLM.generate` once per prompt, timing each call; a "leg" process is
-`python -m workbench.leg` (per-prompt timing, trace, knob read-back, records).
-They alternate bare, leg, bare, leg, bare; each leg prompt's decode time is
-compared with the mean of the two bare processes around it. Prints figures.
+One run through the protocol (benchmarks/benchmarks.yaml): legs ``bare_k`` and ``leg_k``
+alternate bare, leg, bare, leg, bare. A ``bare_k`` leg is this script: it builds the
+engine the leg's configuration describes and calls `LLM.generate` once per prompt,
+timing each call, and writes records like a leg (no trace); a ``leg_k`` leg is
+`python -m workbench.leg` (per-prompt timing, trace, knob read-back, records). Each leg
+prompt's decode time is compared with the mean of the bare legs around it
+(``workbench.metrics.prompt_ratios`` on ``t``); the numbers go to ``tables/benchmark.json``.
 """
 
 from __future__ import annotations
@@ -14,23 +17,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from runs import REPO, fmt_ratio, leg_rows, portable, run, write_numbers
+
+EXPERIMENTS = {False: "E103", True: "E104"}
+RUNNER_FLAG = "--as-leg"
 
 
-def bare(cfg_path: str, out_path: str) -> None:
-    """Child process: the engine and prompts of a leg, nothing else."""
-    from workbench.leg import _engine_kwargs, config_from_args, build_parser, prepare_process_env
+def bare(leg_argv: list[str]) -> None:
+    """A leg process without the workbench: the engine and prompts of the leg, nothing else."""
+    from workbench.leg import _engine_kwargs, build_parser, config_from_args, prepare_process_env
 
-    argv = json.loads(Path(cfg_path).read_text())
-    cfg = config_from_args(build_parser().parse_args(argv))
+    cfg = config_from_args(build_parser().parse_args(leg_argv))
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
     prepare_process_env(cfg)
     env = cfg.knobs.to_env()
     env["VLLM_SPEC_TRACE"] = "0"  # bare: no acceptance trace, no report files
@@ -40,77 +43,82 @@ def bare(cfg_path: str, out_path: str) -> None:
     from workbench.chat import load_images, render_prompt
     from workbench.prompts import load_prompts
 
+    t0 = time.perf_counter()
     llm = LLM(**_engine_kwargs(cfg))
+    start_s = time.perf_counter() - t0
     tok = llm.get_tokenizer()
-    items = []
-    for p in load_prompts(cfg.prompts):
+    prompts = load_prompts(cfg.prompts, pids=cfg.pids, n=cfg.n)
+    sp = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens, ignore_eos=cfg.ignore_eos)
+    tier = "vanilla" if cfg.draft is None else "strict"
+    records = []
+    t_all = time.perf_counter()
+    for p in prompts:
         item = {"prompt": render_prompt(tok, p)}
         if p.images:
             item["multi_modal_data"] = {"image": load_images(p)}
-        items.append((p.pid, item))
-    sp = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens, ignore_eos=cfg.ignore_eos)
-    times = {}
-    for pid, item in items:
-        t0 = time.perf_counter()
-        llm.generate([item], sp, use_tqdm=False)
-        times[pid] = time.perf_counter() - t0
-    Path(out_path).write_text(json.dumps(times))
+        t1 = time.perf_counter()
+        ids = list(llm.generate([item], sp, use_tqdm=False)[0].outputs[0].token_ids)
+        t = time.perf_counter() - t1
+        records.append({"pid": p.pid, "mode": cfg.mode, "tier": tier, "gamma": cfg.knobs.gamma if cfg.draft else None,
+                        "gen_len": len(ids), "t": t, "tok_s": len(ids) / t, "gen_ids": ids,
+                        "experiment": cfg.experiment, "leg": cfg.leg, "run_id": cfg.run_id, "knobs": {},
+                        "spec": None, "trace": None})
+    wall = time.perf_counter() - t_all
+    (out / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (out / "summary.json").write_text(json.dumps({
+        "status": "complete", "experiment": cfg.experiment, "leg": cfg.leg, "run_id": cfg.run_id,
+        "mode": cfg.mode, "tier": tier, "gamma": records[0]["gamma"] if records else None,
+        "target": cfg.target, "draft": cfg.draft, "engine_start_s": start_s, "wall_s": wall,
+        "n_prompts": len(records), "knobs": {}, "written_by": "benchmarks/bench_overhead.py (bare generate)"},
+        indent=1) + "\n")
+
+
+def as_leg(leg_argv: list[str]) -> int:
+    """The protocol's leg runner for this benchmark: bare_* legs here, every other leg is a real leg."""
+    from workbench import leg
+    from workbench.leg import build_parser, config_from_args
+
+    if (config_from_args(build_parser().parse_args(leg_argv)).leg or "").startswith("bare"):
+        bare(leg_argv)
+        return 0
+    return leg.main(leg_argv)
+
+
+def report(run_dir: Path) -> dict:
+    from workbench import metrics
+    from workbench.results import load_run
+
+    run_ = load_run(run_dir)
+    per = metrics.prompt_ratios(run_.records, leg_rows(run_, "bare"), run_.legs_order, "t",
+                                legs=leg_rows(run_, "leg"))
+    ratio = metrics.median_iqr(per["ratio"])
+    numbers = {"run": f"{run_.experiment}/{run_.run_id}",
+               "what": f"{run_.config.get('title')}: per-prompt decode time of the leg over the mean of the bare "
+                       f"generate legs on either side, pooled over the legs",
+               "ratio": ratio, "overhead_pct_of_decode_time": 100 * (ratio["median"] - 1),
+               "per_leg": metrics.ratio_summary(per)[["leg", "ratio", "q25", "q75", "n"]].to_dict(orient="records")}
+    write_numbers(run_dir, numbers)
+    print(f"\n{numbers['run']}: {numbers['what']}")
+    print(f"  leg/bare decode time: median {fmt_ratio(ratio)}")
+    print(f"  overhead: {numbers['overhead_pct_of_decode_time']:+.1f}% of decode time (goal < 5%)")
+    return numbers
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [RUNNER_FLAG]:
+        return as_leg(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--spec", action="store_true", help="strict twin-draft legs instead of vanilla legs")
-    ap.add_argument("--pairs", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--_bare", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--spec", action="store_true", help="strict twin-draft legs (E104) instead of vanilla (E103)")
+    ap.add_argument("--results", default=str(REPO / "results"), help="results root (default: results)")
+    ap.add_argument("--analyze", metavar="RUN_DIR", help="only recompute and print the numbers of a finished run")
+    ap.add_argument("--portable", action="store_true", help="make the run folder citable (repository-relative paths)")
     args = ap.parse_args(argv)
-    if args._bare:
-        bare(*args._bare)
-        return 0
-
-    from workbench.tiny import ensure_tiny_models
-
-    m = ensure_tiny_models()
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        leg_argv = ["--target", str(m["target"]), "--prompts", str(REPO / "data/tiny/prompts.jsonl"),
-                    "--max-tokens", str(args.max_tokens), "--ignore-eos", "--dtype", "bfloat16",
-                    "--max-model-len", "1024"]
-        if args.spec:
-            leg_argv += ["--draft", str(m["twin-int4"]), "--gamma", "6"]
-        leg_argv += ["--out", "unused"]
-        (tmp / "cfg.json").write_text(json.dumps(leg_argv))
-        seq = ["bare", "leg"] * args.pairs + ["bare"]
-        runs = []
-        for i, kind in enumerate(seq):
-            if kind == "bare":
-                out = tmp / f"bare{i}.json"
-                proc = subprocess.run([sys.executable, __file__, "--_bare", str(tmp / "cfg.json"), str(out)],
-                                      cwd=REPO, capture_output=True, text=True)
-                if proc.returncode:
-                    raise SystemExit(proc.stderr[-3000:])
-                runs.append(("bare", json.loads(out.read_text())))
-            else:
-                out = tmp / f"leg{i}"
-                argv_i = leg_argv[:-1] + [str(out)]
-                proc = subprocess.run([sys.executable, "-m", "workbench.leg", *argv_i], cwd=REPO,
-                                      capture_output=True, text=True)
-                if proc.returncode:
-                    raise SystemExit(proc.stderr[-3000:])
-                recs = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
-                runs.append(("leg", {r["pid"]: r["t"] for r in recs}))
-            total = sum(runs[-1][1].values())
-            print(f"  {kind:<5} decode time over prompts {total:.3f} s", flush=True)
-    ratios = []
-    for i in range(1, len(runs), 2):
-        before, leg, after = runs[i - 1][1], runs[i][1], runs[i + 1][1]
-        for pid, t in leg.items():
-            ratios.append(t / ((before[pid] + after[pid]) / 2))
-    q = statistics.quantiles(ratios, n=4)
-    med = statistics.median(ratios)
-    print(f"\nworkbench leg vs bare vLLM generate ({'strict twin gamma 6' if args.spec else 'vanilla'}, tiny, CPU)")
-    print(f"  per-prompt decode time ratio leg/bare: median {med:.3f} (IQR {q[0]:.3f}-{q[2]:.3f}, n={len(ratios)})")
-    print(f"  overhead: {100 * (med - 1):+.1f}% of decode time (goal < 5%)")
+    runner = [sys.executable, str(Path(__file__).resolve()), RUNNER_FLAG]
+    rdir = Path(args.analyze) if args.analyze else run(EXPERIMENTS[args.spec], args.results, runner=runner)
+    report(rdir)
+    if args.portable:
+        portable(rdir)
     return 0
 
 

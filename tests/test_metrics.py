@@ -228,3 +228,36 @@ def test_score_records_are_neither_vanilla_nor_spec():
     both = pd.concat([records, pd.DataFrame(score)], ignore_index=True)
     assert list(M.bracketed_speedup(both)["leg"]) == ["s1", "s2"]
     assert list(M.exactness_summary(both)["leg"]) == ["s1", "s2"]
+
+
+def test_prompt_ratios_against_named_reference_legs_and_pooled_median():
+    # A (reference) and B legs alternate; B's value is 0.8 of the mean of the A legs around it.
+    rows = []
+    for i, (leg, scale) in enumerate([("a1", 1.0), ("b1", None), ("a2", 1.5), ("b2", None), ("a3", 2.0)]):
+        for pid, base in (("p1", 100.0), ("p2", 200.0)):
+            rows.append({"leg": leg, "leg_index": i, "pid": pid, "tier": "strict", "t": 1.0,
+                         "tok_s": base * scale if scale else None})
+    rec = pd.DataFrame(rows)
+    for leg, (before, after) in {"b1": ("a1", "a2"), "b2": ("a2", "a3")}.items():
+        for pid, base in (("p1", 100.0), ("p2", 200.0)):
+            ref = base * ({"a1": 1.0, "a2": 1.5, "a3": 2.0}[before] + {"a1": 1.0, "a2": 1.5, "a3": 2.0}[after]) / 2
+            rec.loc[(rec["leg"] == leg) & (rec["pid"] == pid), "tok_s"] = 0.8 * ref
+    per = M.prompt_ratios(rec, ["a1", "a2", "a3"])
+    assert sorted(per["leg"].unique()) == ["b1", "b2"]
+    assert per["ratio"].tolist() == pytest.approx([0.8] * 4)
+    assert set(zip(per["leg"], per["ref_before"], per["ref_after"])) == {("b1", "a1", "a2"), ("b2", "a2", "a3")}
+    summary = M.ratio_summary(per)
+    assert summary["ratio"].tolist() == pytest.approx([0.8, 0.8]) and summary["n"].tolist() == [2, 2]
+    pooled = M.median_iqr(per["ratio"])
+    assert pooled["median"] == pytest.approx(0.8) and pooled["n"] == 4 and pooled["iqr"] == pytest.approx(0)
+    with pytest.raises(ValueError, match="at least one finished reference leg"):
+        M.prompt_ratios(rec[rec["leg"].str.startswith("b")], ["a1"])
+
+
+def test_acceptance_formulas_defined_once():
+    assert M.acceptance_rate(3, 4) == 0.75 and M.acceptance_length(3, 2) == 2.5
+    assert M.acceptance_rate(0, 0) is None and M.acceptance_length(5, 0) is None
+    arr = M.acceptance_length(np.array([2.0, 1.0]), np.array([1.0, 0.0]))
+    assert arr[0] == 3.0 and np.isnan(arr[1])
+    s = M.acceptance_rate(pd.Series([1.0, 2.0], index=[5, 6]), pd.Series([2.0, 0.0], index=[5, 6]))
+    assert list(s.index) == [5, 6] and s[5] == 0.5 and np.isnan(s[6])

@@ -163,6 +163,14 @@ def ratio_summary(per_prompt: pd.DataFrame, column: str = "ratio") -> pd.DataFra
     return out.sort_values("leg_index", kind="stable")[cols].reset_index(drop=True)
 
 
+def median_iqr(values: Iterable[float]) -> dict[str, float]:
+    """Median, quartiles, IQR and count of some values (NaN left out), e.g. per-prompt ratios pooled over legs."""
+    v = pd.Series(list(values), dtype=float).dropna()
+    q25, q75 = (float(v.quantile(q)) for q in (0.25, 0.75)) if len(v) else (np.nan, np.nan)
+    return {"median": float(v.median()) if len(v) else np.nan, "q25": q25, "q75": q75, "iqr": q75 - q25,
+            "n": int(len(v))}
+
+
 def prompt_speedups(records: pd.DataFrame, legs_order: Sequence[str] | None = None) -> pd.DataFrame:
     """Per prompt and spec leg: tok/s, bracketing vanilla tok/s and their ratio (``prompt_ratios``)."""
     _require(records, ["leg", "pid", "tier", "tok_s"], "prompt_speedups")
