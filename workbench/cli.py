@@ -186,17 +186,13 @@ def cmd_run(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from workbench import analyses, export
+    from workbench import export
 
     rdir = Path(args.run_dir)
     _read_run_json(rdir, "export")
-    formats = _formats(args.formats)
-    out = export.export_run(rdir, formats=formats)
+    # every table and every figure of the analysis registry that the run's records support
+    out = export.export_run(rdir, formats=_formats(args.formats))
     removed = out.pop("removed", [])
-    # The experiment's own analyses (e.g. E7's agreement scatter), as its notebook shows them.
-    figs = analyses.analyze_run(rdir).pop("_figures", {})
-    if figs:
-        out.update(export.export_figures(figs, rdir / "figures", formats=formats))
     for name, paths in sorted(out.items()):
         print(f"{name}: " + ", ".join(p.name for p in paths))
     if removed:

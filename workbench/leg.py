@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .knobs import Knobs
+from .metrics import acceptance_length, acceptance_rate
 from .runfolder import (FAILURE, LEG_JSON, RECORDS, RECORDS_PARTIAL, SUMMARY, append_jsonl, archive_leg,
                         leg_status, read_json, read_jsonl, write_json_atomic)
 
@@ -393,8 +394,8 @@ def per_prompt_spec(steps: list[list], gamma: int) -> dict[str, Any]:
         "draft_tokens": draft_tokens,
         "accepted": accepted,
         "accepted_per_pos": per_pos,
-        "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
-        "acceptance_length": 1 + accepted / drafts if drafts else None,
+        "acceptance_rate": acceptance_rate(accepted, draft_tokens),
+        "acceptance_length": acceptance_length(accepted, drafts),
         # placeholder ids vLLM passed for drafts it invalidated: rejected, no margin
         "invalid_draft_ids": sum(s[3] for s in steps if len(s) > 3),
     }
@@ -618,8 +619,8 @@ def run_leg(cfg: LegConfig) -> dict:
     if cfg.draft is not None:
         spec_summary = dict(counters)
         d, dt, a = counters["num_drafts"], counters["num_draft_tokens"], counters["num_accepted_tokens"]
-        spec_summary["acceptance_rate"] = a / dt if dt else None
-        spec_summary["acceptance_length"] = 1 + a / d if d else None
+        spec_summary["acceptance_rate"] = acceptance_rate(a, dt)
+        spec_summary["acceptance_length"] = acceptance_length(a, d)
     summary = {
         "status": "complete",
         "experiment": cfg.experiment,
