@@ -287,3 +287,21 @@ def test_a_failed_leg_keeps_its_partial_records_beside_failure_json(tmp_path, fa
     cfg = json.loads((folder / "leg.json").read_text())
     assert cfg["resume_from"] == str(rdir / "attempts" / "strict_g6.1")
     assert (rdir / "attempts" / "strict_g6.1" / "records.jsonl.partial").is_file()
+
+
+def test_the_trampoline_arms_the_parent_death_signal():
+    """Any leg command (score legs, fake legs) dies with the process that started it, by the kernel's signal."""
+    code = ("import os, subprocess, sys, time\nfrom workbench import childproc\n"
+            "p = subprocess.Popen(childproc.wrap(os.getpid(), [sys.executable, '-c', 'import time; time.sleep(60)']),"
+            " start_new_session=True)\nprint(p.pid, flush=True)\ntime.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        time.sleep(0.5)  # the trampoline has exec'd the command by now
+        assert process_alive(child)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        assert _gone([child]) == []
+    finally:
+        if parent.poll() is None:
+            parent.kill()

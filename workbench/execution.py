@@ -16,7 +16,6 @@ alive. File names and leg status: ``workbench.runfolder``.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import signal
@@ -27,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from workbench import childproc
 from workbench.planning import Plan, PlannedLeg, parse_overrides, plan
 from workbench.registry import DATASETS, Registry, RegistryError, load_registry, split_role
 from workbench.runfolder import (ENV_JSON, FAILURE, LEG_JSON, LEG_LOG, LEGS, PROMPTS, RECORDS, RECORDS_PARTIAL,
@@ -320,29 +320,16 @@ def _tail(path: Path, n_chars: int = 4000) -> str:
         return ""
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _child_setup(parent: int) -> Callable[[], None]:
-    """Runs in the leg's process before exec: it gets SIGTERM when this process dies, by any signal."""
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    def setup() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:  # died before prctl took effect
-            os._exit(1)
-    return setup
-
-
 def _run_one(cmd: list[str], folder: Path, timeout: float | None, env: dict[str, str],
              on_start: Callable[[subprocess.Popen], None]) -> tuple[int | None, str]:
     log = folder / LEG_LOG
     with log.open("ab") as fh:
         fh.write(("$ " + " ".join(cmd) + "\n").encode())
         fh.flush()
-        # Own session and process group: the leg's engine processes can be stopped as one.
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT), env=env,
-                                start_new_session=True, preexec_fn=_child_setup(os.getpid()))
+        # Own session and process group: the leg's engine processes can be stopped as one. The
+        # trampoline arms the kernel's parent-death signal: if this process dies, the leg is told.
+        proc = subprocess.Popen(childproc.wrap(os.getpid(), cmd), stdout=fh, stderr=subprocess.STDOUT,
+                                cwd=str(REPO_ROOT), env=env, start_new_session=True)
         try:
             on_start(proc)
             return proc.wait(timeout=timeout), ""

@@ -17,7 +17,6 @@ docs/architecture.md for the formats.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import glob
 import json
 import os
@@ -33,6 +32,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .childproc import set_parent_death_signal
 from .knobs import Knobs
 from .metrics import acceptance_length, acceptance_rate
 from .runfolder import (FAILURE, LEG_JSON, RECORDS, RECORDS_PARTIAL, SUMMARY, append_jsonl, archive_leg,
@@ -62,6 +62,8 @@ class LegConfig:
     dtype: str = "auto"
     gpu_memory_utilization: float | None = None
     enforce_eager: bool | None = None
+    # vLLM's attention backend by name (e.g. TRITON_ATTN, FLASH_ATTN); None: vLLM's choice
+    attention_backend: str | None = None
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     limit_images: int = 4
@@ -291,6 +293,8 @@ def _engine_kwargs(cfg: LegConfig) -> dict[str, Any]:
         kw["distributed_executor_backend"] = "uni"
     if cfg.max_num_batched_tokens is not None:
         kw["max_num_batched_tokens"] = cfg.max_num_batched_tokens
+    if cfg.attention_backend:
+        kw["attention_backend"] = cfg.attention_backend
     if cfg.gpu_memory_utilization is not None:
         kw["gpu_memory_utilization"] = cfg.gpu_memory_utilization
     elif not on_cuda:
@@ -683,9 +687,6 @@ def write_failure(out: Path, exc: BaseException, cfg: LegConfig | None = None) -
 # --------------------------------------------------------------------------- #
 # Dying with the run                                                           #
 # --------------------------------------------------------------------------- #
-PR_SET_PDEATHSIG = 1
-
-
 def _stop_own_group(*_: Any) -> None:
     # The leg leads its process group (the protocol starts it in a new session): engine-core and
     # worker processes are in it too, and go with it.
@@ -706,11 +707,7 @@ def die_with_parent() -> None:
         return  # started by hand: the terminal owns it
     parent = int(raw)
     signal.signal(signal.SIGTERM, _stop_own_group)
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    set_parent_death_signal(signal.SIGTERM)
     if os.getppid() != parent:
         _stop_own_group()
 
@@ -741,6 +738,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--gpu-memory-utilization", type=float)
     ap.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None)
+    ap.add_argument("--attention-backend", help="vLLM attention backend, e.g. TRITON_ATTN (default: vLLM's choice)")
     ap.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--limit-images", type=int, default=4, help="max images per prompt")
@@ -786,6 +784,7 @@ def config_from_args(args: argparse.Namespace) -> LegConfig:
         dtype=args.dtype,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
+        attention_backend=args.attention_backend,
         enable_prefix_caching=args.prefix_caching,
         enable_chunked_prefill=args.chunked_prefill,
         limit_images=args.limit_images,
