@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from runs import REPO, fmt_ratio, leg_rows, portable, run, write_numbers
+from runs import fmt_ratio, leg_rows, main_with, run, write_numbers
 
 EXPERIMENTS = {"spec": "E101", "trace": "E102"}
 
@@ -86,17 +86,13 @@ def report(run_dir: Path) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("what", nargs="?", choices=sorted(EXPERIMENTS))
-    ap.add_argument("--results", default=str(REPO / "results"), help="results root (default: results)")
-    ap.add_argument("--analyze", metavar="RUN_DIR", help="only recompute and print the numbers of a finished run")
-    ap.add_argument("--portable", action="store_true", help="make the run folder citable (repository-relative paths)")
-    args = ap.parse_args(argv)
-    if not args.analyze and not args.what:
-        ap.error("name a benchmark (spec, trace) or --analyze RUN_DIR")
-    rdir = Path(args.analyze) if args.analyze else run(EXPERIMENTS[args.what], args.results)
-    report(rdir)
-    if args.portable:
-        portable(rdir)
-    return 0
+
+    def start(args) -> Path:
+        if not args.what:
+            ap.error("name a benchmark (spec, trace) or --analyze RUN_DIR")
+        return run(EXPERIMENTS[args.what], args.results)
+
+    return main_with(ap, argv, start, report)
 
 
 if __name__ == "__main__":

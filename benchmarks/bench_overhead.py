@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from runs import REPO, fmt_ratio, leg_rows, portable, run, write_numbers
+from runs import fmt_ratio, leg_rows, main_with, run, write_numbers
 
 EXPERIMENTS = {False: "E103", True: "E104"}
 RUNNER_FLAG = "--as-leg"
@@ -110,16 +110,8 @@ def main(argv=None) -> int:
         return as_leg(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--spec", action="store_true", help="strict twin-draft legs (E104) instead of vanilla (E103)")
-    ap.add_argument("--results", default=str(REPO / "results"), help="results root (default: results)")
-    ap.add_argument("--analyze", metavar="RUN_DIR", help="only recompute and print the numbers of a finished run")
-    ap.add_argument("--portable", action="store_true", help="make the run folder citable (repository-relative paths)")
-    args = ap.parse_args(argv)
     runner = [sys.executable, str(Path(__file__).resolve()), RUNNER_FLAG]
-    rdir = Path(args.analyze) if args.analyze else run(EXPERIMENTS[args.spec], args.results, runner=runner)
-    report(rdir)
-    if args.portable:
-        portable(rdir)
-    return 0
+    return main_with(ap, argv, lambda args: run(EXPERIMENTS[args.spec], args.results, runner=runner), report)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -82,3 +82,17 @@ def portable(run_dir: Path) -> list[str]:
 
 def fmt_ratio(d: dict[str, float]) -> str:
     return f"{d['median']:.3f} (IQR {d['q25']:.3f}-{d['q75']:.3f}, n={d['n']})"
+
+
+def main_with(ap, argv, start: Callable[[Any], Path], report: Callable[[Path], dict]) -> int:
+    """A benchmark's command line: run it (``start(args)`` -> run folder) or ``--analyze`` a finished
+    run, print its numbers (``report``), and with ``--portable`` make the folder citable."""
+    ap.add_argument("--results", default=str(REPO / "results"), help="results root (default: results)")
+    ap.add_argument("--analyze", metavar="RUN_DIR", help="only recompute and print the numbers of a finished run")
+    ap.add_argument("--portable", action="store_true", help="make the run folder citable (repository-relative paths)")
+    args = ap.parse_args(argv)
+    rdir = Path(args.analyze) if args.analyze else start(args)
+    report(rdir)
+    if args.portable:
+        portable(rdir)
+    return 0

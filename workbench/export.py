@@ -23,7 +23,6 @@ import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-import pandas as pd
 import plotly.graph_objects as go
 
 from . import analyses

@@ -77,6 +77,14 @@ def _meta(row: Any, role: str, **extra: Any) -> dict[str, Any]:
             "relax_logtau": _num(row.get("relax_logtau")), "role": role, **extra}
 
 
+ACCEPTANCE_METRICS = ("acceptance_rate", "acceptance_length")
+
+
+def _one_of(what: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{what} must be {' or '.join(repr(c) for c in choices)}, got {value!r}")
+
+
 def _layout(fig: go.Figure, title: str, x: str, y: str) -> go.Figure:
     fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, template=TEMPLATE,
                       legend_title_text="", margin=dict(l=60, r=20, t=60, b=50))
@@ -129,8 +137,7 @@ def speedup_distribution(per_prompt: pd.DataFrame, kind: str = "box") -> go.Figu
 
     ``per_prompt`` is ``metrics.prompt_speedups(...)``.
     """
-    if kind not in ("box", "violin"):
-        raise ValueError(f"kind must be 'box' or 'violin', got {kind!r}")
+    _one_of("kind", kind, ("box", "violin"))
     fig = go.Figure()
     xs_relaxed = _relaxed_xs(per_prompt)
     order = per_prompt.drop_duplicates("leg").sort_values("leg_index", kind="stable") if len(per_prompt) else per_prompt
@@ -199,8 +206,7 @@ def acceptance_over_position(over: pd.DataFrame, metric: str = "acceptance_rate"
 
     ``over`` is ``metrics.acceptance_over_position(...)``.
     """
-    if metric not in ("acceptance_rate", "acceptance_length"):
-        raise ValueError(f"metric must be acceptance_rate or acceptance_length, got {metric!r}")
+    _one_of("metric", metric, ACCEPTANCE_METRICS)
     fig = go.Figure()
     for leg, d in over.groupby("leg", sort=False):
         first = d.iloc[0]
@@ -224,8 +230,7 @@ def acceptance_vs_tau(measured: pd.DataFrame, curve: pd.DataFrame | None = None,
     ``Prediction.aggregate`` (or ``TraceIndex.curve`` rows): one line per
     traced leg. ``marker_x`` places a marker on each curve (the slider).
     """
-    if metric not in ("acceptance_rate", "acceptance_length"):
-        raise ValueError(f"metric must be acceptance_rate or acceptance_length, got {metric!r}")
+    _one_of("metric", metric, ACCEPTANCE_METRICS)
     fig = go.Figure()
     xs_relaxed = _relaxed_xs(measured)
     m = measured.copy()

@@ -38,6 +38,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .datasets._common import sha256_file
+
 # Bump whenever anything that changes the bytes on disk changes.
 BUILDER_VERSION = "1"
 
@@ -258,8 +260,7 @@ MAX_PIXELS = (PATCH_SIZE * MERGE_SIZE) ** 2 * 64
 
 
 def _write_processors(out: Path) -> None:
-    image = {
-        "image_processor_type": "Qwen2VLImageProcessor",
+    common = {
         "processor_class": "Qwen3VLProcessor",
         "do_resize": True,
         "do_rescale": True,
@@ -271,27 +272,21 @@ def _write_processors(out: Path) -> None:
         "patch_size": PATCH_SIZE,
         "temporal_patch_size": TEMPORAL_PATCH_SIZE,
         "merge_size": MERGE_SIZE,
+    }
+    image = {
+        **common,
+        "image_processor_type": "Qwen2VLImageProcessor",
         "size": {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},
         "min_pixels": MIN_PIXELS,
         "max_pixels": MAX_PIXELS,
     }
     video = {
+        **common,
         "video_processor_type": "Qwen3VLVideoProcessor",
-        "processor_class": "Qwen3VLProcessor",
-        "do_resize": True,
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "do_convert_rgb": True,
         "do_sample_frames": True,
         "fps": 2,
         "min_frames": 2,
         "max_frames": 8,
-        "image_mean": [0.5, 0.5, 0.5],
-        "image_std": [0.5, 0.5, 0.5],
-        "patch_size": PATCH_SIZE,
-        "temporal_patch_size": TEMPORAL_PATCH_SIZE,
-        "merge_size": MERGE_SIZE,
         "size": {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS * 2},
     }
     _write_json(out / "preprocessor_config.json", image)
@@ -599,14 +594,6 @@ def _write_json(path: Path, data) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _normalise_config(path: Path) -> None:
     """Rewrite a saved config.json with sorted keys (stable bytes across runs)."""
     cfg = json.loads(path.read_text())
@@ -674,7 +661,7 @@ def _manifest_for(root: Path) -> dict:
     roles = {}
     for role in ROLES:
         d = root / role
-        files = {p.relative_to(d).as_posix(): _sha256(p) for p in sorted(d.rglob("*")) if p.is_file()}
+        files = {p.relative_to(d).as_posix(): sha256_file(p) for p in sorted(d.rglob("*")) if p.is_file()}
         roles[role] = {"dir": role, "files": files}
     return {"builder_version": BUILDER_VERSION, "recipe": recipe_fingerprint(), "roles": roles}
 
