@@ -20,7 +20,6 @@ import os
 import re
 import secrets
 import socket
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
@@ -32,8 +31,6 @@ PROMPTS = "prompts.jsonl"
 LOCK = "run.lock"
 LEGS = "legs"
 ATTEMPTS = "attempts"
-TABLES = "tables"
-FIGURES = "figures"
 
 LEG_JSON = "leg.json"
 RECORDS = "records.jsonl"
@@ -41,8 +38,6 @@ RECORDS_PARTIAL = "records.jsonl.partial"
 SUMMARY = "summary.json"
 FAILURE = "failure.json"
 LEG_LOG = "leg.log"
-
-LEG_STATUSES = ("complete", "failed", "incomplete", "pending")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
 
@@ -237,7 +232,8 @@ class RunLock:
     def __init__(self, run_dir: str | Path, purpose: str = "run"):
         self.path = Path(run_dir) / LOCK
         self.purpose = purpose
-        self.previous: dict[str, Any] | None = None
+        self.previous: dict[str, Any] | None = None   # a dead holder's record, when one was taken over
+        self.holder: dict[str, Any] | None = None
         self._fd: int | None = None
 
     def acquire(self) -> "RunLock":
@@ -291,12 +287,3 @@ def _read_lock(fd: int) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return {"pid": None, "note": "unreadable lock file"}
 
-
-def wait_for_exit(pid: int, start_ticks: int | None, timeout: float) -> bool:
-    """True once the process is gone (or was never there)."""
-    deadline = time.monotonic() + timeout
-    while process_alive(pid, start_ticks):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
