@@ -187,10 +187,130 @@ class TraceWriter:
         return self.step
 
 
+class StepTimer:
+    """Engine-side time of every model step: the target's forward and the drafting.
+
+    ``VLLM_SPEC_STEP_TIMING=1`` (with ``VLLM_SPEC_REPORT_DIR``): for each
+    ``execute_model`` step the target's forward pass and the drafter's
+    ``propose`` are bracketed by CUDA events (wall clock on CPU, where the
+    work is synchronous). Nothing waits on the device on the decode path; a
+    background thread resolves the events and appends one JSON line per step
+    to ``steps-<pid>.jsonl``: ``{"reqs", "tokens", "spec_tokens", "prefill",
+    "target_ms", "draft_ms"}``. Written for the GPU cost ladder: a verification
+    step is one with ``tokens == reqs * (1 + gamma)``.
+    """
+
+    ENV = "VLLM_SPEC_STEP_TIMING"
+
+    def __init__(self, report_dir: str, batch_steps: int = 128):
+        import queue
+
+        self.path = os.path.join(report_dir, f"steps-{os.getpid()}.jsonl")
+        self.report_dir = report_dir
+        self.batch_steps = batch_steps
+        self.current: dict | None = None
+        self._done: list[dict] = []
+        self._queue: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def _mark():
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        import time
+
+        return time.perf_counter()
+
+    def begin(self, scheduler_output) -> None:
+        spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", {}) or {}
+        new = getattr(scheduler_output, "scheduled_new_reqs", []) or []
+        self.current = {
+            "reqs": len(getattr(scheduler_output, "num_scheduled_tokens", {}) or {}),
+            "tokens": int(getattr(scheduler_output, "total_num_scheduled_tokens", 0)),
+            "spec_tokens": int(sum(len(v) for v in spec.values())),
+            "prefill": bool(new),
+        }
+
+    def span(self, key: str):
+        cur = self.current
+        timer = self
+
+        class _Span:
+            def __enter__(self_inner):
+                if cur is not None:
+                    cur[key + "_t0"] = timer._mark()
+
+            def __exit__(self_inner, *exc):
+                if cur is not None and key + "_t0" in cur:
+                    cur[key + "_t1"] = timer._mark()
+
+        return _Span()
+
+    def end(self) -> None:
+        cur, self.current = self.current, None
+        if cur is None or "target_t0" not in cur:
+            return
+        self._done.append(cur)
+        if len(self._done) >= self.batch_steps:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        if not self._done:
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="twin-spec-steps", daemon=True)
+            self._thread.start()
+        self._queue.put(self._done)
+        self._done = []
+
+    @staticmethod
+    def _ms(t0, t1):
+        if t0 is None or t1 is None:
+            return None
+        if isinstance(t0, float):
+            return round((t1 - t0) * 1e3, 4)
+        t1.synchronize()
+        return round(t0.elapsed_time(t1), 4)
+
+    def _run(self) -> None:
+        os.makedirs(self.report_dir, exist_ok=True)
+        with open(self.path, "a") as f:
+            while True:
+                item = self._queue.get()
+                try:
+                    if isinstance(item, threading.Event):
+                        f.flush()
+                        item.set()
+                        continue
+                    for cur in item:
+                        row = {k: cur[k] for k in ("reqs", "tokens", "spec_tokens", "prefill")}
+                        row["target_ms"] = self._ms(cur.get("target_t0"), cur.get("target_t1"))
+                        row["draft_ms"] = self._ms(cur.get("draft_t0"), cur.get("draft_t1"))
+                        f.write(json.dumps(row) + "\n")
+                finally:
+                    self._queue.task_done()
+
+    def flush(self, timeout: float = 60.0) -> None:
+        self._hand_over()
+        if self._thread is not None:
+            done = threading.Event()
+            self._queue.put(done)
+            if not done.wait(timeout):
+                raise TimeoutError(f"step timings not written within {timeout}s ({self.path})")
+
+
 class _Globals:
     knobs: EngineKnobs | None = None
     report: EngineReport | None = None
     trace: TraceWriter | None = None
+    # kept while tracing is switched off at run time (benchmarks: side by side in one engine)
+    trace_parked: TraceWriter | None = None
+    steps: StepTimer | None = None
+    # run-time switch: the drafter's dispatch forced to eager although its
+    # graphs exist (cost ladder: graphs on and off side by side in one engine)
+    draft_graphs_off: bool = False
     # Set by the runner's _sample around the rejection sampler call so that the
     # sampler wrapper knows which requests its rows belong to.
     batch_req_ids: list[str] | None = None
@@ -360,6 +480,14 @@ def _patch_proposer(knobs: EngineKnobs) -> None:
         self.mrope_positions[:, :batch_size] += tw["delta"][:batch_size].unsqueeze(0)
         return self.mrope_positions[:, :batch_size]
 
+    orig_dispatch = base._determine_batch_execution_and_padding
+
+    def _determine_batch_execution_and_padding(self, num_tokens, use_cudagraphs=True):
+        if G.draft_graphs_off and getattr(self, "_twin", None) is not None:
+            use_cudagraphs = False
+        return orig_dispatch(self, num_tokens, use_cudagraphs)
+
+    base._determine_batch_execution_and_padding = _determine_batch_execution_and_padding
     base._raise_if_mrope = _raise_if_mrope
     base._warn_if_multimodal = _warn_if_multimodal
     base.__init__ = __init__
@@ -558,6 +686,36 @@ def _patch_runner(knobs: EngineKnobs) -> None:
         return result
 
     runner_cls.initialize_kv_cache = initialize_kv_cache
+
+    if G.steps is not None:
+        orig_execute = runner_cls.execute_model
+        orig_forward = runner_cls._model_forward
+        orig_propose = runner_cls.propose_draft_token_ids
+
+        def execute_model(self, scheduler_output, *args, **kwargs):
+            G.steps.begin(scheduler_output)
+            return orig_execute(self, scheduler_output, *args, **kwargs)
+
+        def _model_forward(self, *args, **kwargs):
+            with G.steps.span("target"):
+                return orig_forward(self, *args, **kwargs)
+
+        def propose_draft_token_ids(self, *args, **kwargs):
+            with G.steps.span("draft"):
+                return orig_propose(self, *args, **kwargs)
+
+        orig_sample_tokens = runner_cls.sample_tokens
+
+        def sample_tokens(self, *args, **kwargs):
+            try:
+                return orig_sample_tokens(self, *args, **kwargs)
+            finally:
+                G.steps.end()  # sampling, verification and drafting are done
+
+        runner_cls.execute_model = execute_model
+        runner_cls._model_forward = _model_forward
+        runner_cls.propose_draft_token_ids = propose_draft_token_ids
+        runner_cls.sample_tokens = sample_tokens
     runner_cls.capture_model = capture_model
 
 
@@ -694,7 +852,29 @@ def _patch_worker_rpc() -> None:
     def twin_spec_flush_trace(self) -> int:
         return flush_trace()
 
+    def twin_spec_set_trace(self, on: bool) -> bool:
+        """Switch tracing off/on in a running engine (trace-cost benchmark, one engine)."""
+        if on and G.trace is None and G.trace_parked is not None:
+            G.trace, G.trace_parked = G.trace_parked, None
+        elif not on and G.trace is not None:
+            G.trace.flush()
+            G.trace, G.trace_parked = None, G.trace
+        return G.trace is not None
+
+    def twin_spec_flush_steps(self) -> str | None:
+        if G.steps is None:
+            return None
+        G.steps.flush()
+        return G.steps.path
+
+    def twin_spec_set_draft_graphs(self, on: bool) -> bool:
+        G.draft_graphs_off = not on
+        return on
+
     WorkerBase.twin_spec_flush_trace = twin_spec_flush_trace
+    WorkerBase.twin_spec_set_draft_graphs = twin_spec_set_draft_graphs
+    WorkerBase.twin_spec_set_trace = twin_spec_set_trace
+    WorkerBase.twin_spec_flush_steps = twin_spec_flush_steps
 
 
 def apply(knobs: EngineKnobs) -> None:
@@ -708,6 +888,10 @@ def apply(knobs: EngineKnobs) -> None:
     G.report.update()
     if knobs.trace and knobs.report_dir:
         G.trace = TraceWriter(knobs.report_dir)
+    if os.environ.get(StepTimer.ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+        if not knobs.report_dir:
+            raise ValueError(f"{StepTimer.ENV}=1 needs VLLM_SPEC_REPORT_DIR: the folder step timings go to")
+        G.steps = StepTimer(knobs.report_dir)
     _patch_proposer(knobs)
     _patch_runner(knobs)
     _patch_rejection_sampler(knobs)

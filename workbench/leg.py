@@ -334,6 +334,12 @@ def prepare_process_env(cfg: LegConfig) -> None:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if os.environ.get("VLLM_SPEC_CPU_ISA"):
+        # Before anything loads vLLM's CPU kernel library (the plugin repeats
+        # this at engine start, where it is too late if a check imported it).
+        from vllm_patch.cpu_int4 import apply_cpu_isa
+
+        apply_cpu_isa()
 
 
 _SPEC_METRICS = {
