@@ -56,7 +56,9 @@ def _engine(target: str, draft: str | None, gamma: int | None, max_seqs: int, cp
     if cpu:
         kw.update(enforce_eager=True, gpu_memory_utilization=0.05, distributed_executor_backend="uni")
     else:
-        kw.update(gpu_memory_utilization=0.80)
+        # Graphs only for the batch shapes the ladder runs: decode b, verification b*(gamma+1), drafting.
+        kw.update(gpu_memory_utilization=0.80,
+                  compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128]})
     if draft is not None:
         kw["speculative_config"] = {"method": "draft_model", "model": draft, "num_speculative_tokens": gamma}
     t0 = time.perf_counter()
