@@ -33,13 +33,17 @@ from pathlib import Path
 from typing import Any
 
 from .childproc import set_parent_death_signal
-from .knobs import Knobs
+from .knobs import KNOBS, Knobs
 from .metrics import acceptance_length, acceptance_rate
 from .runfolder import (FAILURE, LEG_JSON, RECORDS, RECORDS_PARTIAL, SUMMARY, append_jsonl, archive_leg,
                         leg_status, read_json, read_jsonl, write_json_atomic)
 
 # Set by the protocol for the legs it starts: the leg stops when that process dies.
 PARENT_ENV = "WORKBENCH_PARENT_PID"
+
+
+# Knobs of the table that are LegConfig fields of the same name (the speculative ones live in Knobs).
+WORKLOAD_KNOBS = ("n", "max_tokens", "max_model_len", "max_num_seqs", "dtype", "gpu_memory_utilization")
 
 
 class LegError(ValueError):
@@ -80,6 +84,15 @@ class LegConfig:
 
     # Fields that do not change what the engine computes or how fast: identity and bookkeeping.
     _NOT_ENGINE = ("out", "pids", "n", "experiment", "leg", "run_id", "force", "resume_from")
+
+    def __post_init__(self):
+        for name in WORKLOAD_KNOBS:  # the knob table's checks; None: the leg's or vLLM's default
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    KNOBS[name].validate(value)
+                except ValueError as exc:
+                    raise LegError(str(exc)) from None
 
     @property
     def mode(self) -> str:
@@ -243,8 +256,6 @@ def preflight(cfg: LegConfig) -> tuple[list, list[list], list[int]]:
             "the vllm_patch plugin is not installed (no 'twin_spec' entry point in "
             "vllm.general_plugins): run `pip install -e .` in the workbench checkout"
         )
-    if cfg.max_tokens < 1:
-        raise LegError(f"max_tokens must be >= 1, got {cfg.max_tokens}")
     if cfg.draft is not None and cfg.knobs.gamma is None:
         raise LegError("a draft model needs --gamma (number of speculative tokens)")
     if cfg.draft is None and cfg.knobs.gamma is not None:
@@ -736,13 +747,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--draft", help="draft checkpoint; omit for a vanilla leg")
     ap.add_argument("--prompts", help="prompt file (JSONL, workbench prompt schema)")
     ap.add_argument("--pids", help="comma-separated prompt ids to run, in this order")
-    ap.add_argument("--n", type=int, help="first N prompts")
-    ap.add_argument("--max-tokens", type=int)
-    ap.add_argument("--max-model-len", type=int, default=4096)
-    ap.add_argument("--max-num-seqs", type=int, default=1, help="engine concurrency; 1 = one prompt at a time")
+    for name in WORKLOAD_KNOBS:  # from the knob table; defaults are LegConfig's
+        k = KNOBS[name]
+        ap.add_argument(k.flag, dest=name, type=k.type, default=LegConfig.__dataclass_fields__[name].default,
+                        help=k.help)
     ap.add_argument("--max-num-batched-tokens", type=int)
-    ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--gpu-memory-utilization", type=float)
     ap.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None)
     ap.add_argument("--attention-backend", help="vLLM attention backend, e.g. TRITON_ATTN (default: vLLM's choice)")
     ap.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True)
