@@ -87,7 +87,9 @@ def legs(tiny_models, results_dir) -> dict[str, LegResult]:
         cmd = [sys.executable, "-m", "workbench.leg", "--out", str(out), "--force", "--leg", name,
                "--target", str(tiny_models["target"]), "--prompts", str(TINY_PROMPTS), *plan[name]]
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+        # Legs run side by side: each compiles into its own cache folder (no two writers of one cache).
+        env = {**os.environ, "VLLM_CACHE_ROOT": os.path.join(tempfile.gettempdir(), "vllm-cache", name)}
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
         (results_dir / "legs" / f"{name}.log").write_text(proc.stderr[-20000:])
         return name, LegResult(out, proc), time.perf_counter() - t0
 
