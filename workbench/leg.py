@@ -206,21 +206,30 @@ def model_problems(target: str, draft: str | None) -> list[str]:
     return problems
 
 
+_PROCESSOR_LOCK = threading.Lock()
+
+
+def _processor(target: str) -> tuple[Any, Any]:
+    """(processor or None, tokenizer) of a checkpoint."""
+    # transformers' lazy imports are not thread-safe: the protocol may check two runs at once.
+    with _PROCESSOR_LOCK:
+        from transformers import AutoProcessor, AutoTokenizer
+
+        try:
+            proc = AutoProcessor.from_pretrained(target)
+            tok = getattr(proc, "tokenizer", None)
+        except (OSError, ValueError, KeyError):
+            proc, tok = None, None
+        if tok is None:  # a text-only model has no processor
+            tok, proc = AutoTokenizer.from_pretrained(target), None
+    return proc, tok
+
+
 def prompt_lengths(target: str, prompts: list, images: list[list] | None = None) -> list[int]:
     """Prompt tokens (image tokens included) as the engine will count them: the target's own processor."""
     from .chat import load_images, render_prompt
 
-    try:
-        from transformers import AutoProcessor
-
-        proc = AutoProcessor.from_pretrained(target)
-        tok = getattr(proc, "tokenizer", None)
-    except (OSError, ValueError, KeyError):
-        proc, tok = None, None
-    if tok is None:  # a text-only model has no processor
-        from transformers import AutoTokenizer
-
-        tok, proc = AutoTokenizer.from_pretrained(target), None
+    proc, tok = _processor(target)
     out = []
     for i, p in enumerate(prompts):
         imgs = images[i] if images is not None else (load_images(p) if p.images else [])
