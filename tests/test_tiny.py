@@ -312,6 +312,32 @@ def test_teacher_forcer_greedy_agreement_and_a_text_only_draft(build, tmp_path):
     assert text.prompt_len(prompt) < target.prompt_len(prompt), "a text-only draft reads no image tokens"
 
 
+def test_score_leg_agreement_records(build, tmp_path):
+    """`python -m workbench.score`: a model scored on its own greedy output agrees everywhere."""
+    _, dirs, _ = build
+    prompts = testing.demo_prompts(tmp_path / "images", 3)
+    prompt_file = tmp_path / "prompts.jsonl"
+    prompt_file.write_text("".join(json.dumps(p.to_dict()) + "\n" for p in prompts))
+    target = TeacherForcer(str(dirs["target"]), dtype="float32", device="cpu")
+    reference = tmp_path / "reference.jsonl"
+    reference.write_text("".join(json.dumps({"pid": p.pid, "gen_ids": target.greedy(p, 8, 8), "leg": "vanilla_1"})
+                                 + "\n" for p in prompts))
+    for model, out in ((dirs["target"], tmp_path / "self"), (dirs["text-draft"], tmp_path / "text")):
+        proc = subprocess.run([sys.executable, "-m", "workbench.score", "--model", str(model), "--reference",
+                               str(reference), "--prompts", str(prompt_file), "--dtype", "float32", "--out", str(out)],
+                              cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert sorted(p.name for p in out.iterdir()) == ["records.jsonl", "summary.json"]
+        records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+        assert [r["pid"] for r in records] == [p.pid for p in prompts]
+        assert all(r["n_scored"] == 8 and r["tier"] == "score" for r in records)
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["status"] == "complete" and summary["n_prompts"] == 3
+    self_records = [json.loads(line) for line in (tmp_path / "self" / "records.jsonl").read_text().splitlines()]
+    assert all(r["agreement"] == 1.0 and r["first_disagreement"] is None for r in self_records)
+    assert json.loads((tmp_path / "text" / "summary.json").read_text())["pooled_agreement"] < 1.0
+
+
 # ---------------------------------------------------------------------------
 # vLLM
 # ---------------------------------------------------------------------------

@@ -10,13 +10,13 @@ running speculation.
         --prompts prompts.jsonl --out DIR [--dtype bfloat16] [--experiment E7 --leg score_twin --run-id ID]
 
 Runs with transformers (CPU or GPU): one forward per prompt, no engine start.
-Writes records.jsonl + summary.json like a leg, or failure.json.
+Writes records.jsonl + summary.json like a leg (records streamed to records.jsonl.partial
+as prompts finish, renamed when all are scored), or failure.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -24,18 +24,17 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from workbench.runfolder import (FAILURE, RECORDS, RECORDS_PARTIAL, SUMMARY, append_jsonl, read_jsonl,
+                                 write_json_atomic)
+
 
 def _load_reference(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"reference records not found: {path}")
-    out = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if line.strip():
-                rec = json.loads(line)
-                if "pid" not in rec or not isinstance(rec.get("gen_ids"), list):
-                    raise ValueError(f"{path}:{lineno}: record needs 'pid' and a 'gen_ids' list")
-                out.append(rec)
+    out = read_jsonl(path)
+    for lineno, rec in enumerate(out, 1):
+        if "pid" not in rec or not isinstance(rec.get("gen_ids"), list):
+            raise ValueError(f"{path}: record {lineno} needs 'pid' and a 'gen_ids' list")
     if not out:
         raise ValueError(f"{path}: no records")
     return out
@@ -55,12 +54,6 @@ def score_prompt(teacher, prompt, gen_ids: list[int]) -> dict[str, Any]:
             "agreement": sum(agree) / len(agree), "first_disagreement": first, "agree": agree}
 
 
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def run(args: argparse.Namespace) -> Path:
     from workbench.prompts import load_prompts
 
@@ -75,6 +68,8 @@ def run(args: argparse.Namespace) -> Path:
     device, dtype = teacher.device, teacher.dtype
     load_s = time.monotonic() - t_start
     records = []
+    partial = out / RECORDS_PARTIAL
+    partial.unlink(missing_ok=True)
     for ref in reference:
         t0 = time.monotonic()
         res = score_prompt(teacher, prompts[ref["pid"]], list(ref["gen_ids"]))
@@ -89,17 +84,15 @@ def run(args: argparse.Namespace) -> Path:
             "run_id": args.run_id, "knobs": {}, "spec": None, "trace": None,
             "gen_ids": None, "text": None,
         })
-    tmp = out / "records.jsonl.tmp"
-    with tmp.open("w", encoding="utf-8") as fh:
-        for r in records:
-            fh.write(json.dumps(r) + "\n")
-    os.replace(tmp, out / "records.jsonl")
+        # streamed as prompts finish: a scoring pass that dies keeps what it scored (never as records.jsonl)
+        append_jsonl(partial, records[-1:])
+    os.replace(partial, out / RECORDS)
     scored = [r for r in records if r["n_scored"]]
     pooled = (sum(r["n_agree"] for r in scored) / sum(r["n_scored"] for r in scored)) if scored else None
     mism = [r["pid"] for r in records if r["in_len_reference"] is not None and r["in_len"] != r["in_len_reference"]]
     import torch
     import transformers
-    _write_json(out / "summary.json", {
+    write_json_atomic(out / SUMMARY, {
         "status": "complete", "experiment": args.experiment, "leg": args.leg, "run_id": args.run_id,
         "mode": "score", "tier": "score", "gamma": None, "model": args.model, "target": None,
         "draft": args.model, "reference": str(args.reference), "backend": "transformers", "device": device,
@@ -130,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         run(args)
     except Exception as exc:  # a scoring failure is a recorded result, not a crash of the whole run
         out.mkdir(parents=True, exist_ok=True)
-        _write_json(out / "failure.json", {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
+        write_json_atomic(out / FAILURE, {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
                                            "traceback": traceback.format_exc(), "leg": args.leg,
                                            "mode": "score", "tier": "score"})
         print(f"score leg failed: {exc}", file=sys.stderr)
