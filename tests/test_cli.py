@@ -39,6 +39,7 @@ def test_show_and_legs(capsys):
     (["run", "E1", "--profile", "tiny", "--model-path", "twin"], "--model-path 'twin': expected NAME=VALUE"),
     (["run", "E1", "--profile", "tiny", "--resume", "does/not/exist"], "not a run folder"),
     (["export", "does/not/exist"], "not a run folder"),
+    (["run", "E1", "--profile", "tiny", "--formats", "png,gif"], "--formats: unknown export format(s) ['gif']"),
 ])
 def test_errors_name_the_problem(capsys, argv, message):
     assert main(argv) == 2
@@ -61,3 +62,12 @@ def test_data_subcommand_is_mounted(capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert "fetch" in out and "verify" in out
+
+
+def test_resume_of_a_damaged_run_names_it(tmp_path, capsys):
+    rdir = tmp_path / "E1" / "20260101T000000Z-00000000"
+    rdir.mkdir(parents=True)
+    (rdir / "run.json").write_text('{"experiment": "E1", "legs": [')
+    assert main(["run", "E1", "--profile", "tiny", "--resume", str(rdir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --resume") and "damaged run folder" in err and "run.json: not valid JSON" in err
