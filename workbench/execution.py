@@ -16,6 +16,7 @@ alive. File names and leg status: ``workbench.runfolder``.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -244,6 +245,7 @@ def prepare_run(experiment: str, profile: str | None = None, overrides: Any = No
     # Built beside its final name and renamed in one step: a run folder is complete or absent.
     staging = rdir.parent / f".{rdir.name}.preparing"
     try:
+        shutil.rmtree(staging, ignore_errors=True)  # left by a preparation that was killed
         staging.mkdir(parents=True)
         from workbench import envcapture
         from workbench.prompts import save_prompts
@@ -256,7 +258,7 @@ def prepare_run(experiment: str, profile: str | None = None, overrides: Any = No
         os.rename(staging, rdir)  # refuses when rdir appeared meanwhile
     except OSError as exc:
         shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(exc, (FileExistsError, IsADirectoryError)) or (rdir.exists() and exc.errno in (39, 17)):
+        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
             raise ProtocolError(f"run folder {rdir} already exists; a run never reuses a folder") from None
         raise ProtocolError(f"cannot create run folder {rdir}: {exc.strerror or exc}") from None
     return rdir
