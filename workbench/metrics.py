@@ -4,9 +4,12 @@ Pure pandas/numpy: every function takes ``Run.records`` (or ``Run.legs``) and
 returns a DataFrame (or a small named tuple of DataFrames). Vocabulary, as in
 vLLM's spec-decode metrics:
 
-- acceptance rate = accepted / draft tokens
-- acceptance length = 1 + accepted / drafts (tokens emitted per target step)
-- per-position acceptance = accepted at draft position i / drafts
+- acceptance rate = accepted / draft tokens                        (``acceptance_rate``)
+- acceptance length = 1 + accepted / drafts, tokens per target step (``acceptance_length``)
+- per-position acceptance = accepted at draft position i / drafts   (``position_acceptance``)
+
+These three functions are the only place the formulas are written; the leg's
+summaries and every table here use them.
 
 Speedup of a spec leg is *bracketed*: for each prompt, its tok/s divided by
 the mean of that prompt's tok/s in the nearest vanilla leg before and after
@@ -75,6 +78,11 @@ def _per(num: Any, den: Any) -> Any:
 def acceptance_rate(accepted: Any, draft_tokens: Any) -> Any:
     """Acceptance rate (vLLM's): accepted / draft tokens. Scalars, arrays or Series."""
     return _per(accepted, draft_tokens)
+
+
+def position_acceptance(accepted_at_position: Any, drafts: Any) -> Any:
+    """Per-position acceptance (vLLM's): accepted at draft position i / drafts."""
+    return _per(accepted_at_position, drafts)
 
 
 def acceptance_length(accepted: Any, drafts: Any) -> Any:
@@ -323,8 +331,9 @@ def per_position_acceptance(records: pd.DataFrame) -> pd.DataFrame:
         drafts = float(sum(s.get("drafts") or 0 for s in grp["spec"]))
         meta = grp.iloc[0]
         for i in range(width):
+            rate = position_acceptance(acc[i], drafts)
             rows.append({**{k: meta.get(k) for k in LEG_KEYS}, "position": i, "accepted": acc[i],
-                         "drafts": drafts, "rate": acc[i] / drafts if drafts else np.nan})
+                         "drafts": drafts, "rate": np.nan if rate is None else rate})
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -457,8 +466,8 @@ class TraceIndex:
         """Predicted per-position acceptance (accepted at position i / drafts) at x."""
         self._check_leg(leg)
         steps = self._n_steps[leg]
-        return np.array([np.searchsorted(col, relax_logtau, side="right") / steps
-                         for col in self._sorted_pos[leg]]) if steps else np.zeros(0)
+        accepted = np.array([np.searchsorted(col, relax_logtau, side="right") for col in self._sorted_pos[leg]])
+        return position_acceptance(accepted, np.full(accepted.shape, steps)) if steps else np.zeros(0)
 
     def per_prompt_at(self, relax_logtau: float) -> pd.DataFrame:
         """Predicted counters per traced prompt at x."""
