@@ -3,8 +3,9 @@
     python benchmarks/cost_ladder.py --sizes 8b,32b --out results/cost-ladder/<run id>
     python benchmarks/cost_ladder.py --sizes tiny --out /tmp/ladder      # CPU rehearsal, tiny models
 
-Per model size, engines run one after another in this process (vLLM's
-in-process engine, so the plugin's step timer is read directly):
+Per model size, engines run one after another, each in a process of its own
+(a second engine in one process did not get the first one's GPU memory back),
+with vLLM's in-process engine core, so the plugin's step timer is read directly:
 
 * the target alone (vanilla): its decode step at batch b;
 * the target with its int4 twin drafting, gamma in --gammas, the relaxed gate
@@ -119,6 +120,8 @@ def run_size(size: str, roles: dict[str, str], args, out: Path, cpu: bool) -> No
         walls_f.flush()
 
     engines = [("vanilla", None)] + [("spec", g) for g in args.gammas]
+    if args.only:
+        engines = [e for e in engines if (e[0] if e[1] is None else str(e[1])) == args.only]
     for kind, gamma in engines:
         draft = roles["twin"] if kind == "spec" else None
         llm, start_s = _engine(roles["target"], draft, gamma, max_b, cpu, dummy=(size != "tiny"))
@@ -185,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=128, help="output tokens per request")
     ap.add_argument("--shapes-root", type=Path, default=REPO / "models" / "shapes")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--only", help=argparse.SUPPRESS)  # one engine ("vanilla" or a gamma) in this process
     args = ap.parse_args(argv)
     args.batches = [int(x) for x in args.batches.split(",")]
     args.gammas = [int(x) for x in args.gammas.split(",")]
@@ -205,7 +209,24 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    _env(out, sizes)
+    if not args.only:
+        _env(out, sizes)
+        import subprocess
+
+        for size in sizes:
+            for only in ["vanilla"] + [str(g) for g in args.gammas]:
+                cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),
+                       "--sizes", size, "--only", only]
+                rc = subprocess.run(cmd).returncode
+                if rc != 0:
+                    print(f"[ladder] {size} engine {only} failed (exit {rc}); going on", file=sys.stderr)
+        from workbench.ladder import write_tables
+
+        tables = write_tables(out)
+        for name, df in tables.items():
+            if name != "speedup_curve":
+                print(f"\n== {name}\n{df.to_string(index=False)}")
+        return 0
     for size in sizes:
         if size == "tiny":
             from workbench.tiny import ensure_tiny_models
@@ -218,11 +239,6 @@ def main(argv: list[str] | None = None) -> int:
             dirs = build_shapes(args.shapes_root)
             roles = {"target": str(dirs[f"{size}-target"]), "twin": str(dirs[f"{size}-twin"])}
         run_size(size, roles, args, out, cpu)
-    from workbench.ladder import write_tables
-
-    tables = write_tables(out)
-    for name, df in tables.items():
-        print(f"\n== {name}\n{df.to_string(index=False)}")
     return 0
 
 

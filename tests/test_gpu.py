@@ -2,8 +2,10 @@
 
 The legs are the product's own (``python -m workbench.leg``), with the tiny
 models, the tiny prompt set (one image of several sizes, two images, text
-only), 128 tokens each, greedy. Independent legs run four at a time on the
-one GPU (each with a small memory share); nothing here is a timing.
+only), 128 tokens each, greedy. Legs run on the
+one GPU, one after another: vLLM's start-up memory profile refuses to start
+(``Error in memory profiling``) when another process on the GPU frees memory
+meanwhile, which side-by-side legs do. Nothing here is a timing.
 
 ``WORKBENCH_GPU_RESULTS`` names the folder the legs and the suite's summary
 (``gpu_suite.json``) are written to, so the evidence can be kept as a run
@@ -87,13 +89,11 @@ def legs(tiny_models, results_dir) -> dict[str, LegResult]:
         cmd = [sys.executable, "-m", "workbench.leg", "--out", str(out), "--force", "--leg", name,
                "--target", str(tiny_models["target"]), "--prompts", str(TINY_PROMPTS), *plan[name]]
         t0 = time.perf_counter()
-        # Legs run side by side: each compiles into its own cache folder (no two writers of one cache).
-        env = {**os.environ, "VLLM_CACHE_ROOT": os.path.join(tempfile.gettempdir(), "vllm-cache", name)}
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
         (results_dir / "legs" / f"{name}.log").write_text(proc.stderr[-20000:])
         return name, LegResult(out, proc), time.perf_counter() - t0
 
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    with ThreadPoolExecutor(max_workers=1) as pool:
         done = {name: (res, s) for name, res, s in pool.map(run, plan)}
     summary = {name: {"returncode": r.returncode, "seconds": round(s, 1),
                       "spec": (r.summary or {}).get("spec"),

@@ -135,7 +135,8 @@ def write_tables(run_dir: str | Path) -> dict[str, pd.DataFrame]:
         figs = figures(tables)
         (run_dir / "figures").mkdir(exist_ok=True)
         for name, fig in figs.items():
-            fig.write_html(run_dir / "figures" / f"{name}.html", include_plotlyjs=True)
+            # plotly.min.js once beside the figures: offline, without a copy per file
+            fig.write_html(run_dir / "figures" / f"{name}.html", include_plotlyjs="directory")
     except ImportError:
         pass
     return tables

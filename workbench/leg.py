@@ -353,6 +353,9 @@ def prepare_process_env(cfg: LegConfig) -> None:
             os.environ.setdefault("OMP_NUM_THREADS", str(cfg.cpu_threads))
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+    # A forked engine core inherits whatever threads the leg started (tokenizer
+    # pools): on CUDA it hung allocating pinned buffers. Spawn a clean process.
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if os.environ.get("VLLM_SPEC_CPU_ISA"):
         # Before anything loads vLLM's CPU kernel library (the plugin repeats
@@ -397,8 +400,11 @@ def read_engine_reports(report_dir: Path) -> dict:
             reports.append(json.loads(path.read_text()))
         except (OSError, json.JSONDecodeError):
             continue
+    # The worker's report says what was built (drafter, kernels); the front
+    # end's only what it parsed.
     with_drafter = [r for r in reports if "drafter" in r]
-    return (with_drafter or reports or [{}])[0]
+    with_build = [r for r in reports if "attention_backend" in r]
+    return (with_drafter or with_build or reports or [{}])[0]
 
 
 def read_trace(report_dir: Path) -> dict[str, list[list]]:
