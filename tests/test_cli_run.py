@@ -108,3 +108,44 @@ def test_kill_9_of_workbench_run_leaves_no_leg_and_the_resume_runs_alone(tmp_pat
     assert found["lock_taken_over_from"]["pid"] == run.pid
     assert found["interrupted_leg"]["pid"] == leg["pid"]
     assert state["state"] == "finished"
+
+
+def test_a_leg_with_a_multiprocess_engine_dies_whole_with_its_parent(tmp_path, tiny_models):
+    """vLLM's engine-core processes are in the leg's process group: kill -9 of the leg's parent ends them all."""
+    from workbench.runfolder import process_alive
+    out = tmp_path / "leg"
+    code = (
+        "import os, subprocess, sys, time\nfrom workbench import childproc\n"
+        "env = dict(os.environ, WORKBENCH_PARENT_PID=str(os.getpid()))\n"
+        f"cmd = [sys.executable, '-m', 'workbench.leg', '--target', {str(tiny_models['target'])!r}, '--prompts',"
+        f" {str(REPO / 'data' / 'tiny' / 'prompts.jsonl')!r}, '--n', '13', '--max-tokens', '1500', '--ignore-eos',"
+        f" '--dtype', 'bfloat16', '--no-in-process', '--out', {str(out)!r}]\n"
+        "p = subprocess.Popen(childproc.wrap(os.getpid(), cmd), start_new_session=True, env=env,"
+        " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "print(p.pid, flush=True)\ntime.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        leg = int(parent.stdout.readline())
+        deadline = time.monotonic() + 300
+        while not (out / "records.jsonl.partial").is_file():  # the engine is up and decoding
+            assert time.monotonic() < deadline and process_alive(leg), "the leg did not start decoding"
+            time.sleep(0.1)
+        group = [int(p) for p in os.listdir("/proc") if p.isdigit() and process_alive(int(p))
+                 and _pgid(int(p)) == leg]
+        assert leg in group and len(group) >= 2, f"no engine process beside the leg: {group}"
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while any(process_alive(p) for p in group) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [p for p in group if process_alive(p)] == []
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
