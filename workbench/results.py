@@ -81,24 +81,16 @@ _read_json = read_json
 
 
 def _planned_legs(config: dict[str, Any], run_json: Path) -> list[str]:
-    """Leg names in planned order from run.json.
-
-    Accepts ``legs`` or ``planned_legs`` holding names or objects with a
-    ``name`` (or ``leg``) key, since the planner may store full leg specs.
-    """
-    planned = config.get("legs", config.get("planned_legs"))
-    if planned is None:
-        return []
+    """Leg names in planned order: ``run.json`` ``legs``, a list of objects with a ``name`` (as the protocol
+    writes it; a benchmark run without legs has an empty list)."""
+    planned = config.get("legs", [])
     if not isinstance(planned, list):
         raise ValueError(f"{run_json}: 'legs' must be a list, got {type(planned).__name__}")
     names = []
     for i, item in enumerate(planned):
-        if isinstance(item, str):
-            names.append(item)
-        elif isinstance(item, dict) and isinstance(item.get("name", item.get("leg")), str):
-            names.append(item.get("name", item.get("leg")))
-        else:
+        if not (isinstance(item, dict) and isinstance(item.get("name"), str)):
             raise ValueError(f"{run_json}: planned leg #{i} has no name: {item!r}")
+        names.append(item["name"])
     if len(set(names)) != len(names):
         raise ValueError(f"{run_json}: planned leg names repeat: {names}")
     return names
