@@ -75,14 +75,16 @@ class EngineReport:
 class TraceWriter:
     """Per verification step and request: drafted, accepted, target margins.
 
-    The verification step only queues what it traced: small tensors, copied
-    off the device without waiting (``non_blocking`` into pinned memory, an
-    event recorded behind the copy). Nothing on the decode path synchronises
-    with the device or formats JSON. Every ``batch_steps`` steps the queued
-    steps go to a background thread, which waits for their copies, turns them
-    into JSON lines and appends them to ``trace-<pid>.jsonl``. :meth:`flush`
-    (called by the leg through ``collective_rpc`` once ``generate`` returns)
-    hands over the rest and waits until the file holds every step.
+    The verification step only keeps what it traced: two small tensors that
+    stay on the device, plus the request ids and draft counts it already has on
+    the host. Nothing on the decode path synchronises with the device, copies,
+    allocates pinned memory or formats JSON. Every ``batch_steps`` steps (and at
+    :meth:`flush`) the kept tensors are concatenated on the device and copied
+    off it in one non-blocking copy behind an event; a background thread waits
+    for that copy, turns the steps into JSON lines and appends them to
+    ``trace-<pid>.jsonl``. :meth:`flush` (called by the leg through
+    ``collective_rpc`` once ``generate`` returns) hands over the rest and waits
+    until the file holds every step.
 
     Line format: ``{"s": step, "r": [[req_id, drafted, accepted, margins], ...]}``
     plus ``"invalid": {req_id: n}`` when vLLM passed ``n`` placeholder ids for a
@@ -90,7 +92,7 @@ class TraceWriter:
     do) and ``margins`` has one entry per valid drafted token.
     """
 
-    def __init__(self, report_dir: str, batch_steps: int = 64):
+    def __init__(self, report_dir: str, batch_steps: int = 512):
         import queue
 
         self.report_dir = report_dir
@@ -102,32 +104,34 @@ class TraceWriter:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
-    # -- decode path: no synchronisation, no formatting ------------------- #
+    # -- decode path: keep references, nothing else ------------------------ #
     def record(self, req_ids, num_draft_tokens, accepted, margins) -> None:
         self.step += 1
-        host = []
-        for t in (accepted, margins):
-            if t is not None and t.device.type != "cpu":
-                buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-                buf.copy_(t, non_blocking=True)
-                t = buf
-            host.append(t)
-        event = None
-        if accepted.device.type == "cuda":
-            event = torch.cuda.Event()
-            event.record()
-        self._pending.append((self.step, list(req_ids), list(num_draft_tokens), *host, event))
+        self._pending.append((self.step, list(req_ids), list(num_draft_tokens), accepted, margins))
         if len(self._pending) >= self.batch_steps:
             self._hand_over()
 
     def _hand_over(self) -> None:
         if not self._pending:
             return
+        steps, self._pending = self._pending, []
+        # One concatenation and one copy off the device for the whole batch.
+        acc = torch.cat([s[3].reshape(-1).to(torch.int32) for s in steps])
+        mar = torch.cat([s[4].reshape(-1).float() for s in steps])
+        event = None
+        if acc.device.type == "cuda":
+            host_acc = torch.empty(acc.shape, dtype=acc.dtype, pin_memory=True)
+            host_mar = torch.empty(mar.shape, dtype=mar.dtype, pin_memory=True)
+            host_acc.copy_(acc, non_blocking=True)
+            host_mar.copy_(mar, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            acc, mar = host_acc, host_mar
+        meta = [(st, rids, k, int(a.numel()), int(m.numel())) for st, rids, k, a, m in steps]
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="twin-spec-trace", daemon=True)
             self._thread.start()
-        self._queue.put(self._pending)
-        self._pending = []
+        self._queue.put((meta, acc, mar, event))
 
     # -- background thread ------------------------------------------------- #
     def _run(self) -> None:
@@ -142,8 +146,14 @@ class TraceWriter:
                         f.flush()
                         item.set()
                         continue
-                    for step in item:
-                        line = self._format(*step)
+                    meta, acc, mar, event = item
+                    if event is not None:
+                        event.synchronize()
+                    acc, mar = acc.tolist(), mar.tolist()
+                    ia = im = 0
+                    for step, req_ids, ks, n_acc, n_mar in meta:
+                        line = self._format(step, req_ids, ks, acc[ia : ia + n_acc], mar[im : im + n_mar])
+                        ia, im = ia + n_acc, im + n_mar
                         if line:
                             f.write(line)
                 except BaseException as exc:  # surfaced by flush()
@@ -152,11 +162,7 @@ class TraceWriter:
                     self._queue.task_done()
 
     @staticmethod
-    def _format(step, req_ids, num_draft_tokens, accepted, margins, event) -> str:
-        if event is not None:
-            event.synchronize()
-        acc = accepted.tolist()
-        m = margins.tolist()
+    def _format(step, req_ids, num_draft_tokens, acc: list, m: list) -> str:
         rows, invalid, off = [], {}, 0
         for i, (rid, k) in enumerate(zip(req_ids, num_draft_tokens)):
             if k > 0:
@@ -554,7 +560,14 @@ def _build_facts(runner) -> dict[str, Any]:
     drafter = getattr(runner, "drafter", None)
     draft_model = getattr(drafter, "model", None) if drafter is not None else None
     draft_layers = set(getattr(drafter, "_draft_attn_layer_names", set()) or set())
+    def weight_bytes(model) -> int | None:
+        if model is None:
+            return None
+        tensors = list(model.parameters()) + list(model.buffers())
+        return int(sum(t.numel() * t.element_size() for t in tensors))
+
     facts: dict[str, Any] = {
+        "weight_bytes": {"target": weight_bytes(getattr(runner, "model", None)), "draft": weight_bytes(draft_model)},
         "attention_backend": _attention_backends(runner, draft_layers),
         "linear_kernels": {
             "target": _linear_kernels(getattr(runner, "model", None)),

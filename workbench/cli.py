@@ -7,6 +7,7 @@
                                           [--formats png,html]
     workbench export RUN_DIR [--formats png,svg,pdf,html]   tables + figures recomputed from the records
     workbench data fetch|verify ...                  prompt data sets
+    workbench doctor [--json]                        what this host can run, and what to do about the rest
 """
 
 from __future__ import annotations
@@ -242,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--formats", default="png,html", metavar="FMT,...",
                    help="figure formats: png, svg, pdf, html (default png,html; without a browser only html)")
     p.set_defaults(func=cmd_export)
+    p = sub.add_parser("doctor", help="what this host can run (vLLM, plugin, int4 path, GPUs, Chromium, models, data)")
+    p.add_argument("--json", action="store_true", help="print the checks as JSON")
+    p.set_defaults(func=lambda a: __import__("workbench.doctor", fromlist=["main"]).main(["--json"] if a.json else []))
     p = sub.add_parser("data", help="prompt data sets (fetch, verify)")
     add_data_cli(p.add_subparsers(dest="data_command", required=True))
     return ap

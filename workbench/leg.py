@@ -841,9 +841,21 @@ def _out_of(args: argparse.Namespace) -> Path | None:
     return None
 
 
+def is_environment_error(exc: BaseException) -> bool:
+    """A failure of the host's install (vLLM, the plugin, a kernel op, a switch), not of the leg's input."""
+    import vllm_patch
+
+    text = str(exc)
+    return (isinstance(exc, (ImportError, vllm_patch.VersionMismatch))
+            or "_OpNamespace" in text or "plugin is not installed" in text
+            or "VLLM_SPEC_INT4_FALLBACK" in text or "VLLM_SPEC_CPU_ISA" in text)
+
+
 def report_failure(out: Path | None, exc: BaseException, cfg: LegConfig | None) -> str:
     """failure.json where it may go; a finished leg is never touched. Returns the message printed."""
     msg = f"leg failed: {type(exc).__name__}: {exc}"
+    if is_environment_error(exc):
+        msg += "\n  this looks like the host, not the leg: run `workbench doctor` to see what this host can run"
     if out is None:
         return msg
     if leg_status(out) == "complete":
