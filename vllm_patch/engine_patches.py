@@ -72,7 +72,59 @@ class EngineReport:
             os.replace(tmp, path)
 
 
-class TraceWriter:
+class _JsonlWriter:
+    """A daemon thread that turns queued batches into lines of one JSONL file.
+
+    The engine's thread only puts batches on a queue; ``lines(batch)`` runs
+    in the writer thread. :meth:`flush_queue` waits until everything queued so
+    far is on disk and re-raises a writer failure.
+    """
+
+    def __init__(self, path: str, name: str):
+        import queue
+
+        self.path = path
+        self._name = name
+        self._queue: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def lines(self, batch) -> list[str]:
+        raise NotImplementedError
+
+    def put(self, batch) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+        self._queue.put(batch)
+
+    def _run(self) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        with open(self.path, "a") as f:
+            while True:
+                item = self._queue.get()
+                try:
+                    if isinstance(item, threading.Event):
+                        f.flush()
+                        item.set()
+                    else:
+                        f.writelines(self.lines(item))
+                except BaseException as exc:  # surfaced by flush_queue()
+                    self._error = exc
+                finally:
+                    self._queue.task_done()
+
+    def flush_queue(self, timeout: float = 60.0) -> None:
+        if self._thread is not None:
+            done = threading.Event()
+            self._queue.put(done)
+            if not done.wait(timeout):
+                raise TimeoutError(f"{self.path} not written within {timeout}s")
+        if self._error is not None:
+            raise RuntimeError(f"writing {self.path} failed: {self._error!r}") from self._error
+
+
+class TraceWriter(_JsonlWriter):
     """Per verification step and request: drafted, accepted, target margins.
 
     The verification step only keeps what it traced: two small tensors that
@@ -93,16 +145,11 @@ class TraceWriter:
     """
 
     def __init__(self, report_dir: str, batch_steps: int = 512):
-        import queue
-
+        super().__init__(os.path.join(report_dir, f"trace-{os.getpid()}.jsonl"), "twin-spec-trace")
         self.report_dir = report_dir
-        self.path = os.path.join(report_dir, f"trace-{os.getpid()}.jsonl")
         self.batch_steps = batch_steps
         self.step = 0
         self._pending: list[tuple] = []
-        self._queue: queue.Queue = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
 
     # -- decode path: keep references, nothing else ------------------------ #
     def record(self, req_ids, num_draft_tokens, accepted, margins) -> None:
@@ -128,38 +175,21 @@ class TraceWriter:
             event.record()
             acc, mar = host_acc, host_mar
         meta = [(st, rids, k, int(a.numel()), int(m.numel())) for st, rids, k, a, m in steps]
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="twin-spec-trace", daemon=True)
-            self._thread.start()
-        self._queue.put((meta, acc, mar, event))
+        self.put((meta, acc, mar, event))
 
-    # -- background thread ------------------------------------------------- #
-    def _run(self) -> None:
-        os.makedirs(self.report_dir, exist_ok=True)
-        with open(self.path, "a") as f:
-            while True:
-                item = self._queue.get()
-                try:
-                    if item is None:
-                        return
-                    if isinstance(item, threading.Event):
-                        f.flush()
-                        item.set()
-                        continue
-                    meta, acc, mar, event = item
-                    if event is not None:
-                        event.synchronize()
-                    acc, mar = acc.tolist(), mar.tolist()
-                    ia = im = 0
-                    for step, req_ids, ks, n_acc, n_mar in meta:
-                        line = self._format(step, req_ids, ks, acc[ia : ia + n_acc], mar[im : im + n_mar])
-                        ia, im = ia + n_acc, im + n_mar
-                        if line:
-                            f.write(line)
-                except BaseException as exc:  # surfaced by flush()
-                    self._error = exc
-                finally:
-                    self._queue.task_done()
+    # -- writer thread ---------------------------------------------------- #
+    def lines(self, batch) -> list[str]:
+        meta, acc, mar, event = batch
+        if event is not None:
+            event.synchronize()
+        acc, mar = acc.tolist(), mar.tolist()
+        out, ia, im = [], 0, 0
+        for step, req_ids, ks, n_acc, n_mar in meta:
+            line = self._format(step, req_ids, ks, acc[ia : ia + n_acc], mar[im : im + n_mar])
+            ia, im = ia + n_acc, im + n_mar
+            if line:
+                out.append(line)
+        return out
 
     @staticmethod
     def _format(step, req_ids, num_draft_tokens, acc: list, m: list) -> str:
@@ -183,17 +213,11 @@ class TraceWriter:
     def flush(self, timeout: float = 60.0) -> int:
         """Write every traced step; returns the number of steps traced so far."""
         self._hand_over()
-        if self._thread is not None:
-            done = threading.Event()
-            self._queue.put(done)
-            if not done.wait(timeout):
-                raise TimeoutError(f"acceptance trace not written within {timeout}s ({self.path})")
-        if self._error is not None:
-            raise RuntimeError(f"acceptance trace writer failed: {self._error!r}") from self._error
+        self.flush_queue(timeout)
         return self.step
 
 
-class StepTimer:
+class StepTimer(_JsonlWriter):
     """Engine-side time of every model step: the target's forward and the drafting.
 
     ``VLLM_SPEC_STEP_TIMING=1`` (with ``VLLM_SPEC_REPORT_DIR``): for each
@@ -209,15 +233,10 @@ class StepTimer:
     ENV = "VLLM_SPEC_STEP_TIMING"
 
     def __init__(self, report_dir: str, batch_steps: int = 128):
-        import queue
-
-        self.path = os.path.join(report_dir, f"steps-{os.getpid()}.jsonl")
-        self.report_dir = report_dir
+        super().__init__(os.path.join(report_dir, f"steps-{os.getpid()}.jsonl"), "twin-spec-steps")
         self.batch_steps = batch_steps
         self.current: dict | None = None
         self._done: list[dict] = []
-        self._queue: queue.Queue = queue.Queue()
-        self._thread: threading.Thread | None = None
 
     @staticmethod
     def _mark():
@@ -263,13 +282,9 @@ class StepTimer:
             self._hand_over()
 
     def _hand_over(self) -> None:
-        if not self._done:
-            return
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="twin-spec-steps", daemon=True)
-            self._thread.start()
-        self._queue.put(self._done)
-        self._done = []
+        if self._done:
+            self.put(self._done)
+            self._done = []
 
     @staticmethod
     def _ms(t0, t1):
@@ -280,31 +295,18 @@ class StepTimer:
         t1.synchronize()
         return round(t0.elapsed_time(t1), 4)
 
-    def _run(self) -> None:
-        os.makedirs(self.report_dir, exist_ok=True)
-        with open(self.path, "a") as f:
-            while True:
-                item = self._queue.get()
-                try:
-                    if isinstance(item, threading.Event):
-                        f.flush()
-                        item.set()
-                        continue
-                    for cur in item:
-                        row = {k: cur[k] for k in ("reqs", "tokens", "spec_tokens", "prefill")}
-                        row["target_ms"] = self._ms(cur.get("target_t0"), cur.get("target_t1"))
-                        row["draft_ms"] = self._ms(cur.get("draft_t0"), cur.get("draft_t1"))
-                        f.write(json.dumps(row) + "\n")
-                finally:
-                    self._queue.task_done()
+    def lines(self, batch) -> list[str]:
+        out = []
+        for cur in batch:
+            row = {k: cur[k] for k in ("reqs", "tokens", "spec_tokens", "prefill")}
+            row["target_ms"] = self._ms(cur.get("target_t0"), cur.get("target_t1"))
+            row["draft_ms"] = self._ms(cur.get("draft_t0"), cur.get("draft_t1"))
+            out.append(json.dumps(row) + "\n")
+        return out
 
     def flush(self, timeout: float = 60.0) -> None:
         self._hand_over()
-        if self._thread is not None:
-            done = threading.Event()
-            self._queue.put(done)
-            if not done.wait(timeout):
-                raise TimeoutError(f"step timings not written within {timeout}s ({self.path})")
+        self.flush_queue(timeout)
 
 
 class _Globals:
