@@ -876,8 +876,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(args)
         out = Path(cfg.out)
-        prepare_process_env(cfg)
-        summary = run_leg(cfg)
+        summary = run_leg(cfg)  # sets the process environment before torch or vLLM is imported
     except Exception as exc:
         print(report_failure(out, exc, cfg), file=sys.stderr)
         return 2
