@@ -51,7 +51,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from vllm import LLM, SamplingParams
 
-    from vllm_patch import engine_patches as ep
     from workbench.chat import load_images, render_prompt
     from workbench.prompts import load_prompts
     from workbench.tiny import ensure_tiny_models

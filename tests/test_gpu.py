@@ -28,7 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -93,8 +92,7 @@ def legs(tiny_models, results_dir) -> dict[str, LegResult]:
         (results_dir / "legs" / f"{name}.log").write_text(proc.stderr[-20000:])
         return name, LegResult(out, proc), time.perf_counter() - t0
 
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        done = {name: (res, s) for name, res, s in pool.map(run, plan)}
+    done = {name: (res, s) for name, res, s in map(run, plan)}
     summary = {name: {"returncode": r.returncode, "seconds": round(s, 1),
                       "spec": (r.summary or {}).get("spec"),
                       "engine_report": {k: (r.summary or {}).get("engine_report", {}).get(k) for k in (

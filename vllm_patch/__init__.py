@@ -61,6 +61,3 @@ def register() -> None:
     from . import engine_patches
 
     engine_patches.apply(knobs)
-    from . import serve_errors
-
-    serve_errors.install()  # a plugin's refusal reaches a server's client as 400

@@ -199,7 +199,7 @@ def _kernel_class():
             if c.act_type not in (torch.bfloat16, torch.float16, torch.float32):
                 return False, f"activation dtype {c.act_type} not supported"
             k = c.partition_weight_shape[0]
-            if c.group_size not in (-1, 0) and not c.has_g_idx and k % c.group_size:
+            if c.group_size != -1 and not c.has_g_idx and k % c.group_size:
                 return False, f"group size {c.group_size} does not divide input size {k}"
             return True, None
 

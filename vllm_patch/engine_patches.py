@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from .knobs import EngineKnobs
+from .knobs import EngineKnobs, Knob, KnobError
 
 _PATCHED_MARK = "_twin_spec_patched"
 _state_lock = threading.Lock()
@@ -146,7 +146,6 @@ class TraceWriter(_JsonlWriter):
 
     def __init__(self, report_dir: str, batch_steps: int = 512):
         super().__init__(os.path.join(report_dir, f"trace-{os.getpid()}.jsonl"), "twin-spec-trace")
-        self.report_dir = report_dir
         self.batch_steps = batch_steps
         self.step = 0
         self._pending: list[tuple] = []
@@ -230,7 +229,9 @@ class StepTimer(_JsonlWriter):
     step is one with ``tokens == reqs * (1 + gamma)``.
     """
 
-    ENV = "VLLM_SPEC_STEP_TIMING"
+    # a measurement switch, not an experiment knob: parsed like the table's booleans
+    SWITCH = Knob("step_timing", bool, False, lambda v: True, "true or false",
+                  "engine-side step timings", env="VLLM_SPEC_STEP_TIMING")
 
     def __init__(self, report_dir: str, batch_steps: int = 128):
         super().__init__(os.path.join(report_dir, f"steps-{os.getpid()}.jsonl"), "twin-spec-steps")
@@ -554,6 +555,13 @@ def _attention_backends(runner, draft_layers: set[str]) -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in out.items()}
 
 
+def _weight_bytes(model) -> int | None:
+    if model is None:
+        return None
+    tensors = list(model.parameters()) + list(model.buffers())
+    return int(sum(t.numel() * t.element_size() for t in tensors))
+
+
 def _build_facts(runner) -> dict[str, Any]:
     from vllm.platforms import current_platform
 
@@ -562,14 +570,8 @@ def _build_facts(runner) -> dict[str, Any]:
     drafter = getattr(runner, "drafter", None)
     draft_model = getattr(drafter, "model", None) if drafter is not None else None
     draft_layers = set(getattr(drafter, "_draft_attn_layer_names", set()) or set())
-    def weight_bytes(model) -> int | None:
-        if model is None:
-            return None
-        tensors = list(model.parameters()) + list(model.buffers())
-        return int(sum(t.numel() * t.element_size() for t in tensors))
-
     facts: dict[str, Any] = {
-        "weight_bytes": {"target": weight_bytes(getattr(runner, "model", None)), "draft": weight_bytes(draft_model)},
+        "weight_bytes": {"target": _weight_bytes(getattr(runner, "model", None)), "draft": _weight_bytes(draft_model)},
         "attention_backend": _attention_backends(runner, draft_layers),
         "linear_kernels": {
             "target": _linear_kernels(getattr(runner, "model", None)),
@@ -807,8 +809,15 @@ def _patch_rejection_sampler(knobs: EngineKnobs) -> None:
 def _patch_input_processor(knobs: EngineKnobs) -> None:
     if knobs.relax_logtau <= 0:
         return
+    from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import SamplingParams
     from vllm.v1.engine import input_processor as ip
+
+    # A VLLMValidationError is what a server answers as HTTP 400 with its
+    # message (a plain ValueError became an empty 500 inside AsyncLLM.generate);
+    # it is still a ValueError for offline callers.
+    class RelaxedTierRefusal(VLLMValidationError, ValueError):
+        pass
 
     orig_validate = ip.InputProcessor._validate_params
 
@@ -819,11 +828,13 @@ def _patch_input_processor(knobs: EngineKnobs) -> None:
             and isinstance(params, SamplingParams)
             and params.temperature > 0
         ):
-            raise ValueError(
+            raise RelaxedTierRefusal(
                 f"The relaxed tier (VLLM_SPEC_RELAX_LOGTAU={knobs.relax_logtau}) is "
                 "defined for greedy requests only; this request has "
                 f"temperature={params.temperature}. Use temperature=0 or unset "
-                "VLLM_SPEC_RELAX_LOGTAU."
+                "VLLM_SPEC_RELAX_LOGTAU.",
+                parameter="temperature",
+                value=params.temperature,
             )
 
     ip.InputProcessor._validate_params = _validate_params
@@ -903,9 +914,9 @@ def apply(knobs: EngineKnobs) -> None:
     G.report.update()
     if knobs.trace and knobs.report_dir:
         G.trace = TraceWriter(knobs.report_dir)
-    if os.environ.get(StepTimer.ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+    if StepTimer.SWITCH.read_env(os.environ):
         if not knobs.report_dir:
-            raise ValueError(f"{StepTimer.ENV}=1 needs VLLM_SPEC_REPORT_DIR: the folder step timings go to")
+            raise KnobError(f"{StepTimer.SWITCH.env}=1 needs VLLM_SPEC_REPORT_DIR: the folder step timings go to")
         G.steps = StepTimer(knobs.report_dir)
     _patch_proposer(knobs)
     _patch_runner(knobs)

@@ -17,7 +17,6 @@ Reads a cost-ladder run folder (``steps.jsonl``, ``walls.jsonl``; written by
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
