@@ -103,3 +103,20 @@ def test_names_and_ids():
             leg_dir("r", bad)
     with pytest.raises(ValueError, match="timezone"):
         new_run_id(datetime(2026, 1, 1))
+
+
+def test_git_state_names_changed_files_whole(tmp_path, monkeypatch):
+    """env.json's changed_files are whole paths (the first one lost a character before)."""
+    import subprocess
+
+    from workbench import envcapture
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "README.md").write_text("a\n")
+    subprocess.run(["git", "-C", str(tmp_path), "add", "README.md"], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"],
+                   check=True)
+    (tmp_path / "README.md").write_text("b\n")
+    monkeypatch.setattr(envcapture, "REPO_ROOT", tmp_path)
+    state = envcapture.git_state()
+    assert state["dirty"] is True and state["changed_files"] == ["README.md"]

@@ -44,8 +44,9 @@ def git_state() -> dict[str, Any]:
     commit = _git("rev-parse", "HEAD")
     if commit is None:
         return {"commit": None, "dirty": None, "note": "not a git checkout or git unavailable"}
-    porcelain = _git("status", "--porcelain", "--untracked-files=no") or ""
-    changed = [line[3:] for line in porcelain.splitlines() if line.strip()]
+    # tracked files that differ from HEAD, staged or not (names only: no status
+    # columns to cut, which _git's strip() would have shifted)
+    changed = [name for name in (_git("diff", "--name-only", "HEAD") or "").splitlines() if name]
     return {"commit": commit, "branch": _git("rev-parse", "--abbrev-ref", "HEAD"),
             "dirty": bool(changed), "changed_files": changed[:50]}
 
