@@ -2,10 +2,10 @@
 
 The legs are the product's own (``python -m workbench.leg``), with the tiny
 models, the tiny prompt set (one image of several sizes, two images, text
-only), 128 tokens each, greedy. Legs run on the
-one GPU, one after another: vLLM's start-up memory profile refuses to start
-(``Error in memory profiling``) when another process on the GPU frees memory
-meanwhile, which side-by-side legs do. Nothing here is a timing.
+only), 128 tokens each, greedy. Legs share the one GPU, a few at a time, each
+with a fixed KV cache: vLLM's start-up memory profile otherwise refuses to
+start (``Error in memory profiling``) when another process on the GPU frees
+memory meanwhile. Nothing here is a timing.
 
 ``WORKBENCH_GPU_RESULTS`` names the folder the legs and the suite's summary
 (``gpu_suite.json``) are written to, so the evidence can be kept as a run
@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,7 @@ TOKENS = ["--max-tokens", "128", "--ignore-eos", "--max-model-len", "2048", "--g
 FP32 = [*TOKENS, "--dtype", "float32"]
 BF16 = [*TOKENS, "--dtype", "bfloat16"]
 TAU_HALF = "0.693"
+KV_BYTES = 1 << 30  # per leg; the tiny models need a few MiB of it
 
 
 def _legs_plan(m: dict[str, Path]) -> dict[str, list[str]]:
@@ -81,18 +83,38 @@ def results_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def legs(tiny_models, results_dir) -> dict[str, LegResult]:
+    """Run every leg of the plan, ``WORKBENCH_GPU_PARALLEL`` at a time (default 4).
+
+    Legs share the GPU safely because each is given a fixed KV cache
+    (``--kv-cache-memory-bytes``), which skips vLLM's start-up memory profile;
+    each has its own vLLM compile-cache folder (torch's own caches are safe to
+    share). ``WORKBENCH_GPU_REUSE=1`` keeps legs that already finished in the
+    results folder (a suite continued in a second call).
+    """
     plan = _legs_plan(tiny_models)
+    parallel = int(os.environ.get("WORKBENCH_GPU_PARALLEL", "4"))
+    reuse = os.environ.get("WORKBENCH_GPU_REUSE") == "1"
+    caches = Path(tempfile.mkdtemp(prefix="gpu-suite-cache-"))
+
+    def finished(out: Path) -> bool:
+        return (out / "summary.json").exists() and not (out / "failure.json").exists()
 
     def run(name: str) -> tuple[str, LegResult, float]:
         out = results_dir / "legs" / name
+        if reuse and finished(out):
+            return name, LegResult(out, subprocess.CompletedProcess([], 0, "", "(reused)")), 0.0
         cmd = [sys.executable, "-m", "workbench.leg", "--out", str(out), "--force", "--leg", name,
-               "--target", str(tiny_models["target"]), "--prompts", str(TINY_PROMPTS), *plan[name]]
+               "--target", str(tiny_models["target"]), "--prompts", str(TINY_PROMPTS),
+               "--kv-cache-memory-bytes", str(KV_BYTES), *plan[name]]
+        env = {**os.environ, "VLLM_CACHE_ROOT": str(caches / name)}
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
         (results_dir / "legs" / f"{name}.log").write_text(proc.stderr[-20000:])
         return name, LegResult(out, proc), time.perf_counter() - t0
 
-    done = {name: (res, s) for name, res, s in map(run, plan)}
+    (results_dir / "legs").mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        done = {name: (res, s) for name, res, s in pool.map(run, plan)}
     summary = {name: {"returncode": r.returncode, "seconds": round(s, 1),
                       "spec": (r.summary or {}).get("spec"),
                       "engine_report": {k: (r.summary or {}).get("engine_report", {}).get(k) for k in (

@@ -183,3 +183,9 @@ def test_unwritable_leg_folder_is_reported_not_a_traceback(run_leg, tmp_path):
             subprocess.run(["umount", str(ro)], check=False)
         else:
             ro.chmod(0o755)
+
+
+def test_kv_cache_bytes_must_be_positive(run_leg, tiny_models):
+    res = run_leg("--target", str(tiny_models["target"]), "--prompts", str(TINY_PROMPTS), "--max-tokens", "4",
+                  "--kv-cache-memory-bytes", "0")
+    _assert_failed_cleanly(res, "kv_cache_memory_bytes")

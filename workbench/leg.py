@@ -68,6 +68,9 @@ class LegConfig:
     enforce_eager: bool | None = None
     # vLLM's attention backend by name (e.g. TRITON_ATTN, FLASH_ATTN); None: vLLM's choice
     attention_backend: str | None = None
+    # KV cache size in bytes on a GPU (vLLM's kv_cache_memory_bytes): skips vLLM's start-up memory
+    # profile, which refuses to start while another process on the same GPU frees memory.
+    kv_cache_memory_bytes: int | None = None
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     limit_images: int = 4
@@ -86,6 +89,8 @@ class LegConfig:
     _NOT_ENGINE = ("out", "pids", "n", "experiment", "leg", "run_id", "force", "resume_from")
 
     def __post_init__(self):
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
+            raise LegError(f"kv_cache_memory_bytes must be a positive number of bytes, got {self.kv_cache_memory_bytes}")
         for name in WORKLOAD_KNOBS:  # the knob table's checks; None: the leg's or vLLM's default
             value = getattr(self, name)
             if value is not None:
@@ -315,6 +320,8 @@ def _engine_kwargs(cfg: LegConfig) -> dict[str, Any]:
         kw["max_num_batched_tokens"] = cfg.max_num_batched_tokens
     if cfg.attention_backend:
         kw["attention_backend"] = cfg.attention_backend
+    if cfg.kv_cache_memory_bytes is not None and on_cuda:
+        kw["kv_cache_memory_bytes"] = cfg.kv_cache_memory_bytes
     if cfg.gpu_memory_utilization is not None:
         kw["gpu_memory_utilization"] = cfg.gpu_memory_utilization
     elif not on_cuda:
@@ -769,6 +776,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-num-batched-tokens", type=int)
     ap.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None)
     ap.add_argument("--attention-backend", help="vLLM attention backend, e.g. TRITON_ATTN (default: vLLM's choice)")
+    ap.add_argument("--kv-cache-memory-bytes", type=int,
+                    help="GPU only: KV cache size in bytes; skips vLLM's memory profile so legs can share a GPU")
     ap.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--limit-images", type=int, default=4, help="max images per prompt")
@@ -815,6 +824,7 @@ def config_from_args(args: argparse.Namespace) -> LegConfig:
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
         attention_backend=args.attention_backend,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         enable_prefix_caching=args.prefix_caching,
         enable_chunked_prefill=args.chunked_prefill,
         limit_images=args.limit_images,
