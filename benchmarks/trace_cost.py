@@ -6,7 +6,8 @@ One engine (the strict tier, the int4 twin, gamma 6) started with the trace on;
 the plugin's trace is then switched off and on between passes
 (off, on, off, on, ..., off), so every "on" pass is bracketed by two "off"
 passes of the same engine. A pass decodes the tiny prompt set twice: one prompt
-at a time (concurrency 1) and all at once (concurrency 8). The cost of a
+at a time (concurrency 1) and all at once (concurrency 8; ``--c8-copies N``
+submits the set N times, a pass long enough to time on a GPU). The cost of a
 pass pair is 1 - (tok/s on) / mean(tok/s of the two bracketing off passes);
 the table reports its median and IQR per concurrency.
 
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=4, help="number of 'on' passes (each between two 'off' passes)")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--gamma", type=int, default=6)
+    ap.add_argument("--c8-copies", type=int, default=1,
+                    help="the concurrency-8 pass decodes the prompt set this many times (a longer, steadier pass)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -81,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         n1 = sum(len(llm.generate([x], sp, use_tqdm=False)[0].outputs[0].token_ids) for x in inputs)
         t1 = time.perf_counter()
-        n8 = sum(len(o.outputs[0].token_ids) for o in llm.generate(inputs, sp, use_tqdm=False))
+        n8 = sum(len(o.outputs[0].token_ids) for o in llm.generate(inputs * args.c8_copies, sp, use_tqdm=False))
         t8 = time.perf_counter()
         for conc, n, t in (("c1", n1, t1 - t0), ("c8", n8, t8 - t1)):
             f.write(json.dumps({"pass": i, "trace": on, "concurrency": conc, "tokens": n, "seconds": t,
@@ -120,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
 
     (args.out / "env.json").write_text(json.dumps({
         "vllm": vllm.__version__, "torch": torch.__version__, "dtype": args.dtype, "gamma": args.gamma,
+        "reps": args.reps, "tokens": args.tokens, "c8_copies": args.c8_copies,
         "device": torch.cuda.get_device_name(0) if not cpu else "cpu", "trace_steps": steps,
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1) + "\n")
     print(table.to_string(index=False))
