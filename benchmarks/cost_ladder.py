@@ -21,6 +21,10 @@ step cost is not. The forced-acceptance wall-clock speedup of each cell is
 measured beside the prediction S(1, gamma, c) = (gamma + 1) / (gamma c + 1),
 c = draft forward / verification step.
 
+The engine code is ``workbench.ladder_engine``, shared with experiment E16
+(``workbench run E16 --profile 8b-shape``), which runs the same engines through
+the protocol into ``results/E16/<run id>/``.
+
 Output (a run folder): ``steps.jsonl`` (every timed step, tagged with its
 cell), ``walls.jsonl`` (every timed generate call), ``tables/*.csv``,
 ``env.json``, ``figures/*.html`` (when plotly is present).
@@ -29,9 +33,7 @@ cell), ``walls.jsonl`` (every timed generate call), ``tables/*.csv``,
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import os
 import platform
 import sys
 import tempfile
@@ -42,121 +44,19 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-RELAX_WIDE = "1e9"
-PROMPT_LEN = 128
-
-
-def _engine(target: str, draft: str | None, gamma: int | None, max_seqs: int, cpu: bool, dummy: bool):
-    from vllm import LLM
-
-    kw = dict(model=target, dtype="bfloat16", max_model_len=2048, max_num_seqs=max_seqs, seed=0,
-              skip_tokenizer_init=True, limit_mm_per_prompt={"image": 0, "video": 0},
-              enable_prefix_caching=False, disable_log_stats=False)
-    if dummy:
-        kw["load_format"] = "dummy"
-    if cpu:
-        kw.update(enforce_eager=True, gpu_memory_utilization=0.05, distributed_executor_backend="uni")
-    else:
-        # Graphs only for the batch shapes the ladder runs: decode b, verification b*(gamma+1), drafting.
-        kw.update(gpu_memory_utilization=0.80,
-                  compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128]})
-    if draft is not None:
-        kw["speculative_config"] = {"method": "draft_model", "model": draft, "num_speculative_tokens": gamma}
-    t0 = time.perf_counter()
-    llm = LLM(**kw)
-    return llm, time.perf_counter() - t0
-
-
-def _prompts(b: int, vocab_hi: int, seed: int):
-    import random
-
-    rnd = random.Random(seed)
-    return [{"prompt_token_ids": [rnd.randrange(10, vocab_hi) for _ in range(PROMPT_LEN)]} for _ in range(b)]
-
-
-def _free(llm) -> None:
-    import torch
-
-    del llm
-    gc.collect()
-    try:
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-        cleanup_dist_env_and_memory()
-    except Exception:
-        pass
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+from workbench import ladder_engine as le  # noqa: E402  (the engine code, shared with experiment E16)
 
 
 def run_size(size: str, roles: dict[str, str], args, out: Path, cpu: bool) -> None:
-    from vllm import SamplingParams
-
-    from vllm_patch import engine_patches as ep
-
-    steps_f = (out / "steps.jsonl").open("a")
-    walls_f = (out / "walls.jsonl").open("a")
-    sp = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True, detokenize=False)
-    warm = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, detokenize=False)
-    vocab_hi = 400 if size == "tiny" else 150000
-    max_b = max(args.batches)
-
-    def timed(llm, cell: dict, b: int, rep: int) -> None:
-        G = ep.G
-        G.steps.flush()
-        start = _count_lines(G.steps.path)
-        prompts = _prompts(b, vocab_hi, seed=rep)
-        t0 = time.perf_counter()
-        outs = llm.generate(prompts, sp, use_tqdm=False)
-        wall = time.perf_counter() - t0
-        G.steps.flush()
-        rows = _read_lines(G.steps.path, start)
-        tag = {**cell, "size": size, "batch": b, "rep": rep}
-        for r in rows:
-            steps_f.write(json.dumps({**tag, **r}) + "\n")
-        n_out = sum(len(o.outputs[0].token_ids) for o in outs)
-        walls_f.write(json.dumps({**tag, "wall_s": wall, "out_tokens": n_out}) + "\n")
-        steps_f.flush()
-        walls_f.flush()
-
     engines = [("vanilla", None)] + [("spec", g) for g in args.gammas]
     if args.only:
         engines = [e for e in engines if (e[0] if e[1] is None else str(e[1])) == args.only]
-    for kind, gamma in engines:
-        draft = roles["twin"] if kind == "spec" else None
-        llm, start_s = _engine(roles["target"], draft, gamma, max_b, cpu, dummy=(size != "tiny"))
-        report = dict(ep.G.report.facts) if ep.G.report else {}
-        walls_f.write(json.dumps({"size": size, "kind": kind, "gamma": gamma, "engine_start_s": start_s,
-                                  "engine_report": report}) + "\n")
-        llm.generate(_prompts(max_b, vocab_hi, seed=99), warm, use_tqdm=False)  # warm-up
-        modes = [True] if kind == "vanilla" else [True, False]
-        for b in args.batches:
-            for rep in range(args.repeats):
-                for graphs in modes:  # alternating: graphs on, off, on, off, ...
-                    ep.G.draft_graphs_off = not graphs
-                    timed(llm, {"kind": kind, "gamma": gamma, "draft_graphs": graphs if kind == "spec" else None},
-                          b, rep)
-        ep.G.draft_graphs_off = False
-        print(f"[ladder] {size} {kind} gamma={gamma}: engine start {start_s:.1f}s, done", file=sys.stderr, flush=True)
-        _free(llm)
-    steps_f.close()
-    walls_f.close()
-
-
-def _count_lines(path: str) -> int:
-    try:
-        with open(path) as f:
-            return sum(1 for _ in f)
-    except FileNotFoundError:
-        return 0
-
-
-def _read_lines(path: str, start: int) -> list[dict]:
-    try:
-        with open(path) as f:
-            return [json.loads(line) for i, line in enumerate(f) if i >= start and line.strip()]
-    except FileNotFoundError:
-        return []
+    with (out / "steps.jsonl").open("a") as steps_f, (out / "walls.jsonl").open("a") as walls_f:
+        for kind, gamma in engines:
+            le.run_engine(size=size, kind=kind, target=roles["target"],
+                          draft=roles["twin"] if kind == "spec" else None, gamma=gamma, batches=args.batches,
+                          repeats=args.repeats, tokens=args.tokens, cpu=cpu, dummy=(size != "tiny"),
+                          steps_f=steps_f, walls_f=walls_f)
 
 
 def _env(out: Path, sizes: list[str]) -> None:
@@ -176,15 +76,6 @@ def _env(out: Path, sizes: list[str]) -> None:
            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
            "cuda": torch.version.cuda, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "sizes": sizes, "host": platform.platform()}
-    earlier = out / "env.json"
-    if earlier.exists():  # a second invocation into the same folder (rows are appended): keep both
-        prev = json.loads(earlier.read_text())
-        if (prev.get("versions"), prev.get("patch_fingerprint"), prev.get("gpu")) != (
-                env["versions"], env["patch_fingerprint"], env["gpu"]):
-            raise SystemExit(f"{out} holds rows from another setup ({prev.get('versions')}, {prev.get('gpu')}); "
-                             "use a new --out")
-        env["sizes"] = list(dict.fromkeys([*prev.get("sizes", []), *sizes]))
-        env["invocations"] = [*prev.get("invocations", [prev.get("date_utc")]), env["date_utc"]]
     (out / "env.json").write_text(json.dumps(env, indent=1) + "\n")
 
 
@@ -202,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     args.batches = [int(x) for x in args.batches.split(",")]
     args.gammas = [int(x) for x in args.gammas.split(",")]
     sizes = [s for s in args.sizes.split(",") if s]
-    unknown = set(sizes) - {"8b", "32b", "tiny"}
+    unknown = set(sizes) - set(le.SIZES)
     if unknown:
         ap.error(f"unknown size(s) {sorted(unknown)}: use 8b, 32b or tiny")
     out = args.out
@@ -212,12 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cpu = not torch.cuda.is_available()
     report_dir = tempfile.mkdtemp(prefix="ladder-engine-")
-    os.environ.update({"VLLM_SPEC_STEP_TIMING": "1", "VLLM_SPEC_REPORT_DIR": report_dir,
-                       "VLLM_SPEC_RELAX_LOGTAU": RELAX_WIDE, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
-    if cpu:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    le.set_process_env(cpu, report_dir)
     if not args.only:
         _env(out, sizes)
         import subprocess

@@ -1,0 +1,291 @@
+"""The cost ladder's runner: one engine in this process, timed step by step by the plugin's step timer.
+
+Used two ways, with one engine code path:
+
+* by the protocol, for an experiment whose ``runner`` is ``ladder`` (E16): each planned leg is one
+  engine in one process, ``python -m workbench.ladder_engine --config <run>/legs/<leg>/leg.json``;
+  the leg folder gets ``steps.jsonl`` and ``walls.jsonl`` (raw rows) and ``summary.json``
+  (``"status": "complete"``, ``"runner": "ladder"``), or ``failure.json``;
+* by ``benchmarks/cost_ladder.py`` (its own command line and output folder, same rows).
+
+What one engine does (``run_engine``): vLLM's in-process engine core (so the plugin's step timer
+is read directly) with the target alone (vanilla) or with the twin drafting (spec); a warm-up;
+then per batch and repeat one ``generate`` of ``batch`` random prompts, greedy, ``tokens`` output
+tokens each. A spec engine runs each batch with the drafter's CUDA graphs on and off, alternating,
+in the same engine (the drafter's dispatch forced to eager). Every timed step becomes one row of
+``steps.jsonl`` tagged with its cell; every timed ``generate`` one row of ``walls.jsonl``.
+
+Times are engine-side (``VLLM_SPEC_STEP_TIMING``: CUDA events around the target's forward and the
+drafter's ``propose``; wall clock on CPU). With the relaxed gate opened wide
+(``relax_logtau`` = 1e9) every drafted token passes: alpha = 1 with the twin really drafting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from workbench.runfolder import LADDER_STEPS as STEPS, LADDER_WALLS as WALLS
+
+RELAX_WIDE = "1e9"         # the relaxed gate opened wide: every drafted token passes (alpha = 1)
+PROMPT_LEN = 128           # prompt tokens per request
+MAX_MODEL_LEN = 2048
+GPU_MEMORY_UTILIZATION = 0.80
+# Graphs only for the batch shapes the ladder runs: decode b, verification b*(gamma+1), drafting.
+CUDAGRAPH_CAPTURE_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128]
+WARMUP_TOKENS = 8
+SIZES = ("8b", "32b", "tiny")
+
+
+def vocab_hi(size: str) -> int:
+    """Upper bound (exclusive) of the random prompt token ids: inside every model's vocabulary."""
+    return 400 if size == "tiny" else 150000
+
+
+def process_env(report_dir: str, knob_env: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of a ladder engine process, set before vLLM is imported (the plugin reads it).
+
+    ``knob_env``: the leg's knobs as ``workbench.knobs.Knobs.to_env`` writes them; without it (the
+    benchmark script) only the relaxed gate is set, opened wide.
+    """
+    env = {"VLLM_SPEC_STEP_TIMING": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    env.update(knob_env if knob_env is not None else {"VLLM_SPEC_RELAX_LOGTAU": RELAX_WIDE})
+    env["VLLM_SPEC_REPORT_DIR"] = report_dir
+    return env
+
+
+def set_process_env(cpu: bool, report_dir: str, knob_env: dict[str, str] | None = None) -> None:
+    os.environ.update(process_env(report_dir, knob_env))
+    if cpu:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def engine(target: str, draft: str | None, gamma: int | None, max_seqs: int, cpu: bool, dummy: bool,
+           dtype: str = "bfloat16", max_model_len: int = MAX_MODEL_LEN,
+           gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION):
+    """An offline ``LLM`` of the target (with the twin drafting ``gamma`` tokens when ``draft``); its start time."""
+    from vllm import LLM
+
+    kw: dict[str, Any] = dict(model=target, dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_seqs,
+                              seed=0, skip_tokenizer_init=True, limit_mm_per_prompt={"image": 0, "video": 0},
+                              enable_prefix_caching=False, disable_log_stats=False)
+    if dummy:
+        kw["load_format"] = "dummy"
+    if cpu:
+        kw.update(enforce_eager=True, gpu_memory_utilization=0.05, distributed_executor_backend="uni")
+    else:
+        kw.update(gpu_memory_utilization=gpu_memory_utilization,
+                  compilation_config={"cudagraph_capture_sizes": list(CUDAGRAPH_CAPTURE_SIZES)})
+    if draft is not None:
+        kw["speculative_config"] = {"method": "draft_model", "model": draft, "num_speculative_tokens": gamma}
+    t0 = time.perf_counter()
+    llm = LLM(**kw)
+    return llm, time.perf_counter() - t0
+
+
+def prompts(b: int, hi: int, seed: int, prompt_len: int = PROMPT_LEN) -> list[dict]:
+    import random
+
+    rnd = random.Random(seed)
+    return [{"prompt_token_ids": [rnd.randrange(10, hi) for _ in range(prompt_len)]} for _ in range(b)]
+
+
+def free(llm) -> None:
+    import torch
+
+    del llm
+    gc.collect()
+    try:
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
+    except Exception:
+        pass
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def count_lines(path: str) -> int:
+    try:
+        with open(path) as f:
+            return sum(1 for _ in f)
+    except FileNotFoundError:
+        return 0
+
+
+def read_lines(path: str, start: int) -> list[dict]:
+    try:
+        with open(path) as f:
+            return [json.loads(line) for i, line in enumerate(f) if i >= start and line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def run_engine(*, size: str, kind: str, target: str, draft: str | None, gamma: int | None,
+               batches: list[int], repeats: int, tokens: int, cpu: bool, dummy: bool,
+               steps_f, walls_f, prompt_len: int = PROMPT_LEN, dtype: str = "bfloat16",
+               max_model_len: int = MAX_MODEL_LEN, gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+               tag: dict[str, Any] | None = None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """One engine's cells (every batch x repeat, drafter graphs on/off for spec) -> rows in the open files.
+
+    Returns what the engine reported: start time, the plugin's engine report, rows written.
+    """
+    from vllm import SamplingParams
+
+    from vllm_patch import engine_patches as ep
+
+    extra = dict(tag or {})
+    sp = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True, detokenize=False)
+    warm = SamplingParams(temperature=0.0, max_tokens=WARMUP_TOKENS, ignore_eos=True, detokenize=False)
+    hi = vocab_hi(size)
+    max_b = max(batches)
+    counts = {"steps": 0, "walls": 0}
+
+    def timed(llm, cell: dict, b: int, rep: int) -> None:
+        G = ep.G
+        G.steps.flush()
+        start = count_lines(G.steps.path)
+        batch_prompts = prompts(b, hi, seed=rep, prompt_len=prompt_len)
+        t0 = time.perf_counter()
+        outs = llm.generate(batch_prompts, sp, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        G.steps.flush()
+        rows = read_lines(G.steps.path, start)
+        row_tag = {**cell, "size": size, "batch": b, "rep": rep, **extra}
+        for r in rows:
+            steps_f.write(json.dumps({**row_tag, **r}) + "\n")
+        n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+        walls_f.write(json.dumps({**row_tag, "wall_s": wall, "out_tokens": n_out}) + "\n")
+        steps_f.flush()
+        walls_f.flush()
+        counts["steps"] += len(rows)
+        counts["walls"] += 1
+
+    llm, start_s = engine(target, draft if kind == "spec" else None, gamma, max_b, cpu, dummy, dtype=dtype,
+                          max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization)
+    if ep.G.steps is None:
+        raise RuntimeError("the plugin's step timer is off in this engine (VLLM_SPEC_STEP_TIMING=1 and "
+                           "VLLM_SPEC_REPORT_DIR must be set before vLLM is imported)")
+    report = dict(ep.G.report.facts) if ep.G.report else {}
+    walls_f.write(json.dumps({"size": size, "kind": kind, "gamma": gamma, "engine_start_s": start_s,
+                              "engine_report": report, **extra}) + "\n")
+    llm.generate(prompts(max_b, hi, seed=99, prompt_len=prompt_len), warm, use_tqdm=False)  # warm-up
+    modes = [True] if kind == "vanilla" else [True, False]
+    try:
+        for b in batches:
+            for rep in range(repeats):
+                for graphs in modes:  # alternating: graphs on, off, on, off, ...
+                    ep.G.draft_graphs_off = not graphs
+                    timed(llm, {"kind": kind, "gamma": gamma, "draft_graphs": graphs if kind == "spec" else None},
+                          b, rep)
+    finally:
+        ep.G.draft_graphs_off = False
+    (log or (lambda s: print(s, file=sys.stderr, flush=True)))(
+        f"[ladder] {size} {kind} gamma={gamma}: engine start {start_s:.1f}s, done")
+    free(llm)
+    return {"engine_start_s": start_s, "engine_report": report, "n_steps": counts["steps"],
+            "n_walls": counts["walls"]}
+
+
+# --------------------------------------------------------------------------- a protocol leg
+
+
+def leg_config(leg, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """``legs/<leg>/leg.json`` of one ladder engine (``leg``: a ``workbench.planning.PlannedLeg``)."""
+    from workbench.knobs import Knobs
+
+    k = leg.knobs
+    spec = leg.kind == "spec"
+    knobs = (Knobs(gamma=k["gamma"], relax_logtau=float(k.get("relax_logtau") or 0.0),
+                   blind_mm=bool(k.get("blind_mm")), draft_cudagraph=k.get("draft_cudagraph") is not False,
+                   trace=bool(k.get("trace"))) if spec else Knobs(trace=False))
+    ladder = cfg["ladder"]
+    gpu_mem = k.get("gpu_memory_utilization")
+    return {"runner": "ladder", "experiment": cfg["experiment"], "run_id": cfg["run_id"], "leg": leg.name,
+            "kind": leg.kind, "size": ladder["size"], "target": cfg["models"][leg.model],
+            "draft": cfg["models"][leg.draft] if spec else None, "gamma": k.get("gamma") if spec else None,
+            "batches": list(ladder["batches"]), "repeats": int(ladder["repeats"]),
+            "prompt_len": int(ladder["prompt_len"]), "tokens": int(k["max_tokens"]),
+            "dtype": str(k.get("dtype") or "bfloat16"), "max_model_len": int(k["max_model_len"]),
+            "gpu_memory_utilization": float(gpu_mem) if gpu_mem is not None else GPU_MEMORY_UTILIZATION,
+            "load_format": cfg.get("load_format") or "auto", "device": cfg.get("device"),
+            "knobs": knobs.as_dict(), "out": str(Path(run_dir) / "legs" / leg.name)}
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def run_leg(conf: dict[str, Any]) -> dict[str, Any]:
+    """Run one ladder leg into ``conf["out"]``: steps.jsonl, walls.jsonl, summary.json (or failure.json)."""
+    from workbench.knobs import Knobs
+
+    out = Path(conf["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    cpu = not torch.cuda.is_available()
+    if conf.get("device") == "gpu" and cpu:
+        raise RuntimeError(f"leg {conf['leg']}: its profile runs on a CUDA GPU and this host has none")
+    knobs = Knobs(**conf["knobs"])
+    report_dir = tempfile.mkdtemp(prefix="ladder-engine-")
+    set_process_env(cpu, report_dir, knobs.to_env(report_dir))
+    partial = {name: out / (name + ".partial") for name in (STEPS, WALLS)}
+    t0 = time.perf_counter()
+    with partial[STEPS].open("w") as steps_f, partial[WALLS].open("w") as walls_f:
+        info = run_engine(size=conf["size"], kind=conf["kind"], target=conf["target"], draft=conf.get("draft"),
+                          gamma=conf.get("gamma"), batches=[int(b) for b in conf["batches"]],
+                          repeats=int(conf["repeats"]), tokens=int(conf["tokens"]), cpu=cpu,
+                          dummy=conf.get("load_format") == "dummy", steps_f=steps_f, walls_f=walls_f,
+                          prompt_len=int(conf["prompt_len"]), dtype=conf["dtype"],
+                          max_model_len=int(conf["max_model_len"]),
+                          gpu_memory_utilization=float(conf["gpu_memory_utilization"]), tag={"leg": conf["leg"]})
+    for name, path in partial.items():
+        os.replace(path, out / name)
+    import vllm_patch
+
+    summary = {"status": "complete", "runner": "ladder", "experiment": conf.get("experiment"),
+               "run_id": conf.get("run_id"), "leg": conf["leg"], "mode": conf["kind"],
+               "tier": "vanilla" if conf["kind"] == "vanilla" else ("relaxed" if knobs.relax_logtau > 0 else "strict"),
+               "gamma": conf.get("gamma"), "size": conf["size"], "target": conf["target"], "draft": conf.get("draft"),
+               "knobs": knobs.as_dict(), "device": "cpu" if cpu else torch.cuda.get_device_name(0),
+               "wall_s": time.perf_counter() - t0, "patch_fingerprint": vllm_patch.fingerprint(), **info}
+    _write_json(out / "summary.json", summary)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m workbench.ladder_engine", description=__doc__.splitlines()[0])
+    ap.add_argument("--config", type=Path, required=True, help="legs/<leg>/leg.json written by the protocol")
+    args = ap.parse_args(argv)
+    conf = json.loads(args.config.read_text())
+    out = Path(conf["out"])
+    try:
+        run_leg(conf)
+    except BaseException as exc:
+        out.mkdir(parents=True, exist_ok=True)
+        _write_json(out / "failure.json", {"status": "failed", "runner": "ladder", "leg": conf.get("leg"),
+                                           "mode": conf.get("kind"), "gamma": conf.get("gamma"),
+                                           "error": f"{type(exc).__name__}: {exc}",
+                                           "traceback": traceback.format_exc()})
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        print(f"[ladder] leg {conf.get('leg')} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
