@@ -94,6 +94,12 @@ class RunTables:
         index = metrics.TraceIndex(self.records)
         return None if index.empty else index
 
+    @cached_property
+    def ladder(self) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+        """The cost ladder's raw (steps, walls) rows (E16: ``workbench.ladder``), or None where the run has none."""
+        from . import ladder
+        return ladder.load(self.run.path) if ladder.has_rows(self.run.path) else None
+
     @property
     def dataset(self) -> str | None:
         return (self.run.config.get("dataset") or {}).get("resolved")
@@ -220,6 +226,25 @@ def _mmvet_capability(t: RunTables) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
+def _step_costs(t: RunTables) -> pd.DataFrame:
+    from . import ladder
+    t.need(t.ladder is not None, "cost-ladder leg (steps.jsonl)")
+    return ladder.step_costs(t.ladder[0])
+
+
+def _cost_ratio(t: RunTables) -> pd.DataFrame:
+    from . import ladder
+    t.need(t.ladder is not None, "cost-ladder leg (steps.jsonl)")
+    return ladder.cost_ratio(t["step_costs"], t.ladder[1])
+
+
+def _speedup_curve(t: RunTables) -> pd.DataFrame:
+    from . import ladder
+    ratios = t["cost_ratio"]
+    t.need(len(ratios) > 0, "complete cost-ladder spec leg")
+    return ladder.speedup_curve(ratios)
+
+
 TABLES: dict[str, Table] = {t.name: t for t in [
     Table("speedup", _speedup, "per spec leg: median bracketed speedup over prompts, IQR (metrics.bracketed_speedup)"),
     Table("prompt_speedups", _prompt_speedups, "per prompt and spec leg: tok/s over the bracketing vanilla legs'"),
@@ -235,6 +260,13 @@ TABLES: dict[str, Table] = {t.name: t for t in [
     Table("legs_throughput", _legs_throughput, "per engine leg: median tok/s and total throughput"),
     Table("mathvista_accuracy", _mathvista_accuracy, "per leg: rule-scored MathVista accuracy"),
     Table("mmvet_capability", _mmvet_capability, "per leg and MM-Vet capability: tok/s, acceptance length"),
+    Table("step_costs", _step_costs, "cost ladder (E16): median and IQR ms of the target's decode step, its "
+          "verification step (gamma + 1 tokens per request) and the drafter's propose, per size, batch, gamma, "
+          "drafter graphs (ladder.step_costs)"),
+    Table("cost_ratio", _cost_ratio, "cost ladder (E16): c = (propose / gamma) / verification step per cell, "
+          "S(1, gamma, c) = (gamma + 1) / (gamma c + 1), and the measured forced-acceptance speedup"),
+    Table("speedup_curve", _speedup_curve, "cost ladder (E16): S(alpha, gamma, c) for alpha in [0.5, 0.98] at "
+          "each cell's c", in_summary=False),
 ]}
 
 
@@ -261,6 +293,13 @@ ANALYSES: dict[str, Analysis] = {a.name: a for a in [
              "measured acceptance vs relax x, with the counterfactual curve from the trace"),
     Analysis("agreement_vs_acceptance", ("agreement",), plots.agreement_vs_acceptance,
              "E7: teacher-forced agreement vs realised acceptance per prompt, Pearson r"),
+    Analysis("step_cost_vs_batch", ("step_costs",), plots.step_cost_vs_batch,
+             "cost ladder: engine-side step cost vs batch per role (decode, verification, draft step), IQR bars"),
+    Analysis("c_by_graphs", ("cost_ratio",), plots.cost_ratio_by_graphs,
+             "cost ladder: c = draft step / verification step, drafter CUDA graphs on vs off"),
+    Analysis("speedup_curves", ("speedup_curve", "cost_ratio"), plots.speedup_curves,
+             "cost ladder: predicted S(alpha) at the measured c, measured S at alpha = 1, the seed PR's and "
+             "QuantSpec's operating points"),
 ]}
 
 

@@ -175,12 +175,12 @@ def export_run(
     no finished leg.
     """
     run = load_run(run_dir)
-    if run.records.empty:
+    t = analyses.RunTables(run)
+    if run.records.empty and not t.available():  # a cost-ladder run has tables without prompt records
         removed = remove_stale(run.path, set(), set()) if tables else []
         raise ValueError(f"run {run.path} has no finished leg with records; nothing to export"
                          + (f" (removed {len(removed)} derived file(s) left from earlier: "
                             f"{', '.join(p.name for p in removed)})" if removed else ""))
-    t = analyses.RunTables(run)
     figs = standard_figures(run, t)
     written = export_figures(figs, run.path / "figures", formats, width, height)
     if tables:

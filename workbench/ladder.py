@@ -1,7 +1,10 @@
 """The GPU cost ladder's analysis: step costs, the draft/verify cost ratio c, and speedup curves.
 
-Reads a cost-ladder run folder (``steps.jsonl``, ``walls.jsonl``; written by
-``benchmarks/cost_ladder.py``) and derives, from those raw rows alone:
+Reads the raw rows of a cost ladder (``steps.jsonl``, ``walls.jsonl``): the
+folder ``benchmarks/cost_ladder.py`` writes, or a run folder of experiment E16
+(``workbench run E16``), whose complete legs hold the rows
+(``legs/<leg>/steps.jsonl``; ``merge_rows`` also writes them whole at the run
+folder's top, in the benchmark's format). From those rows alone it derives:
 
 * ``step_costs``: median and IQR (ms) of the target's decode step
   (vanilla, ``tokens == batch``), its verification step (``tokens == batch *
@@ -13,6 +16,12 @@ Reads a cost-ladder run folder (``steps.jsonl``, ``walls.jsonl``; written by
   measured forced-acceptance speedup (vanilla wall time / spec wall time for
   the same prompts and output length);
 * ``speedup_curve``: S(alpha, gamma, c) for alpha in [0.5, 0.98].
+
+These three are tables of the analysis registry (``workbench.analyses``), and
+their figures (``workbench.plots``: step cost vs batch, c with and without
+drafter graphs, S(alpha) with the published operating points) are analyses, so
+the experiment notebook, ``workbench export`` and the explorer show an E16 run
+like any other.
 """
 
 from __future__ import annotations
@@ -22,12 +31,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .runfolder import LADDER_STEPS as STEPS, LADDER_WALLS as WALLS
+
 ALPHAS = np.round(np.arange(0.50, 0.981, 0.02), 2)
 
 # Published operating points for the S(alpha) figure.
 SEED_POINT = {"label": "seed PR: 1.28x TPOT, Qwen3-VL-32B + 0.6B draft, acceptance length 1.49",
               "speedup": 1.28, "acceptance_length": 1.49}
 QUANTSPEC_POINT = {"label": "QuantSpec: ~2.5x at >90% acceptance", "speedup": 2.5, "alpha": 0.9}
+# How the operating points are placed on the alpha axis (the figure's caption and hover text).
+OPERATING_POINTS_NOTE = (
+    "Seed PR (1.28x TPOT, acceptance length L = 1.49, Qwen3-VL-32B with a 0.6B draft): placed, for each "
+    "curve's gamma, at the alpha whose expected acceptance length is 1.49, from "
+    "L = (1 - alpha^(gamma+1)) / (1 - alpha) (tokens per verification step, bonus token included). "
+    "QuantSpec (~2.5x at > 90% acceptance): drawn at alpha = 0.9, the lower end of what it reports.")
 
 
 def speedup(alpha, gamma: int, c: float):
@@ -49,16 +66,69 @@ def alpha_for_length(length: float, gamma: int) -> float:
     return (lo + hi) / 2
 
 
-def load(run_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _is_run_folder(run_dir: Path) -> bool:
+    return (run_dir / "run.json").is_file()
+
+
+def _leg_row_files(run_dir: Path) -> list[Path]:
+    """Leg folders of a protocol run (run.json order) whose ladder leg is complete."""
+    from .runfolder import leg_status, read_json
+
+    cfg = read_json(run_dir / "run.json")
+    names = [leg["name"] for leg in cfg.get("legs", []) if isinstance(leg, dict) and "name" in leg]
+    return [run_dir / "legs" / n for n in names if (run_dir / "legs" / n / STEPS).is_file()
+            and leg_status(run_dir / "legs" / n) == "complete"]
+
+
+def has_rows(run_dir: str | Path) -> bool:
+    """Whether ``run_dir`` holds cost-ladder rows (a benchmark folder, or a run with a complete ladder leg)."""
     run_dir = Path(run_dir)
-    steps_path, walls_path = run_dir / "steps.jsonl", run_dir / "walls.jsonl"
-    for p in (steps_path, walls_path):
-        if not p.is_file():
-            raise FileNotFoundError(f"cost-ladder run {run_dir} has no {p.name}")
-    steps = pd.read_json(steps_path, lines=True)
-    walls = pd.read_json(walls_path, lines=True)
+    if _is_run_folder(run_dir):
+        return bool(_leg_row_files(run_dir))
+    return (run_dir / STEPS).is_file() and (run_dir / WALLS).is_file()
+
+
+def _read_rows(paths: list[Path]) -> pd.DataFrame:
+    frames = [pd.read_json(p, lines=True) for p in paths if p.is_file() and p.stat().st_size > 0]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def load(run_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The raw (steps, walls) rows; in a protocol run those of its complete legs, in a benchmark folder its files."""
+    run_dir = Path(run_dir)
+    if _is_run_folder(run_dir):
+        legs = _leg_row_files(run_dir)
+        if not legs:
+            raise FileNotFoundError(f"cost-ladder run {run_dir} has no complete leg with {STEPS}")
+        steps, walls = _read_rows([d / STEPS for d in legs]), _read_rows([d / WALLS for d in legs])
+    else:
+        steps_path, walls_path = run_dir / STEPS, run_dir / WALLS
+        for p in (steps_path, walls_path):
+            if not p.is_file():
+                raise FileNotFoundError(f"cost-ladder run {run_dir} has no {p.name}")
+        steps = pd.read_json(steps_path, lines=True)
+        walls = pd.read_json(walls_path, lines=True)
     walls = walls[walls["wall_s"].notna()] if "wall_s" in walls else walls.iloc[0:0]
     return steps, walls
+
+
+def merge_rows(run_dir: str | Path) -> dict[str, Path]:
+    """A protocol run's rows written whole at its top (``steps.jsonl``, ``walls.jsonl``), as the benchmark
+    script writes them: the complete legs' files, in run order (each file written aside, then renamed)."""
+    import os
+
+    run_dir = Path(run_dir)
+    legs = _leg_row_files(run_dir)
+    out = {}
+    for name in (STEPS, WALLS):
+        tmp = run_dir / f".{name}.tmp"
+        with tmp.open("w", encoding="utf-8") as fh:
+            for d in legs:
+                if (d / name).is_file():
+                    fh.write((d / name).read_text(encoding="utf-8"))
+        os.replace(tmp, run_dir / name)
+        out[name] = run_dir / name
+    return out
 
 
 def _iqr(s: pd.Series) -> pd.Series:
@@ -142,45 +212,27 @@ def write_tables(run_dir: str | Path) -> dict[str, pd.DataFrame]:
 
 
 def figures(tables: dict[str, pd.DataFrame]) -> dict:
-    import plotly.express as px
-    import plotly.graph_objects as go
+    """The three ladder figures (``workbench.plots``), named as the analysis registry names them."""
+    from . import plots
 
     costs, ratios, curve = tables["step_costs"], tables["cost_ratio"], tables["speedup_curve"]
     out = {}
     if not costs.empty:
-        c = costs.copy()
-        c["series"] = c.apply(lambda r: r["role"] + ("" if r["gamma"] is None or r["gamma"] != r["gamma"] else
-                                                     f" g={int(r['gamma'])}" + (" graphs" if r["draft_graphs"] else " eager")), axis=1)
-        out["step_cost_vs_batch"] = px.line(c, x="batch", y="median_ms", color="series", facet_col="size",
-                                            markers=True, log_x=True, title="Engine-side step cost vs batch",
-                                            labels={"median_ms": "ms per step"})
+        out["step_cost_vs_batch"] = plots.step_cost_vs_batch(costs)
     if not ratios.empty:
-        r = ratios.copy()
-        r["drafter"] = r["draft_graphs"].map({True: "CUDA graphs", False: "eager"})
-        out["c_by_graphs"] = px.bar(r, x="batch", y="c", color="drafter", barmode="group", facet_col="size",
-                                    facet_row="gamma", title="c = draft forward / verification step")
+        out["c_by_graphs"] = plots.cost_ratio_by_graphs(ratios)
     if not curve.empty:
-        fig = go.Figure()
-        for (size, batch, gamma, graphs), g in curve.groupby(["size", "batch", "gamma", "draft_graphs"]):
-            if not graphs:
-                continue
-            fig.add_trace(go.Scatter(x=g["alpha"], y=g["S"], mode="lines",
-                                     name=f"{size} b={batch} g={gamma}"))
-        fig.add_trace(go.Scatter(x=[alpha_for_length(SEED_POINT["acceptance_length"], 1)],
-                                 y=[SEED_POINT["speedup"]], mode="markers", marker_symbol="x", marker_size=12,
-                                 name=SEED_POINT["label"]))
-        fig.add_trace(go.Scatter(x=[QUANTSPEC_POINT["alpha"]], y=[QUANTSPEC_POINT["speedup"]], mode="markers",
-                                 marker_symbol="diamond", marker_size=12, name=QUANTSPEC_POINT["label"]))
-        fig.add_hline(y=1.0, line_dash="dot")
-        fig.update_layout(title="Predicted speedup S(alpha) at the measured c (drafter CUDA graphs on)",
-                          xaxis_title="alpha (per-token acceptance)", yaxis_title="speedup")
-        out["speedup_curves"] = fig
+        out["speedup_curves"] = plots.speedup_curves(curve, ratios)
     return out
 
 
-def summary_markdown(run_dir: str | Path) -> str:
-    """The README table: one row per size, batch and gamma, graphs on and off."""
-    ratios = pd.read_csv(Path(run_dir) / "tables" / "cost_ratio.csv")
+def summary_markdown(run_dir: str | Path | None = None, ratios: pd.DataFrame | None = None) -> str:
+    """The README table: one row per size, batch and gamma, graphs on and off (from ``ratios`` or the run's csv)."""
+    if ratios is None:
+        ratios = pd.read_csv(Path(run_dir) / "tables" / "cost_ratio.csv")
+    if ratios.empty:
+        return "(no cost-ratio rows: no complete spec leg)"
+    ratios = ratios.assign(draft_graphs=ratios["draft_graphs"].astype(bool))
     lines = ["| size | batch | γ | decode ms | verify ms | draft fwd ms (graphs / eager) | c (graphs / eager) "
              "| S(1,γ,c) | measured S at α=1 (graphs / eager) |", "|" + "---|" * 9]
     for (size, batch, gamma), g in ratios.groupby(["size", "batch", "gamma"]):

@@ -191,7 +191,7 @@ def load_run(run_dir: str | Path) -> Run:
         folder = legs_root / name
         row = _leg_row(folder if folder.is_dir() else None, name, index)
         leg_rows.append(row)
-        if row["status"] == "complete":
+        if row["status"] == "complete" and (folder / RECORDS).is_file():  # a cost-ladder leg has none
             recs = _read_records(folder / RECORDS, name, index)
             if row["n_prompts"] is not None and len(recs) != row["n_prompts"]:
                 raise ValueError(

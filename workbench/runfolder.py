@@ -7,6 +7,8 @@ Both the writers (``workbench.leg``, ``workbench.execution``) and the reader
     results/<experiment>/<run id>/
       run.json  env.json  prompts.jsonl  protocol.json  run.lock
       legs/<leg>/  leg.json  records.jsonl | records.jsonl.partial  summary.json | failure.json  leg.log
+                   (a cost-ladder leg, ``runner: ladder`` in its summary: steps.jsonl + walls.jsonl, no records)
+      steps.jsonl  walls.jsonl   cost-ladder runs only: every complete leg's rows, in run order
       attempts/<leg>.<k>/   earlier attempts of a leg (failed, interrupted, or replaced with --force)
       tables/  figures/  notebook.ipynb
 """
@@ -38,6 +40,9 @@ RECORDS_PARTIAL = "records.jsonl.partial"
 SUMMARY = "summary.json"
 FAILURE = "failure.json"
 LEG_LOG = "leg.log"
+# A cost-ladder leg (``workbench.ladder_engine``) has timed engine steps instead of per-prompt records.
+LADDER_STEPS = "steps.jsonl"
+LADDER_WALLS = "walls.jsonl"
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
 
@@ -132,7 +137,8 @@ def read_jsonl(path: str | Path, tolerate_torn_tail: bool = False) -> list[dict]
 def leg_status(folder: str | Path) -> str:
     """``complete`` | ``failed`` | ``incomplete`` | ``pending``, from the files alone.
 
-    complete: summary.json says "complete" and records.jsonl exists; failed: failure.json (its
+    complete: summary.json says "complete" and records.jsonl exists (a cost-ladder leg: its summary says
+    ``"runner": "ladder"`` and steps.jsonl + walls.jsonl exist); failed: failure.json (its
     partial records, if any, stay in records.jsonl.partial); incomplete: a folder with neither
     (interrupted, or still running); pending: no folder.
     """
@@ -142,12 +148,17 @@ def leg_status(folder: str | Path) -> str:
     if (folder / FAILURE).is_file():
         return "failed"
     summary = folder / SUMMARY
-    if summary.is_file() and (folder / RECORDS).is_file():
+    ladder_rows = (folder / LADDER_STEPS).is_file() and (folder / LADDER_WALLS).is_file()
+    if summary.is_file() and ((folder / RECORDS).is_file() or ladder_rows):
         try:
             info = read_json(summary)
         except (OSError, ValueError):
             return "incomplete"
-        return "complete" if isinstance(info, dict) and info.get("status") == "complete" else "incomplete"
+        if not (isinstance(info, dict) and info.get("status") == "complete"):
+            return "incomplete"
+        if not (folder / RECORDS).is_file() and info.get("runner") != "ladder":
+            return "incomplete"
+        return "complete"
     return "incomplete"
 
 

@@ -7,6 +7,11 @@ precomputed when the run is loaded: per-leg tables, and from the acceptance
 trace presorted running maxima of the margins, so a move of the
 ``relax_logtau`` slider is a handful of ``searchsorted`` calls whatever the
 number of prompts (see benchmarks/bench_explorer.py).
+
+A cost-ladder run (E16) has no prompt records; the explorer shows its three
+figures instead (step cost vs batch, c with and without drafter graphs, S(α)
+with the published operating points), and the ``gamma`` slider picks the
+gamma whose S(α) curves are shown.
 """
 
 from __future__ import annotations
@@ -53,6 +58,13 @@ class _Precomputed:
         self.trace = tables.trace
         self.curves = tables.get("counterfactual_acceptance")
         self.over = tables.get("acceptance_over_position")
+        # the cost ladder (E16): its tables, where the run has its rows
+        self.step_costs = tables.get("step_costs")
+        self.cost_ratio = tables.get("cost_ratio")
+        self.speedup_curve = tables.get("speedup_curve")
+        self.is_ladder = self.step_costs is not None
+        if not self.gammas and self.cost_ratio is not None and len(self.cost_ratio):
+            self.gammas = sorted({int(g) for g in self.cost_ratio["gamma"]})
         self.trace_leg_for_gamma: dict[int, str] = {}
         if self.trace is not None:
             meta = self.trace.prompts.drop_duplicates("leg").set_index("leg")
@@ -117,18 +129,28 @@ class Explorer:
         self.fig_pos = go.FigureWidget()
         self.fig_tau = go.FigureWidget()
         self.fig_over = go.FigureWidget()
+        # cost ladder (E16) figures: shown instead of the per-prompt ones for a ladder run
+        self.fig_ladder_steps = go.FigureWidget()
+        self.fig_ladder_c = go.FigureWidget()
+        self.fig_ladder_curves = go.FigureWidget()
         self.divergence = W.VBox()
-        boxes = []
-        for name, fig in [("speedup", self.fig_speedup), ("distribution", self.fig_dist),
-                          ("per-position", self.fig_pos), ("tau", self.fig_tau), ("over-position", self.fig_over)]:
+
+        def boxed(name: str, fig: go.FigureWidget) -> W.Box:
             box = W.Box([fig], layout=W.Layout(width="100%"))
             box.add_class(f"wb-fig-{name}")
-            boxes.append(box)
+            return box
+
+        self._leg_boxes = [boxed(name, fig) for name, fig in [
+            ("speedup", self.fig_speedup), ("distribution", self.fig_dist), ("per-position", self.fig_pos),
+            ("tau", self.fig_tau), ("over-position", self.fig_over)]]
+        self._ladder_boxes = [boxed(name, fig) for name, fig in [
+            ("ladder-steps", self.fig_ladder_steps), ("ladder-c", self.fig_ladder_c),
+            ("ladder-speedup", self.fig_ladder_curves)]]
+        self._divergence_box = W.Accordion([self.divergence], titles=("Divergence viewer",))
         self.widget = W.VBox([
             W.HBox([self.experiment_dd, self.run_dd]),
             W.HBox([self.gamma_slider, self.relax_slider]),
-            self.readout, self.status, *boxes,
-            W.Accordion([self.divergence], titles=("Divergence viewer",)),
+            self.readout, self.status, *self._leg_boxes, *self._ladder_boxes, self._divergence_box,
         ])
         self.widget.add_class("wb-explorer")
 
@@ -209,10 +231,12 @@ class Explorer:
             self._replace(self.fig_over, fig)
         else:
             self._replace(self.fig_over, _empty("Acceptance over output position: no trace (run legs with --trace)"))
+        self._show_ladder(pre)
         # Index the traces the sliders touch, once.
         self._idx = {name: [(i, dict(t.meta or {})) for i, t in enumerate(fig.data)]
                      for name, fig in [("speedup", self.fig_speedup), ("dist", self.fig_dist),
-                                       ("pos", self.fig_pos), ("tau", self.fig_tau), ("over", self.fig_over)]}
+                                       ("pos", self.fig_pos), ("tau", self.fig_tau), ("over", self.fig_over),
+                                       ("ladder_curves", self.fig_ladder_curves)]}
         self.divergence.children = [divergence_viewer(run)] if _has_divergence_pairs(run) else [
             W.HTML("<i>needs a vanilla leg and a spec leg with gen_ids</i>")]
 
@@ -230,6 +254,27 @@ class Explorer:
         self.gamma_slider.observe(self._gamma_moved, "value")
         self.relax_slider.disabled = pre.trace is None
         self.on_gamma(self.gamma_slider.value)
+
+    def _show_ladder(self, pre: _Precomputed) -> None:
+        """A cost-ladder run shows its three figures in place of the per-prompt ones; any other run, the reverse."""
+        for box in self._leg_boxes + [self._divergence_box]:
+            box.layout.display = "none" if pre.is_ladder else None
+        for box in self._ladder_boxes:
+            box.layout.display = None if pre.is_ladder else "none"
+        if not pre.is_ladder:
+            for fw in (self.fig_ladder_steps, self.fig_ladder_c, self.fig_ladder_curves):
+                self._replace(fw, go.Figure())
+            return
+        have = lambda df: df is not None and len(df) > 0  # noqa: E731
+        self._replace(self.fig_ladder_steps, plots.step_cost_vs_batch(pre.step_costs) if have(pre.step_costs)
+                      else _empty("Step cost vs batch: no complete ladder leg"))
+        self._replace(self.fig_ladder_c, plots.cost_ratio_by_graphs(pre.cost_ratio) if have(pre.cost_ratio)
+                      else _empty("c = draft step / verification step: needs a complete spec and vanilla leg"))
+        self._replace(self.fig_ladder_curves, plots.speedup_curves(pre.speedup_curve, pre.cost_ratio)
+                      if have(pre.speedup_curve) else _empty("S(α): needs a complete spec leg"))
+
+    def _ladder_readout(self, gamma: int | None) -> str:
+        return _ladder_readout_html(self.pre.cost_ratio if self.pre is not None else None, gamma)
 
     def _gamma_moved(self, change: dict) -> None:
         self.on_gamma(change["new"])
@@ -268,7 +313,8 @@ class Explorer:
                     sel = pre.speedup[pre.speedup["gamma"].map(_gamma) == gamma]
                     self.fig_speedup.data[i].x = [gamma] * len(sel)
                     self.fig_speedup.data[i].y = sel["speedup"].to_numpy(float)
-        for name, fig in (("dist", self.fig_dist), ("pos", self.fig_pos), ("tau", self.fig_tau)):
+        for name, fig in (("dist", self.fig_dist), ("pos", self.fig_pos), ("tau", self.fig_tau),
+                          ("ladder_curves", self.fig_ladder_curves)):
             with fig.batch_update():
                 for i, meta in self._idx[name]:
                     if "gamma" in meta and meta.get("role") != "measured_points":
@@ -282,6 +328,9 @@ class Explorer:
             return
         x = float(x)
         tau = math.exp(-x)
+        if pre.is_ladder:
+            self.readout.value = self._ladder_readout(_gamma(self.gamma_slider.value))
+            return
         if pre.trace is None:
             self.readout.value = f"x = {x:.2f} (τ = {tau:.3f}); no acceptance trace in this run"
             return
@@ -309,6 +358,27 @@ class Explorer:
             f"acceptance length <b>{c['acceptance_length']:.3f}</b>, acceptance rate {c['acceptance_rate']:.3f} "
             f"<i>(first-order: replays recorded steps)</i>"
         )
+
+
+def _fmt(v: Any, spec: str = ".2f") -> str:
+    f = plots._num(v)
+    return "–" if f is None else format(f, spec)
+
+
+def _ladder_readout_html(ratios: pd.DataFrame | None, gamma: int | None) -> str:
+    """One line per batch at ``gamma``: c with drafter graphs on / off, S(1,γ,c), measured S at α = 1."""
+    if ratios is None or not len(ratios) or gamma is None:
+        return "cost ladder: no complete spec leg yet"
+    sel = ratios[ratios["gamma"].astype(int) == gamma]
+    parts = []
+    for (size, batch), d in sel.groupby(["size", "batch"], sort=True):
+        on = d[d["draft_graphs"].astype(bool)]
+        off = d[~d["draft_graphs"].astype(bool)]
+        get = lambda part, col: part[col].iloc[0] if len(part) else None  # noqa: E731
+        parts.append(f"{html.escape(str(size))} b={int(batch)}: c = <b>{_fmt(get(on, 'c'))}</b> graphs / "
+                     f"{_fmt(get(off, 'c'))} eager, S(1,γ,c) = {_fmt(get(on, 'S_pred_alpha1'))}, "
+                     f"measured at α=1 {_fmt(get(on, 'S_measured_alpha1'))}")
+    return f"γ = {gamma}: " + "; ".join(parts)
 
 
 def _empty(title: str) -> go.Figure:
