@@ -12,7 +12,7 @@ from workbench.cli import main
 def test_list_shows_every_experiment(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    for i in range(1, 16):
+    for i in range(1, 17):
         assert f"E{i} " in out
     assert "Thinking vs Instruct" in out and "tiny" in out
 

@@ -1,4 +1,5 @@
-"""Every experiment E1–E15 under the tiny profile at smoke size, with the real leg runner and engine.
+"""Every experiment E1–E15 (those made of workbench.leg legs; the cost ladder E16 has its own end-to-end
+test in test_cost_ladder.py) under the tiny profile at smoke size, with the real leg runner and engine.
 
 Run with `pytest -m vllm tests/test_experiments_smoke.py`; the total time is printed at the end.
 Shared data (MM-Vet / MathVista copies) is used where `<repo>/../shared/data` (or $WORKBENCH_SHARED_DATA)
@@ -20,7 +21,7 @@ from workbench.registry import load_registry
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("WORKBENCH_SHARED_DATA", REPO.parent / "shared" / "data"))
-IDS = load_registry().ids()
+IDS = [e.id for e in load_registry().experiments.values() if e.runner == "legs"]
 
 
 def _sources() -> dict[str, str]:

@@ -25,10 +25,10 @@ def _load(tmp_path: Path, exps: dict, profs: dict):
     return load_registry(ep, pp)
 
 
-def test_catalogue_has_e1_to_e15():
+def test_catalogue_has_e1_to_e16():
     reg = load_registry()
-    assert reg.ids() == [f"E{i}" for i in range(1, 16)]
-    assert set(reg.profiles) == {"tiny", "8b-thinking", "8b-instruct", "32b"}
+    assert reg.ids() == [f"E{i}" for i in range(1, 17)]
+    assert set(reg.profiles) == {"tiny", "8b-thinking", "8b-instruct", "32b", "8b-shape", "32b-shape"}
     assert reg.experiment("e4").id == "E4"
     e11 = reg.experiment("E11")
     assert e11.result_prefix == "og8_" and e11.sweep["gamma"] == [2, 3, 4, 6, 8]
@@ -102,8 +102,8 @@ def test_bad_yaml_and_missing_file(tmp_path):
 
 def test_unknown_experiment_and_profile():
     reg = load_registry()
-    with pytest.raises(RegistryError, match=r"unknown experiment 'E16'; known: E1, E2"):
-        reg.experiment("E16")
+    with pytest.raises(RegistryError, match=r"unknown experiment 'E17'; known: E1, E2"):
+        reg.experiment("E17")
     with pytest.raises(RegistryError, match="unknown profile 'huge'"):
         reg.profile("huge")
 

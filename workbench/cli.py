@@ -69,8 +69,11 @@ def cmd_legs(args) -> int:
     from workbench import protocol
 
     p = protocol.plan(args.experiment, args.profile, args.param, _smoke_flag(args))
+    data = (f"dataset {' -> '.join(p.datasets)}" if p.experiment.runner != "ladder" else
+            "cost ladder: " + ", ".join(f"{k} {v}" for k, v in p.ladder.items())
+            + f", load_format {p.profile.load_format or 'auto'}, random prompt token ids")
     print(f"{p.experiment.id} {p.experiment.title} | profile {p.profile.name} | "
-          f"{'smoke' if p.smoke else 'full'} | dataset {' -> '.join(p.datasets)} | {len(p.legs)} legs")
+          f"{'smoke' if p.smoke else 'full'} | {data} | {len(p.legs)} legs")
     rows = p.table()
     print(_table(rows, ["#", "leg", "kind", "tier", "model", "draft", "gamma", "relax_logtau", "blind_mm",
                         "draft_cudagraph", "max_num_seqs", "max_tokens", "n", "notes"]))
@@ -80,7 +83,10 @@ def cmd_legs(args) -> int:
 def cmd_show(args) -> int:
     reg = load_registry()
     e = reg.experiment(args.experiment)
-    print(f"{e.id}: {e.title}\n  question : {e.question}\n  dataset  : {e.dataset}")
+    data = e.dataset if e.runner != "ladder" else "none (random prompt token ids)"
+    print(f"{e.id}: {e.title}\n  question : {e.question}\n  dataset  : {data}")
+    if e.runner != "legs":
+        print(f"  runner   : {e.runner} {json.dumps(e.ladder)}")
     print(f"  profiles : {', '.join(e.profiles) or 'any'} (tiny always)")
     if e.result_prefix:
         print(f"  prefix   : {e.result_prefix}")
@@ -204,11 +210,12 @@ def cmd_export(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="workbench", description="Twin-draft speculative decoding workbench")
     sub = ap.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="the experiment catalogue E1-E15").set_defaults(func=cmd_list)
+    sub.add_parser("list", help="the experiment catalogue E1-E16").set_defaults(func=cmd_list)
 
     def plan_args(p, smoke=True):
         p.add_argument("experiment", help="experiment id, e.g. E4")
-        p.add_argument("--profile", default=None, help="model profile (tiny, 8b-thinking, 8b-instruct, 32b)")
+        p.add_argument("--profile", default=None,
+                       help="model profile (tiny, 8b-thinking, 8b-instruct, 32b; 8b-shape, 32b-shape for E16)")
         p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
                        help="override a knob or sweep (gamma=4, relax_logtau=0.288,0.693, n=5, dataset=mmvet)")
         if smoke:

@@ -12,6 +12,12 @@ its own process group that dies with the run, records which leg process is
 running, and on resume records what it found (a lock left by a killed run,
 an interrupted leg) and refuses to run beside a leg process that is still
 alive. File names and leg status: ``workbench.runfolder``.
+
+An experiment whose ``runner`` is ``ladder`` (the cost ladder, E16) goes through the same
+folder, lock, resume and failure records; only its legs differ: each is one engine run by
+``python -m workbench.ladder_engine`` (no prompt set; the rows are ``legs/<leg>/steps.jsonl``
+and ``walls.jsonl``, written whole at the run's top once the legs ran). A profile on a GPU is
+refused before anything is created where the host has no CUDA device.
 """
 
 from __future__ import annotations
@@ -74,7 +80,7 @@ def resolve_models(p: Plan, model_paths: dict[str, str] | None = None,
         raise RegistryError(f"--model-path: role(s) {unknown} are not used by {p.experiment.id}; "
                             f"used: {', '.join(refs)}")
     out: dict[str, str] = {}
-    tiny_dirs = None
+    tiny_dirs = shape_dirs = None
     for ref in refs:
         role, other = split_role(ref)
         explicit = model_paths.get(ref) or os.environ.get(_env_key(ref))
@@ -85,7 +91,13 @@ def resolve_models(p: Plan, model_paths: dict[str, str] | None = None,
             out[ref] = str(explicit)
             continue
         prof = p.profile if (other is None or p.profile.stand_in) else reg.profile(other)
-        if prof.tiny:
+        if prof.shapes:
+            # configs of the published architecture, written on demand (no weights: load_format dummy)
+            if shape_dirs is None:
+                from workbench.shapes import build_shapes
+                shape_dirs = build_shapes()
+            out[ref] = str(shape_dirs[prof.roles[role]])
+        elif prof.tiny:
             if tiny_dirs is None:
                 from workbench.tiny import ensure_tiny_models
                 tiny_dirs = ensure_tiny_models()
@@ -135,6 +147,24 @@ def _writable_problem(folder: Path) -> str | None:
         return f"results folder {folder}: {probe} exists and is not a folder"
     if not os.access(probe, os.W_OK | os.X_OK):
         return f"results folder {folder}: {probe} is not writable"
+    return None
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def device_problem(p: Plan) -> str | None:
+    """Why the plan cannot run on this host's devices, or None. Checked for the cost ladder, whose GPU
+    profiles (random weights at full shape) must never fall back to a CPU."""
+    if p.experiment.runner == "ladder" and p.profile.device == "gpu" and not _cuda_available():
+        return (f"profile {p.profile.name!r} runs on a CUDA GPU (device: gpu in profiles.yaml) and this host has "
+                f"none (torch.cuda.is_available() is False). Rehearse on a CPU with --profile tiny; "
+                f"`workbench doctor` says what this host can run")
     return None
 
 
@@ -204,6 +234,9 @@ def prepare_run(experiment: str, profile: str | None = None, overrides: Any = No
         if clash:
             raise ProtocolError(f"{run_dir} was created with a different configuration: "
                                 + ", ".join(f"{k}: run.json has {b!r}, asked {a!r}" for k, (a, b) in clash.items()))
+        if cfg.get("runner") == "ladder" and cfg.get("device") == "gpu" and not _cuda_available():
+            raise ProtocolError(f"cannot resume {run_dir}: profile {cfg.get('profile')!r} runs on a CUDA GPU and "
+                                f"this host has none (torch.cuda.is_available() is False)")
         return Path(run_dir)
 
     reg = registry or load_registry()
@@ -219,19 +252,29 @@ def prepare_run(experiment: str, profile: str | None = None, overrides: Any = No
         why = _writable_problem(rdir)
         if why:
             problems.append(why)
+    ladder = p.experiment.runner == "ladder"
+    device = device_problem(p)
+    if device:
+        problems.append(device)
     bad_sources = sorted(set(dataset_sources or {}) - set(DATASETS))
     if bad_sources:
         problems.append(f"--data-source: unknown data set(s) {bad_sources}; data sets: {', '.join(DATASETS)}")
     for name, src in (dataset_sources or {}).items():
         if name in DATASETS and not Path(src).exists():
             problems.append(f"--data-source {name}={src}: no such file or folder")
-    try:
-        models = resolve_models(p, model_paths, reg)
-    except RegistryError as exc:
-        problems.append(str(exc))
-        models = None
+    models = None
+    if not device:  # nothing is built (shape stand-ins, tiny models) for a run that cannot start
+        try:
+            models = resolve_models(p, model_paths, reg)
+        except RegistryError as exc:
+            problems.append(str(exc))
     prompts = dinfo = None
-    if not bad_sources:
+    if ladder:
+        if dataset_sources:
+            problems.append(f"--data-source: {p.experiment.id} decodes random prompt token ids; it reads no data set")
+        dinfo = {"requested": None, "candidates": [], "resolved": None,
+                 "note": "the cost ladder decodes random prompt token ids (ladder.prompt_len per request)"}
+    elif not bad_sources:
         try:
             prompts, dinfo = _load_prompts(p, dataset_sources)
         except ProtocolError as exc:
@@ -249,11 +292,12 @@ def prepare_run(experiment: str, profile: str | None = None, overrides: Any = No
         staging.mkdir(parents=True)
         from workbench import envcapture
         from workbench.prompts import save_prompts
-        save_prompts(prompts, staging / PROMPTS)
+        if prompts is not None:
+            save_prompts(prompts, staging / PROMPTS)
         write_json_atomic(staging / ENV_JSON, envcapture.capture())
         cfg = p.config()
         cfg.update(run_id=run_id, created=_now(), models=models, model_paths=dict(model_paths or {}),
-                   dataset=dinfo, prompts_file=PROMPTS)
+                   dataset=dinfo, prompts_file=PROMPTS if prompts is not None else None)
         write_json_atomic(staging / RUN_JSON, cfg)
         os.rename(staging, rdir)  # refuses when rdir appeared meanwhile
     except OSError as exc:
@@ -295,6 +339,8 @@ def leg_command(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path, python: str
     An engine leg reads legs/<leg>/leg.json; a score leg takes its few options on the command line.
     """
     out = run_dir / LEGS / leg.name
+    if cfg.get("runner") == "ladder":
+        return [*(runner or [python, "-m", "workbench.ladder_engine"]), "--config", str(out / LEG_JSON)]
     if leg.kind == "score":
         k = leg.knobs
         dtype = [] if k.get("dtype") in (None, "auto") else ["--dtype", str(k["dtype"])]
@@ -459,7 +505,10 @@ def _execute_locked(rdir, cfg, legs, wanted, lock, stop_on_failure, leg_timeout,
         folder = rdir / LEGS / leg.name
         earlier = archive_leg(folder) if folder.exists() else None
         folder.mkdir(parents=True)
-        if leg.kind != "score":
+        if cfg.get("runner") == "ladder":
+            from workbench import ladder_engine
+            write_json_atomic(folder / LEG_JSON, ladder_engine.leg_config(leg, cfg, rdir))
+        elif leg.kind != "score":
             reuse = earlier if earlier is not None and (earlier / LEG_JSON).is_file() else None
             write_json_atomic(folder / LEG_JSON, leg_config(leg, cfg, rdir, reuse).to_dict())
         cmd = leg_command(leg, cfg, rdir, python, runner)
@@ -489,6 +538,9 @@ def _execute_locked(rdir, cfg, legs, wanted, lock, stop_on_failure, leg_timeout,
         if status == "failed" and stop_on_failure:
             stopped = True
             break
+    if cfg.get("runner") == "ladder":
+        from workbench import ladder
+        ladder.merge_rows(rdir)  # every complete leg's rows at the run's top, as the benchmark script writes them
     n_failed = sum(1 for s in statuses.values() if s == "failed")
     final = "stopped" if stopped else ("finished_with_failures" if n_failed else
                                        ("finished" if all(s == "complete" for s in statuses.values())

@@ -15,8 +15,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from workbench.knobs import NOT_ON_CPU, SPEC_ONLY
-from workbench.registry import (DATASETS, KNOBS, ROLES, Experiment, Profile, Registry, RegistryError,
-                                check_knob, load_registry, parse_knob_text, split_role, template_fields)
+from workbench.registry import (DATASETS, KNOBS, LADDER_FIELDS, ROLES, Experiment, Profile, Registry,
+                                RegistryError, check_knob, check_ladder, load_registry, parse_knob_text, split_role,
+                                template_fields)
 
 __all__ = ["PlannedLeg", "Plan", "parse_overrides", "plan", "ENGINE_SHAPE", "SPEC_ONLY", "template_fields"]
 
@@ -67,6 +68,7 @@ class Plan:
     smoke: bool
     datasets: list[str]             # candidates in order; the first one that loads is used
     legs: list[PlannedLeg]
+    ladder: dict[str, Any] = field(default_factory=dict)   # runner ladder: batches, repeats, prompt_len, size
 
     @property
     def n(self) -> int:
@@ -88,7 +90,9 @@ class Plan:
                 "question": self.experiment.question, "profile": self.profile.name,
                 "device": self.profile.device, "smoke": self.smoke, "overrides": self.overrides,
                 "dataset_candidates": self.datasets, "analyses": self.experiment.analyses,
-                "result_prefix": self.experiment.result_prefix,
+                "result_prefix": self.experiment.result_prefix, "runner": self.experiment.runner,
+                **({"ladder": self.ladder} if self.experiment.runner == "ladder" else {}),
+                "load_format": self.profile.load_format or "auto",
                 "definition": self.experiment.to_dict(),
                 "legs": [l.to_dict() for l in self.legs]}
 
@@ -112,10 +116,21 @@ def parse_overrides(items: Iterable[str] | dict[str, Any] | None, experiment: Ex
             pairs.append((k.strip(), v))
     out: dict[str, Any] = {}
     swept = set(experiment.sweep) if experiment else set()
+    ladder = experiment is not None and experiment.runner == "ladder"
     for key, value in pairs:
         where = f"override {key}={value}"
         if key in out:
             raise RegistryError(f"{where}: {key!r} given twice")
+        if key in LADDER_FIELDS and ladder:
+            if isinstance(value, str):
+                try:
+                    vals = [int(v) for v in value.split(",")]
+                except ValueError:
+                    raise RegistryError(f"{where}: {key} takes integers (e.g. batches=1,4,16)") from None
+            else:
+                vals = value if isinstance(value, list) else [value]
+            out[key] = check_ladder(key, vals if key == "batches" else (vals[0] if len(vals) == 1 else vals), where)
+            continue
         if key == "dataset":
             if value not in DATASETS:
                 raise RegistryError(f"{where}: unknown dataset {value!r}; datasets: {', '.join(DATASETS)}")
@@ -130,7 +145,8 @@ def parse_overrides(items: Iterable[str] | dict[str, Any] | None, experiment: Ex
             continue
         if key not in KNOBS:
             raise RegistryError(f"{where}: unknown parameter {key!r}; known: dataset, draft, model, "
-                                f"{', '.join(KNOBS)}")
+                                f"{', '.join(KNOBS)}"
+                                + (f", and for the cost ladder {', '.join(LADDER_FIELDS)}" if ladder else ""))
         if isinstance(value, str):
             parts = [p for p in value.split(",")]
             vals = [parse_knob_text(key, p, where) for p in parts]
@@ -164,6 +180,10 @@ def plan(experiment: str | Experiment, profile: str | None = None, overrides: An
     if exp.profiles and not prof.stand_in and prof.name not in exp.profiles:
         raise RegistryError(f"{exp.id} runs under profile(s) {', '.join(exp.profiles)} (or a stand-in such as "
                             f"tiny), not {prof.name!r}")
+    if prof.shapes and exp.runner != "ladder":
+        raise RegistryError(f"profile {prof.name!r} binds shape-only stand-ins with random weights "
+                            f"(load_format {prof.load_format or 'auto'}): only a cost-ladder experiment runs under it, "
+                            f"not {exp.id}")
     if smoke is None:
         smoke = prof.default_smoke
     ov = parse_overrides(overrides, exp)
@@ -182,7 +202,14 @@ def plan(experiment: str | Experiment, profile: str | None = None, overrides: An
     for key, val in ov.items():
         if key in sweep:
             sweep[key] = val if isinstance(val, list) else [val]
-    plain_ov = {k: v for k, v in ov.items() if k not in sweep and k != "dataset"}
+    plain_ov = {k: v for k, v in ov.items() if k not in sweep and k != "dataset" and k not in LADDER_FIELDS}
+    ladder: dict[str, Any] = {}
+    if exp.runner == "ladder":
+        ladder = dict(exp.ladder)
+        if smoke:
+            ladder.update(exp.smoke.ladder)
+        ladder.update({k: v for k, v in ov.items() if k in LADDER_FIELDS})
+        ladder["size"] = ladder_size(prof)
 
     templates = exp.legs
     if smoke and exp.smoke.legs:
@@ -236,18 +263,32 @@ def plan(experiment: str | Experiment, profile: str | None = None, overrides: An
         if prof.device == "cpu" and leg.kind == "spec":
             for k in NOT_ON_CPU:
                 leg.notes[k] = f"not applicable on CPU (requested: {_render(leg.knobs[k])})"
+        if ladder:  # one engine per leg takes every batch of the ladder
+            leg.knobs["max_num_seqs"] = max(ladder["batches"])
     names = [l.name for l in legs]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise RegistryError(f"{where}: planned leg names repeat: {dup}")
 
-    if "dataset" in ov:
+    if exp.runner == "ladder":
+        if "dataset" in ov:
+            raise RegistryError(f"{exp.id}: the cost ladder decodes random prompt token ids; it takes no dataset")
+        datasets = []
+    elif "dataset" in ov:
         datasets = [ov["dataset"]]
     elif prof.tiny:
         datasets = list(exp.smoke.datasets or ["tiny"])
     else:
         datasets = [exp.dataset]
-    return Plan(experiment=exp, profile=prof, overrides=ov, smoke=bool(smoke), datasets=datasets, legs=legs)
+    return Plan(experiment=exp, profile=prof, overrides=ov, smoke=bool(smoke), datasets=datasets, legs=legs,
+                ladder=ladder)
+
+
+def ladder_size(prof: Profile) -> str:
+    """The model size a cost-ladder run measures under a profile: ``8b`` for the 8b-target stand-in, ``tiny``."""
+    if prof.shapes:
+        return prof.roles["target"].rsplit("-", 1)[0]
+    return "tiny" if prof.tiny else prof.name
 
 
 def _shape(leg: PlannedLeg) -> tuple:

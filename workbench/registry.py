@@ -1,4 +1,4 @@
-"""E1–E15 declared as data (experiments.yaml) and the model profiles (profiles.yaml).
+"""E1–E16 declared as data (experiments.yaml) and the model profiles (profiles.yaml).
 
 Both files are validated when loaded: a typo in a knob name, a role that no
 profile binds, or a value of the wrong type is an error naming the experiment
@@ -26,8 +26,8 @@ from workbench.knobs import KNOBS, SPEC_ONLY, Knob, KnobError
 
 __all__ = [
     "RegistryError", "KnobSpec", "KNOBS", "ROLES", "TINY_ROLES", "LEG_KINDS", "TIERS", "DATASETS",
-    "LegTemplate", "Smoke", "Experiment", "Profile", "Registry",
-    "load_registry", "check_knob", "parse_knob_text", "split_role", "template_fields",
+    "LegTemplate", "Smoke", "Experiment", "Profile", "Registry", "RUNNERS", "LADDER_FIELDS",
+    "load_registry", "check_knob", "check_ladder", "parse_knob_text", "split_role", "template_fields",
 ]
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -53,12 +53,22 @@ LEG_KINDS = ("vanilla", "spec", "score")
 TIERS = ("strict", "relaxed")
 DATASETS = ("mathvista", "mmvet", "tiny")
 SWEEPABLE = tuple(KNOBS) + ("draft", "model")
+# How an experiment's legs run: `legs` (workbench.leg, one process per leg, per-prompt records) or
+# `ladder` (workbench.ladder_engine: one engine per leg timed step by step; the cost ladder, E16).
+RUNNERS = ("legs", "ladder")
+# A ladder experiment's own settings (`ladder:` in experiments.yaml, `-p batches=1,4` on the command line).
+LADDER_FIELDS = ("batches", "repeats", "prompt_len")
+LADDER_DEFAULTS = {"prompt_len": 128}
+# Roles a shape-only profile (`shapes: true`, workbench.shapes) binds, and the folders it can bind them to.
+SHAPE_ROLES = ("target", "twin")
+LOAD_FORMATS = ("auto", "dummy")
 
 _EXPERIMENT_FIELDS = {"title", "question", "dataset", "legs", "sweep", "defaults", "analyses", "smoke",
-                      "bracket", "profiles", "result_prefix", "notes"}
+                      "bracket", "profiles", "result_prefix", "notes", "runner", "ladder"}
 _LEG_FIELDS = {"name", "kind", "model", "draft", "tier", "reference"} | set(KNOBS)
-_SMOKE_FIELDS = {"sweep", "legs", "dataset", "bracket"} | set(KNOBS)
-_PROFILE_FIELDS = {"description", "device", "tiny", "stand_in", "default_smoke", "roles", "engine"}
+_SMOKE_FIELDS = {"sweep", "legs", "dataset", "bracket", "ladder"} | set(KNOBS)
+_PROFILE_FIELDS = {"description", "device", "tiny", "stand_in", "default_smoke", "roles", "engine", "shapes",
+                   "load_format"}
 _ENGINE_KNOBS = {"dtype", "max_model_len", "gpu_memory_utilization", "max_num_seqs"}
 _ID_RE = re.compile(r"^E[1-9][0-9]*$")
 _LEG_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -73,6 +83,24 @@ def check_knob(name: str, value: Any, where: str) -> Any:
         return spec.validate(value, where)
     except KnobError as exc:
         raise RegistryError(str(exc)) from None
+
+
+def check_ladder(name: str, value: Any, where: str) -> Any:
+    """A ladder setting (``batches``: a non-empty list of distinct integers >= 1; ``repeats``, ``prompt_len``:
+    an integer >= 1), or raise naming ``where``."""
+    def whole(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+    if name not in LADDER_FIELDS:
+        raise RegistryError(f"{where}: unknown ladder setting {name!r}; settings: {', '.join(LADDER_FIELDS)}")
+    if name == "batches":
+        vals = value if isinstance(value, list) else [value]
+        if not vals or not all(whole(v) for v in vals) or len(set(vals)) != len(vals):
+            raise RegistryError(f"{where}: batches must be a list of distinct integers >= 1, got {value!r}")
+        return list(vals)
+    if not whole(value):
+        raise RegistryError(f"{where}: {name} must be an integer >= 1, got {value!r}")
+    return value
 
 
 def parse_knob_text(name: str, text: str, where: str = "override") -> Any:
@@ -127,9 +155,13 @@ class Smoke:
     legs: list[str] | None = None
     datasets: list[str] | None = None
     bracket_every: int | None | bool = True  # True: keep the experiment's bracketing
+    ladder: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"knobs": self.knobs, "sweep": self.sweep, "legs": self.legs, "dataset": self.datasets}
+        out = {"knobs": self.knobs, "sweep": self.sweep, "legs": self.legs, "dataset": self.datasets}
+        if self.ladder:
+            out["ladder"] = self.ladder
+        return out
 
 
 @dataclass(frozen=True)
@@ -147,6 +179,8 @@ class Experiment:
     profiles: list[str]
     result_prefix: str | None = None
     notes: str | None = None
+    runner: str = "legs"
+    ladder: dict[str, Any] = field(default_factory=dict)
 
     def summary_row(self) -> dict[str, Any]:
         sweep = "; ".join(f"{k}={','.join(map(str, v))}" for k, v in self.sweep.items())
@@ -159,7 +193,8 @@ class Experiment:
                 "legs": [t.to_dict() for t in self.legs], "sweep": self.sweep, "defaults": self.defaults,
                 "analyses": self.analyses, "smoke": self.smoke.to_dict(),
                 "bracket_every": self.bracket_every, "profiles": self.profiles,
-                "result_prefix": self.result_prefix}
+                "result_prefix": self.result_prefix, "runner": self.runner,
+                **({"ladder": self.ladder} if self.runner == "ladder" else {})}
 
 
 @dataclass(frozen=True)
@@ -172,6 +207,8 @@ class Profile:
     tiny: bool = False
     stand_in: bool = False
     default_smoke: bool = False
+    shapes: bool = False              # roles are workbench.shapes stand-ins (configs only), built on demand
+    load_format: str | None = None    # vLLM load_format; "dummy": random weights
 
 
 @dataclass
@@ -241,18 +278,30 @@ def _load_profiles(raw: Any, where: str) -> dict[str, Profile]:
         device = body.get("device", "gpu")
         if device not in ("cpu", "gpu"):
             raise RegistryError(f"{w}.device: must be cpu or gpu, got {device!r}")
-        for flag in ("tiny", "stand_in", "default_smoke"):
+        for flag in ("tiny", "stand_in", "default_smoke", "shapes"):
             if not isinstance(body.get(flag, False), bool):
                 raise RegistryError(f"{w}.{flag}: must be true or false, got {body.get(flag)!r}")
+        shapes = body.get("shapes", False)
+        if shapes and (body.get("tiny") or body.get("stand_in")):
+            raise RegistryError(f"{w}: a shapes profile is neither tiny nor a stand-in")
+        load_format = body.get("load_format")
+        if load_format is not None and load_format not in LOAD_FORMATS:
+            raise RegistryError(f"{w}.load_format: must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}")
         roles = _need_mapping(body.get("roles"), f"{w}.roles")
+        shape_dirs = _shape_folders() if shapes else ()
         for role, target in roles.items():
-            if role not in ROLES:
-                raise RegistryError(f"{w}.roles: unknown role {role!r}; roles: {', '.join(ROLES)}")
+            if role not in (SHAPE_ROLES if shapes else ROLES):
+                raise RegistryError(f"{w}.roles: unknown role {role!r}"
+                                    + (f"; a shapes profile binds {', '.join(SHAPE_ROLES)}" if shapes
+                                       else f"; roles: {', '.join(ROLES)}"))
             _need_str(target, f"{w}.roles.{role}")
             if body.get("tiny") and target not in TINY_ROLES:
                 raise RegistryError(f"{w}.roles.{role}: {target!r} is not a tiny model role "
                                     f"({', '.join(TINY_ROLES)})")
-        missing = [r for r in ROLES if r not in roles]
+            if shapes and target not in shape_dirs:
+                raise RegistryError(f"{w}.roles.{role}: {target!r} is not a workbench.shapes stand-in "
+                                    f"({', '.join(shape_dirs)})")
+        missing = [r for r in (SHAPE_ROLES if shapes else ROLES) if r not in roles]
         if missing:
             raise RegistryError(f"{w}.roles: missing role(s) {missing}")
         engine = _check_knobs(_need_mapping(body.get("engine", {}), f"{w}.engine"), f"{w}.engine",
@@ -260,9 +309,26 @@ def _load_profiles(raw: Any, where: str) -> dict[str, Profile]:
         out[str(name)] = Profile(name=str(name), description=str(body.get("description", "")), device=device,
                                  roles=dict(roles), engine=engine, tiny=body.get("tiny", False),
                                  stand_in=body.get("stand_in", False),
-                                 default_smoke=body.get("default_smoke", False))
+                                 default_smoke=body.get("default_smoke", False), shapes=shapes,
+                                 load_format=load_format)
     if not out:
         raise RegistryError(f"{where}: no profiles defined")
+    return out
+
+
+def _shape_folders() -> tuple[str, ...]:
+    from workbench.shapes import SHAPES
+    return tuple(f"{size}-{role}" for size in SHAPES for role in SHAPE_ROLES)
+
+
+def _load_ladder(raw: Any, where: str, required: bool) -> dict[str, Any]:
+    raw = _need_mapping(raw if raw is not None else {}, where)
+    out = {k: check_ladder(k, v, f"{where}.{k}") for k, v in raw.items()}
+    if required:
+        missing = [k for k in LADDER_FIELDS if k not in out and k not in LADDER_DEFAULTS]
+        if missing:
+            raise RegistryError(f"{where}: missing setting(s) {missing}")
+        out = {**LADDER_DEFAULTS, **out}
     return out
 
 
@@ -374,6 +440,21 @@ def _load_experiment(exp_id: str, raw: Any, defaults: dict, profiles: dict[str, 
     if not isinstance(legs_raw, list) or not legs_raw:
         raise RegistryError(f"{w}.legs: expected a non-empty list of legs")
     legs = [_load_leg(l, f"{w}.legs[{i}]", profiles) for i, l in enumerate(legs_raw)]
+    runner = raw.get("runner", "legs")
+    if runner not in RUNNERS:
+        raise RegistryError(f"{w}.runner: must be one of {', '.join(RUNNERS)}, got {runner!r}")
+    if runner == "ladder":
+        # one engine per leg, timed step by step: no score legs, no vanilla legs added around spec legs
+        for t in legs:
+            if t.kind == "score":
+                raise RegistryError(f"{w}: leg {t.name}: a ladder experiment has vanilla and spec legs only")
+        if raw.get("bracket") not in (None, False):
+            raise RegistryError(f"{w}.bracket: a ladder experiment runs its legs as listed (bracket: false)")
+        if "ladder" not in raw:
+            raise RegistryError(f"{w}: runner ladder needs a 'ladder' mapping ({', '.join(LADDER_FIELDS)})")
+    elif "ladder" in raw:
+        raise RegistryError(f"{w}.ladder: only an experiment with runner: ladder takes ladder settings")
+    ladder = _load_ladder(raw.get("ladder"), f"{w}.ladder", required=True) if runner == "ladder" else {}
     names = [t.name for t in legs]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -383,7 +464,7 @@ def _load_experiment(exp_id: str, raw: Any, defaults: dict, profiles: dict[str, 
         if not any(key in template_fields(t.name) for t in legs):
             raise RegistryError(f"{w}.sweep.{key}: no leg name template mentions {{{key}}}, "
                                 f"so the sweep would produce identical leg names")
-    bracket = _load_bracket(raw.get("bracket"), f"{w}.bracket", 2)
+    bracket = _load_bracket(raw.get("bracket"), f"{w}.bracket", None if runner == "ladder" else 2)
     if bracket is None and not any(t.kind == "vanilla" for t in legs) and any(t.kind == "spec" for t in legs):
         raise RegistryError(f"{w}: bracket is false but no vanilla leg is listed; "
                             f"speedup needs vanilla legs")
@@ -404,12 +485,15 @@ def _load_experiment(exp_id: str, raw: Any, defaults: dict, profiles: dict[str, 
         if profiles[p].stand_in:
             raise RegistryError(f"{w}.profiles: {p!r} is a stand-in profile; it is always allowed")
     smoke = _load_smoke(raw.get("smoke", {}), f"{w}.smoke", legs, sweep, profiles)
+    if smoke.ladder and runner != "ladder":
+        raise RegistryError(f"{w}.smoke.ladder: only an experiment with runner: ladder takes ladder settings")
     prefix = raw.get("result_prefix")
     if prefix is not None:
         _need_str(prefix, f"{w}.result_prefix")
     return Experiment(id=exp_id, title=title, question=question, dataset=dataset, legs=legs, sweep=sweep,
                       defaults=exp_defaults, analyses=list(analyses), smoke=smoke, bracket_every=bracket,
-                      profiles=list(profs), result_prefix=prefix, notes=raw.get("notes"))
+                      profiles=list(profs), result_prefix=prefix, notes=raw.get("notes"), runner=runner,
+                      ladder=ladder)
 
 
 def _load_smoke(raw: Any, where: str, legs: list[LegTemplate], sweep: dict, profiles) -> Smoke:
@@ -437,7 +521,9 @@ def _load_smoke(raw: Any, where: str, legs: list[LegTemplate], sweep: dict, prof
         datasets = [_load_dataset(d, f"{where}.dataset") for d in datasets]
     bracket = raw.get("bracket")
     bracket_every = True if bracket is None else _load_bracket(bracket, f"{where}.bracket", None)
-    return Smoke(knobs=knobs, sweep=ssweep, legs=leg_names, datasets=datasets, bracket_every=bracket_every)
+    ladder = _load_ladder(raw.get("ladder"), f"{where}.ladder", required=False)
+    return Smoke(knobs=knobs, sweep=ssweep, legs=leg_names, datasets=datasets, bracket_every=bracket_every,
+                 ladder=ladder)
 
 
 def _read_yaml(path: Path) -> Any:
