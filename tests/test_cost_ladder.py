@@ -1,0 +1,304 @@
+"""The cost experiment E16 (GPU cost ladder): registry, profiles, bad options, the analysis, one CPU rehearsal.
+
+The analysis is checked on synthetic rows with known step times (c, S(1, gamma, c), S(alpha), the measured
+forced-acceptance speedup), through the analysis registry as `workbench export` and the explorer use it.
+The one end-to-end test runs `workbench run E16 --profile tiny` (two tiny engines, two batches, one gamma).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import REPO
+from workbench import analyses, ladder, planning
+from workbench.cli import main
+from workbench.registry import EXPERIMENTS_FILE, PROFILES_FILE, RegistryError, load_registry
+from workbench.results import load_run
+from workbench.runfolder import leg_status
+
+GAMMA = 4
+DECODE_MS, VERIFY_MS = 10.0, 12.0
+DRAFT_STEP_MS = {True: 3.0, False: 6.0}      # per draft forward: drafter graphs on / off
+BATCHES = (1, 4)
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+# --------------------------------------------------------------------------- registry and profiles
+
+
+def test_registry_declares_the_cost_experiment_and_its_profiles():
+    reg = load_registry()
+    e = reg.experiment("E16")
+    assert e.runner == "ladder" and e.title == "GPU cost ladder"
+    assert e.profiles == ["8b-shape", "32b-shape"] and e.sweep == {"gamma": [2, 4, 6]}
+    assert e.ladder == {"batches": [1, 4, 16], "repeats": 3, "prompt_len": 128}
+    assert set(e.analyses) == {"step_cost_vs_batch", "c_by_graphs", "speedup_curves"} <= set(analyses.ANALYSES)
+    for size in ("8b", "32b"):
+        prof = reg.profile(f"{size}-shape")
+        assert prof.shapes and prof.load_format == "dummy" and prof.device == "gpu"
+        assert prof.roles == {"target": f"{size}-target", "twin": f"{size}-twin"}
+
+    full = planning.plan("E16", "32b-shape")
+    assert [l.name for l in full.legs] == ["vanilla", "forced_g2", "forced_g4", "forced_g6"]
+    assert full.ladder == {"batches": [1, 4, 16], "repeats": 3, "prompt_len": 128, "size": "32b"}
+    assert all(l.knobs["relax_logtau"] >= 1e9 and l.tier == "relaxed" for l in full.legs if l.kind == "spec")
+    assert all(l.knobs["max_num_seqs"] == 16 for l in full.legs)
+    cfg = full.config()
+    assert cfg["runner"] == "ladder" and cfg["load_format"] == "dummy" and cfg["device"] == "gpu"
+
+    tiny = planning.plan("E16", "tiny")
+    assert tiny.smoke and [l.name for l in tiny.legs] == ["vanilla", "forced_g2"]
+    assert tiny.ladder["batches"] == [1, 4] and tiny.ladder["size"] == "tiny" and tiny.datasets == []
+    over = planning.plan("E16", "8b-shape", ["batches=1,2", "repeats=5", "gamma=4"])
+    assert over.ladder["batches"] == [1, 2] and over.ladder["repeats"] == 5
+    assert [l.name for l in over.legs] == ["vanilla", "forced_g4"]
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda e, p: e["experiments"]["E16"]["legs"].append({"name": "s", "kind": "score", "model": "twin"}),
+     r"E16: leg s: a ladder experiment has vanilla and spec legs only"),
+    (lambda e, p: e["experiments"]["E16"].pop("ladder"), r"E16: runner ladder needs a 'ladder' mapping"),
+    (lambda e, p: e["experiments"]["E16"]["ladder"].update(batches=[1, 1]), r"E16.ladder.batches: .*distinct"),
+    (lambda e, p: e["experiments"]["E16"]["ladder"].update(repeats=0), r"E16.ladder.repeats: .*integer >= 1"),
+    (lambda e, p: e["experiments"]["E16"].update(runner="fast"), r"E16.runner: must be one of legs, ladder"),
+    (lambda e, p: e["experiments"]["E2"].update(ladder={"repeats": 1}), r"E2.ladder: only an experiment with runner"),
+    (lambda e, p: p["profiles"]["8b-shape"]["roles"].update(target="70b-target"),
+     r"profile 8b-shape.roles.target: '70b-target' is not a workbench.shapes stand-in"),
+    (lambda e, p: p["profiles"]["8b-shape"]["roles"].update({"small-vlm": "8b-target"}),
+     r"profile 8b-shape.roles: unknown role 'small-vlm'; a shapes profile binds target, twin"),
+    (lambda e, p: p["profiles"]["8b-shape"].update(load_format="random"), r"8b-shape.load_format: must be one of"),
+])
+def test_bad_ladder_definitions_are_named(tmp_path, mutate, message):
+    exps, profs = yaml.safe_load(EXPERIMENTS_FILE.read_text()), yaml.safe_load(PROFILES_FILE.read_text())
+    mutate(exps, profs)
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump(exps))
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(profs))
+    with pytest.raises(RegistryError, match=message):
+        load_registry(tmp_path / "e.yaml", tmp_path / "p.yaml")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "E16", "--profile", "8b-thinking"], "E16 runs under profile(s) 8b-shape, 32b-shape"),
+    (["run", "E1", "--profile", "8b-shape"], "only a cost-ladder experiment runs under it, not E1"),
+    (["run", "E16", "--profile", "tiny", "-p", "batches=0"], "batches must be a list of distinct integers >= 1"),
+    (["run", "E16", "--profile", "tiny", "-p", "repeats=x"], "repeats takes integers"),
+    (["run", "E16", "--profile", "tiny", "-p", "dataset=tiny"], "takes no dataset"),
+    (["run", "E1", "--profile", "tiny", "-p", "batches=1"], "unknown parameter 'batches'"),
+    (["run", "E16", "--profile", "8b-shape"], "runs on a CUDA GPU"),
+    (["run", "E16", "--profile", "32b-shape", "-p", "gamma=4"], "runs on a CUDA GPU"),
+])
+def test_bad_options_fail_before_a_run_folder_exists(tmp_path, capsys, argv, message):
+    if "CUDA" in message and _cuda():
+        pytest.skip("this host has a GPU: the shape profiles run here")
+    root = tmp_path / "results"
+    assert main(argv + ["--results", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not root.exists(), "a refused run leaves nothing behind"
+
+
+def test_benchmark_script_refuses_an_unknown_size(tmp_path):
+    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "cost_ladder.py"), "--sizes", "8b,70b",
+                          "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "unknown size(s) ['70b']: use 8b, 32b or tiny" in res.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- the analysis on synthetic rows
+
+
+def _rows() -> tuple[list[dict], list[dict]]:
+    """Steps and walls as the ladder engine writes them, with known times (and rows the analysis must skip)."""
+    steps, walls = [], []
+    for b in BATCHES:
+        for rep in range(3):
+            tag = {"kind": "vanilla", "gamma": None, "draft_graphs": None, "size": "8b", "batch": b, "rep": rep}
+            steps.append({**tag, "reqs": b, "tokens": b * 128, "spec_tokens": 0, "prefill": True,
+                          "target_ms": 99.0, "draft_ms": None})  # prefill: not a decode step
+            for i in range(5):
+                steps.append({**tag, "reqs": b, "tokens": b, "spec_tokens": 0, "prefill": False,
+                              "target_ms": DECODE_MS + (i - 2) * 0.1, "draft_ms": None})
+            walls.append({**tag, "wall_s": 2.0, "out_tokens": 128 * b})
+            for graphs in (True, False):
+                tag = {"kind": "spec", "gamma": GAMMA, "draft_graphs": graphs, "size": "8b", "batch": b, "rep": rep}
+                for i in range(5):
+                    steps.append({**tag, "reqs": b, "tokens": b * (GAMMA + 1), "spec_tokens": b * GAMMA,
+                                  "prefill": False, "target_ms": VERIFY_MS + (i - 2) * 0.1,
+                                  "draft_ms": GAMMA * DRAFT_STEP_MS[graphs]})
+                # a step with a request short of gamma drafts is no verification step of gamma + 1 tokens
+                steps.append({**tag, "reqs": b, "tokens": b * GAMMA, "spec_tokens": b * (GAMMA - 1),
+                              "prefill": False, "target_ms": 50.0, "draft_ms": 50.0})
+                walls.append({**tag, "wall_s": 1.0 if graphs else 1.6, "out_tokens": 128 * b})
+    walls.insert(0, {"size": "8b", "kind": "vanilla", "gamma": None, "engine_start_s": 3.0, "engine_report": {}})
+    return steps, walls
+
+
+def _jsonl(path, rows) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _ladder_run(root):
+    """A run folder as `workbench run E16` leaves it: run.json, two complete ladder legs with their rows."""
+    steps, walls = _rows()
+    rdir = root / "E16" / "20260101T000000Z-1add"
+    legs = [{"index": 0, "name": "vanilla", "kind": "vanilla", "tier": "vanilla", "model": "target", "knobs": {}},
+            {"index": 1, "name": f"forced_g{GAMMA}", "kind": "spec", "tier": "relaxed", "model": "target",
+             "draft": "twin", "knobs": {"gamma": GAMMA}}]
+    for leg in legs:
+        d = rdir / "legs" / leg["name"]
+        d.mkdir(parents=True)
+        mine = lambda r: r["kind"] == leg["kind"]  # noqa: E731
+        _jsonl(d / "steps.jsonl", [dict(r, leg=leg["name"]) for r in steps if mine(r)])
+        _jsonl(d / "walls.jsonl", [dict(r, leg=leg["name"]) for r in walls if mine(r)])
+        (d / "summary.json").write_text(json.dumps({"status": "complete", "runner": "ladder", "mode": leg["kind"],
+                                                    "tier": leg["tier"], "gamma": leg["knobs"].get("gamma")}))
+    (rdir / "run.json").write_text(json.dumps({"experiment": "E16", "run_id": rdir.name, "profile": "8b-shape",
+                                               "runner": "ladder", "legs": legs, "analyses": [
+                                                   "step_cost_vs_batch", "c_by_graphs", "speedup_curves"]}))
+    return rdir, steps, walls
+
+
+def test_analysis_derives_c_and_speedup_from_the_rows(tmp_path):
+    rdir, steps, walls = _ladder_run(tmp_path / "results")
+    assert all(leg_status(rdir / "legs" / n) == "complete" for n in ("vanilla", f"forced_g{GAMMA}"))
+    t = analyses.RunTables(load_run(rdir))
+    costs, ratios, curve = t["step_costs"], t["cost_ratio"], t["speedup_curve"]
+
+    med = costs.set_index(["batch", "role", "draft_graphs"])["median_ms"]
+    for b in BATCHES:
+        assert med[(b, "target decode", None)] == pytest.approx(DECODE_MS)
+        for graphs in (True, False):
+            assert med[(b, "target verify", graphs)] == pytest.approx(VERIFY_MS)
+            assert med[(b, "draft propose", graphs)] == pytest.approx(GAMMA * DRAFT_STEP_MS[graphs])
+    iqr = costs[costs["role"] == "target decode"].iloc[0]
+    assert (iqr["q1_ms"], iqr["q3_ms"], iqr["n"]) == (pytest.approx(DECODE_MS - 0.1), pytest.approx(DECODE_MS + 0.1), 15)
+
+    assert len(ratios) == len(BATCHES) * 2
+    for r in ratios.itertuples():
+        c = DRAFT_STEP_MS[r.draft_graphs] / VERIFY_MS                       # c = gamma * draft step / (gamma * verify)
+        assert r.c == pytest.approx(c) and r.c == pytest.approx(GAMMA * r.draft_forward_ms / (GAMMA * r.verify_ms))
+        assert r.S_pred_alpha1 == pytest.approx((GAMMA + 1) / (GAMMA * c + 1))
+        assert r.S_steps_alpha1 == pytest.approx((GAMMA + 1) * DECODE_MS / (VERIFY_MS + GAMMA * DRAFT_STEP_MS[r.draft_graphs]))
+        assert r.S_measured_alpha1 == pytest.approx(2.0 / (1.0 if r.draft_graphs else 1.6))
+    assert ratios[ratios["draft_graphs"]]["S_pred_alpha1"].iloc[0] == pytest.approx(2.5)  # c = 0.25
+
+    assert curve["alpha"].min() == pytest.approx(0.5) and curve["alpha"].max() == pytest.approx(0.98)
+    on = curve[(curve["batch"] == 1) & curve["draft_graphs"]].set_index("alpha")["S"]
+    a = 0.5
+    assert on[a] == pytest.approx((1 - a ** (GAMMA + 1)) / (1 - a) / (GAMMA * 0.25 + 1))
+    assert float(ladder.speedup(1.0, GAMMA, 0.25)) == pytest.approx(2.5)
+
+    # the seed PR's acceptance length, placed at the alpha whose expected length at gamma is 1.49
+    alpha = ladder.alpha_for_length(1.49, GAMMA)
+    assert (1 - alpha ** (GAMMA + 1)) / (1 - alpha) == pytest.approx(1.49, abs=1e-9)
+    figs = analyses.draw(t, ["step_cost_vs_batch", "c_by_graphs", "speedup_curves"])
+    assert set(figs) == {"step_cost_vs_batch", "c_by_graphs", "speedup_curves"}, t.errors
+    seed = [d for d in figs["speedup_curves"].data if (d.meta or {}).get("role") == "seed_point"]
+    assert len(seed) == 1 and seed[0].x[0] == pytest.approx(alpha) and seed[0].y[0] == pytest.approx(1.28)
+    assert "L = (1" in seed[0].hovertemplate and "γ = 4" in seed[0].hovertemplate
+    quant = [d for d in figs["speedup_curves"].data if (d.meta or {}).get("role") == "quantspec_point"]
+    assert quant[0].x[0] == pytest.approx(0.9) and quant[0].y[0] == pytest.approx(2.5)
+
+    # the benchmark script's folder (rows at the top, no run.json) gives the same tables
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    _jsonl(bench / "steps.jsonl", steps)
+    _jsonl(bench / "walls.jsonl", walls)
+    tables = ladder.write_tables(bench)
+    pd.testing.assert_frame_equal(tables["cost_ratio"].reset_index(drop=True), ratios.reset_index(drop=True),
+                                  check_dtype=False)
+    assert "| 8b | 1 | 4 | 10.00 | 12.00 | 3.00 / 6.00 | 0.25 / 0.50 | 2.50 | 2.00 / 1.25 |" in \
+        ladder.summary_markdown(bench)
+
+
+def test_export_and_explorer_handle_a_ladder_run(tmp_path):
+    from workbench.export import export_run
+    from workbench.widgets import Explorer
+
+    root = tmp_path / "results"
+    rdir, _, _ = _ladder_run(root)
+    written = export_run(rdir, formats=("html",))
+    assert {"step_cost_vs_batch", "c_by_graphs", "speedup_curves"} <= set(written)
+    summary = json.loads((rdir / "tables" / "summary.json").read_text())
+    assert summary["n_complete"] == 2 and summary["not_computed"] == {}
+    assert all(math.isfinite(r["c"]) and r["c"] > 0 for r in summary["cost_ratio"])
+    assert (rdir / "tables" / "speedup_curve.csv").is_file()
+
+    ex = Explorer(root, "E16")
+    assert ex.pre.is_ladder and ex.pre.gammas == [GAMMA]
+    assert all(b.layout.display == "none" for b in ex._leg_boxes)
+    assert all(b.layout.display is None for b in ex._ladder_boxes)
+    assert "c = <b>0.25</b> graphs / 0.50 eager" in ex.readout.value
+    curves = [t for t in ex.fig_ladder_curves.data if (t.meta or {}).get("role") == "curve"]
+    assert curves and all(t.visible is not False for t in curves)
+    ex.on_gamma(99)  # a gamma with no curves hides them all
+    assert all(t.visible is False for t in ex.fig_ladder_curves.data if (t.meta or {}).get("role") == "curve")
+
+
+def test_ladder_leg_status_follows_the_contract(tmp_path):
+    d = tmp_path / "legs" / "vanilla"
+    d.mkdir(parents=True)
+    _jsonl(d / "steps.jsonl", [])
+    _jsonl(d / "walls.jsonl", [])
+    (d / "summary.json").write_text(json.dumps({"status": "complete"}))
+    assert leg_status(d) == "incomplete", "rows without the ladder's summary are not a complete leg"
+    (d / "summary.json").write_text(json.dumps({"status": "complete", "runner": "ladder"}))
+    assert leg_status(d) == "complete"
+    (d / "walls.jsonl").unlink()
+    assert leg_status(d) == "incomplete"
+    (d / "failure.json").write_text(json.dumps({"status": "failed"}))
+    assert leg_status(d) == "failed"
+
+
+# --------------------------------------------------------------------------- the CPU rehearsal, end to end
+
+
+@pytest.mark.vllm
+def test_workbench_run_e16_tiny_makes_a_complete_run_folder(tmp_path):
+    root = tmp_path / "results"
+    res = subprocess.run([sys.executable, "-m", "workbench.cli", "run", "E16", "--profile", "tiny",
+                          "--results", str(root), "--formats", "html"],
+                         cwd=str(REPO), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (rdir,) = list((root / "E16").iterdir())
+    cfg = json.loads((rdir / "run.json").read_text())
+    assert cfg["runner"] == "ladder" and cfg["ladder"]["size"] == "tiny" and cfg["prompts_file"] is None
+    assert json.loads((rdir / "env.json").read_text())["git"]
+    assert json.loads((rdir / "protocol.json").read_text())["state"] == "finished"
+    assert (rdir / "run.lock").read_text() == "", "the lock is released"
+    for leg in ("vanilla", "forced_g2"):
+        assert leg_status(rdir / "legs" / leg) == "complete"
+        assert json.loads((rdir / "legs" / leg / "leg.json").read_text())["runner"] == "ladder"
+    # the raw rows, whole at the top, in the benchmark script's format
+    steps = [json.loads(x) for x in (rdir / "steps.jsonl").read_text().splitlines()]
+    assert {s["leg"] for s in steps} == {"vanilla", "forced_g2"} and {s["batch"] for s in steps} == {1, 4}
+    assert {"target_ms", "draft_ms", "tokens", "reqs", "prefill", "draft_graphs", "rep"} <= set(steps[0])
+    # the tables, from the analysis registry
+    ratios = pd.read_csv(rdir / "tables" / "cost_ratio.csv")
+    assert len(ratios) == 4  # 2 batches x drafter graphs on/off
+    assert ratios["c"].map(math.isfinite).all() and (ratios["c"] > 0).all()
+    assert (ratios["S_pred_alpha1"] > 0).all() and ratios["S_measured_alpha1"].notna().all()
+    costs = pd.read_csv(rdir / "tables" / "step_costs.csv")
+    assert set(costs["role"]) == {"target decode", "target verify", "draft propose"}
+    assert (rdir / "tables" / "speedup_curve.csv").is_file()
+    summary = json.loads((rdir / "tables" / "summary.json").read_text())
+    assert summary["n_complete"] == 2 and set(summary["figures"]) == {"step_cost_vs_batch", "c_by_graphs",
+                                                                    "speedup_curves"}
+    for name in summary["figures"]:
+        assert (rdir / "figures" / f"{name}.html").is_file()
+    # the executed notebook, with the ladder's table
+    nb = json.loads((rdir / "notebook.ipynb").read_text())
+    shown = json.dumps([c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"])
+    assert "| tiny | 1 | 2 |" in shown and "Operating points" in shown
