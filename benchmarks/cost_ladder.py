@@ -76,6 +76,15 @@ def _env(out: Path, sizes: list[str]) -> None:
            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
            "cuda": torch.version.cuda, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "sizes": sizes, "host": platform.platform()}
+    earlier = out / "env.json"
+    if earlier.exists():  # a second invocation into the same folder (rows are appended): keep both
+        prev = json.loads(earlier.read_text())
+        if (prev.get("versions"), prev.get("patch_fingerprint"), prev.get("gpu")) != (
+                env["versions"], env["patch_fingerprint"], env["gpu"]):
+            raise SystemExit(f"{out} holds rows from another setup ({prev.get('versions')}, {prev.get('gpu')}); "
+                             "use a new --out")
+        env["sizes"] = list(dict.fromkeys([*prev.get("sizes", []), *sizes]))
+        env["invocations"] = [*prev.get("invocations", [prev.get("date_utc")]), env["date_utc"]]
     (out / "env.json").write_text(json.dumps(env, indent=1) + "\n")
 
 
