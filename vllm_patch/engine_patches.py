@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from typing import Any
 
 import torch
@@ -148,6 +149,7 @@ class TraceWriter(_JsonlWriter):
         super().__init__(os.path.join(report_dir, f"trace-{os.getpid()}.jsonl"), "twin-spec-trace")
         self.batch_steps = batch_steps
         self.step = 0
+        self.host_ns = 0  # host time the trace spent on the decode path (its share of a step's time)
         self._pending: list[tuple] = []
 
     # -- decode path: keep references, nothing else ------------------------ #
@@ -155,7 +157,9 @@ class TraceWriter(_JsonlWriter):
         self.step += 1
         self._pending.append((self.step, list(req_ids), list(num_draft_tokens), accepted, margins))
         if len(self._pending) >= self.batch_steps:
+            t0 = time.perf_counter_ns()
             self._hand_over()
+            self.host_ns += time.perf_counter_ns() - t0
 
     def _hand_over(self) -> None:
         if not self._pending:
@@ -758,19 +762,21 @@ def _patch_rejection_sampler(knobs: EngineKnobs) -> None:
         **kwargs,
     ):
         req_ids = G.batch_req_ids
-        want_trace = G.trace is not None and req_ids is not None
+        trace = G.trace if req_ids is not None else None
+        t0 = time.perf_counter_ns() if trace is not None else 0
         margins = None
-        if (x > 0 or want_trace) and draft_token_ids.numel() > 0:
+        if (x > 0 or trace is not None) and draft_token_ids.numel() > 0:
             vocab = target_logits.shape[-1]
-            ids = draft_token_ids.long()
             # vLLM pads drafts it invalidated with -1 (its kernels reject them):
             # such an id is never an index, never passes, and has no margin.
-            valid = (ids >= 0) & (ids < vocab)
-            idx = torch.where(valid, ids, torch.zeros_like(ids)).unsqueeze(1)
+            idx = draft_token_ids.long().clamp(0, vocab - 1)
+            invalid = idx != draft_token_ids
+            idx = idx.unsqueeze(1)
             drafted_logit = target_logits.gather(1, idx).squeeze(1)
-            top = target_logits.max(dim=-1).values
-            margins = torch.where(valid, (top - drafted_logit).float(), float("nan"))
+            top = target_logits.amax(dim=-1)
+            margins = (top - drafted_logit).float().masked_fill_(invalid, float("nan"))
             if x > 0:
+                valid = ~invalid
                 passes = valid & (margins <= x)
                 if not sampling_metadata.all_greedy:
                     greedy_req = sampling_metadata.temperature == rs.GREEDY_TEMPERATURE
@@ -781,9 +787,11 @@ def _patch_rejection_sampler(knobs: EngineKnobs) -> None:
                 # Make a passing drafted token the argmax of its row; the
                 # greedy kernel then accepts up to the first failing position
                 # and emits the (true) argmax there and as the bonus token.
-                # Rows of invalid ids write their own column-0 logit back.
+                # Rows of invalid ids write their (clamped) column's own logit back.
                 raised = torch.where(passes, top + 1.0, drafted_logit)
                 target_logits.scatter_(1, idx, raised.unsqueeze(1))
+        # host time the trace adds to the step: the margins (unless the relaxed gate needs them) ...
+        traced_ns = time.perf_counter_ns() - t0 if trace is not None and x <= 0 else 0
         out = orig_rejection_sample(
             draft_token_ids,
             num_draft_tokens,
@@ -796,11 +804,14 @@ def _patch_rejection_sampler(knobs: EngineKnobs) -> None:
             *args,
             **kwargs,
         )
-        if want_trace:
+        if trace is not None:
+            t1 = time.perf_counter_ns()
             accepted = (out != rs.PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1
             if margins is None:
                 margins = torch.empty(0, device=out.device)
-            G.trace.record(req_ids, num_draft_tokens, accepted, margins)
+            trace.record(req_ids, num_draft_tokens, accepted, margins)
+            # ... and the count of accepted tokens and the recording
+            trace.host_ns += traced_ns + time.perf_counter_ns() - t1
         return out
 
     rs.rejection_sample = rejection_sample
@@ -887,6 +898,11 @@ def _patch_worker_rpc() -> None:
             G.trace, G.trace_parked = None, G.trace
         return G.trace is not None
 
+    def twin_spec_trace_stats(self) -> dict:
+        """Steps traced and the host time the trace spent on the decode path, this process."""
+        t = G.trace or G.trace_parked
+        return {"steps": t.step, "host_ms": t.host_ns / 1e6} if t is not None else {"steps": 0, "host_ms": 0.0}
+
     def twin_spec_flush_steps(self) -> str | None:
         if G.steps is None:
             return None
@@ -901,6 +917,7 @@ def _patch_worker_rpc() -> None:
     WorkerBase.twin_spec_set_draft_graphs = twin_spec_set_draft_graphs
     WorkerBase.twin_spec_set_trace = twin_spec_set_trace
     WorkerBase.twin_spec_flush_steps = twin_spec_flush_steps
+    WorkerBase.twin_spec_trace_stats = twin_spec_trace_stats
 
 
 def apply(knobs: EngineKnobs) -> None:
