@@ -302,3 +302,21 @@ def test_workbench_run_e16_tiny_makes_a_complete_run_folder(tmp_path):
     nb = json.loads((rdir / "notebook.ipynb").read_text())
     shown = json.dumps([c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"])
     assert "| tiny | 1 | 2 |" in shown and "Operating points" in shown
+
+
+def test_step_cost_legend_names_every_series_once_across_sizes():
+    """32B measured at gamma 4 only, 8B at gamma 2 and 4: the 8B-only series must still be in the legend."""
+    from workbench import plots
+
+    rows = [{"size": "32b", "batch": 1, "gamma": None, "draft_graphs": None, "role": "target decode",
+             "median_ms": 18.0, "q1_ms": 17.9, "q3_ms": 18.1, "n": 10}]
+    for size, gammas in (("32b", [4]), ("8b", [2, 4])):
+        for g in gammas:
+            for graphs in (True, False):
+                for role, ms in (("target verify", 5.0), ("draft propose", 20.0)):
+                    rows.append({"size": size, "batch": 1, "gamma": float(g), "draft_graphs": graphs, "role": role,
+                                 "median_ms": ms, "q1_ms": ms - 1, "q3_ms": ms + 1, "n": 10})
+    fig = plots.step_cost_vs_batch(pd.DataFrame(rows))
+    in_legend = [t.name for t in fig.data if t.showlegend is not False]
+    assert sorted(in_legend) == sorted(set(t.name for t in fig.data))  # every series named, none twice
+    assert "draft step γ=2, drafter graphs" in in_legend

@@ -254,8 +254,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m workbench.ladder", description="recompute a cost-ladder run's tables")
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--markdown", action="store_true", help="print the README table")
+    ap.add_argument("--static", default="", metavar="FORMATS",
+                    help="also write the figures as static files, e.g. svg or png,svg (needs Chromium)")
     args = ap.parse_args(argv)
-    write_tables(args.run_dir)
+    tables = write_tables(args.run_dir)
+    if args.static:
+        from .export import STATIC_FORMATS, export_figures, parse_formats
+
+        fmts = parse_formats(args.static)
+        if not set(fmts) <= set(STATIC_FORMATS):
+            ap.error(f"--static takes {', '.join(STATIC_FORMATS)}; got {args.static!r} (HTML is always written)")
+        export_figures(figures(tables), args.run_dir / "figures", formats=fmts, width=1100, height=900)
     if args.markdown:
         print(summary_markdown(args.run_dir))
     return 0

@@ -361,6 +361,7 @@ def step_cost_vs_batch(costs: pd.DataFrame) -> go.Figure:
     sizes = list(dict.fromkeys(costs["size"].astype(str)))
     fig = make_subplots(rows=1, cols=len(sizes), subplot_titles=[f"size {s}" for s in sizes], shared_yaxes=True)
     gammas = sorted({int(g) for g in costs["gamma"].dropna()})
+    in_legend: set[str] = set()  # each role/gamma/graphs once, from whichever panel has it first
     for col, size in enumerate(sizes, start=1):
         d = costs[costs["size"].astype(str) == size]
         groups = []
@@ -383,7 +384,7 @@ def step_cost_vs_batch(costs: pd.DataFrame) -> go.Figure:
             symbol = GAMMA_SYMBOLS[gammas.index(g) % len(GAMMA_SYMBOLS)] if g is not None else "circle"
             fig.add_trace(go.Scatter(
                 x=part["batch"].to_numpy(int), y=med, mode="lines+markers", name=name, legendgroup=name,
-                showlegend=col == 1,
+                showlegend=name not in in_legend,
                 line=dict(color=LADDER_ROLE_COLORS[role], dash="solid" if graphs in (None, True) else "dash"),
                 marker=dict(symbol=symbol, size=8),
                 error_y=dict(type="data", symmetric=False, array=q3 - med, arrayminus=med - q1),
@@ -392,6 +393,7 @@ def step_cost_vs_batch(costs: pd.DataFrame) -> go.Figure:
                                "<br>IQR %{customdata[0]:.3f}–%{customdata[1]:.3f} ms, %{customdata[2]:.0f} steps"
                                + ("<br>(propose / γ)" if role == "draft step" else "") + "<extra></extra>"),
                 meta={"role": role, "gamma": g, "draft_graphs": graphs, "size": size}), row=1, col=col)
+            in_legend.add(name)
         fig.update_xaxes(type="log", title_text="batch (requests per step)", tickvals=sorted(d["batch"].unique()),
                          row=1, col=col)
     fig.update_yaxes(title_text="ms per step (median, IQR bars)", row=1, col=1)
@@ -503,7 +505,8 @@ def speedup_curves(curve: pd.DataFrame, ratios: pd.DataFrame | None = None) -> g
     fig.update_xaxes(range=[lo, 1.03])
     _layout(fig, "Predicted speedup S(α, γ, c) = (1 − α^(γ+1)) / ((1 − α)(γc + 1)) at the measured c",
             "α (per-token acceptance)", "speedup over the target alone")
-    fig.add_annotation(text=_wrap(ladder.OPERATING_POINTS_NOTE, 150), xref="paper", yref="paper", x=0, y=-0.2,
+    fig.add_annotation(text=_wrap(ladder.OPERATING_POINTS_NOTE, 150), xref="paper", yref="paper", x=0, y=0,
+                       yshift=-60,  # in pixels below the axis: stays inside the bottom margin at any figure height
                        showarrow=False, align="left", xanchor="left", yanchor="top", font=dict(size=10))
     fig.update_layout(margin=dict(b=150))
     return fig
