@@ -11,6 +11,8 @@ memory meanwhile. Nothing here is a timing.
 (``gpu_suite.json``) are written to, so the evidence can be kept as a run
 folder; by default a temporary folder.
 
+``env.json`` there records versions, GPU, commit and the suite's settings.
+
 Exactness vocabulary: in float32 (TRITON_ATTN; FlashAttention has no fp32)
 the strict tier must equal vanilla token for token. In bfloat16 a strict
 output may leave vanilla's only at a near-tie: a position where the float32
@@ -78,6 +80,13 @@ def results_dir() -> Path:
     root = os.environ.get("WORKBENCH_GPU_RESULTS")
     path = Path(root) if root else Path(tempfile.mkdtemp(prefix="gpu-suite-"))
     path.mkdir(parents=True, exist_ok=True)
+    from workbench import envcapture
+
+    # what the evidence was made with: versions, GPU, commit, switches
+    env = envcapture.capture()
+    env["suite"] = {"parallel": os.environ.get("WORKBENCH_GPU_PARALLEL", "4"), "kv_cache_memory_bytes": KV_BYTES,
+                    "reuse": os.environ.get("WORKBENCH_GPU_REUSE") == "1"}
+    (path / "env.json").write_text(json.dumps(env, indent=1, default=str) + "\n")
     return path
 
 
