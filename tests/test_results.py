@@ -120,3 +120,16 @@ def test_git_state_names_changed_files_whole(tmp_path, monkeypatch):
     monkeypatch.setattr(envcapture, "REPO_ROOT", tmp_path)
     state = envcapture.git_state()
     assert state["dirty"] is True and state["changed_files"] == ["README.md"]
+
+
+def test_git_state_outside_a_checkout_takes_the_named_commit(tmp_path, monkeypatch):
+    """A `git archive` copy (no .git) records the commit it was made from when WORKBENCH_GIT_COMMIT names it."""
+    from workbench import envcapture
+
+    monkeypatch.setattr(envcapture, "REPO_ROOT", tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    monkeypatch.delenv("WORKBENCH_GIT_COMMIT", raising=False)
+    assert envcapture.git_state()["commit"] is None
+    monkeypatch.setenv("WORKBENCH_GIT_COMMIT", "630539f")
+    state = envcapture.git_state()
+    assert state["commit"] == "630539f" and "WORKBENCH_GIT_COMMIT" in state["note"]

@@ -43,6 +43,10 @@ def _git(*args: str) -> str | None:
 def git_state() -> dict[str, Any]:
     commit = _git("rev-parse", "HEAD")
     if commit is None:
+        # a copy made with `git archive` (e.g. sent to a GPU host) can name its commit this way
+        named = os.environ.get("WORKBENCH_GIT_COMMIT")
+        if named:
+            return {"commit": named, "dirty": None, "note": "not a git checkout; commit from WORKBENCH_GIT_COMMIT"}
         return {"commit": None, "dirty": None, "note": "not a git checkout or git unavailable"}
     # tracked files that differ from HEAD, staged or not (names only: no status
     # columns to cut, which _git's strip() would have shifted)
