@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -117,11 +118,14 @@ def main(argv: list[str] | None = None) -> int:
         _env(out, sizes)
         import subprocess
 
+        from workbench.childproc import wrap
+
         for size in sizes:
             for only in ["vanilla"] + [str(g) for g in args.gammas]:
                 cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),
                        "--sizes", size, "--only", only]
-                rc = subprocess.run(cmd).returncode
+                # the engine process dies with this one: a killed ladder leaves no engine holding the GPU
+                rc = subprocess.run(wrap(os.getpid(), cmd), cwd=REPO).returncode
                 if rc != 0:
                     print(f"[ladder] {size} engine {only} failed (exit {rc}); going on", file=sys.stderr)
         from workbench.ladder import write_tables
