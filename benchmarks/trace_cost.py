@@ -53,9 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update({"VLLM_SPEC_TRACE": "1", "VLLM_SPEC_REPORT_DIR": report_dir,
                        "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     if cpu:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        from workbench.leg import in_process_cpu_env
+
+        in_process_cpu_env()
 
     from vllm import LLM, SamplingParams
 

@@ -310,6 +310,18 @@ def prepare_run(experiment: str, profile: str | None = None, overrides: Any = No
 
 # --- one leg -----------------------------------------------------------------------------------
 
+def leg_knobs(leg: PlannedLeg, vanilla):
+    """The engine knobs of a planned spec leg (``workbench.knobs.Knobs``); ``vanilla`` for a vanilla one."""
+    from workbench.knobs import Knobs
+
+    if leg.kind != "spec":
+        return vanilla
+    k = leg.knobs
+    return Knobs(gamma=k["gamma"], relax_logtau=float(k.get("relax_logtau") or 0.0),
+                 blind_mm=bool(k.get("blind_mm")), draft_cudagraph=k.get("draft_cudagraph") is not False,
+                 trace=bool(k.get("trace")))
+
+
 def leg_config(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path, resume_from: Path | None = None):
     """The leg's configuration (written as legs/<leg>/leg.json and read by `python -m workbench.leg`)."""
     from workbench.knobs import Knobs
@@ -317,9 +329,7 @@ def leg_config(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path, resume_from:
 
     k = leg.knobs
     spec = leg.kind == "spec"
-    knobs = Knobs(gamma=k["gamma"], relax_logtau=float(k.get("relax_logtau") or 0.0),
-                  blind_mm=bool(k.get("blind_mm")), draft_cudagraph=k.get("draft_cudagraph") is not False,
-                  trace=bool(k.get("trace"))) if spec else Knobs()
+    knobs = leg_knobs(leg, vanilla=Knobs())
     gpu_mem = k.get("gpu_memory_utilization")
     return LegConfig(
         target=cfg["models"][leg.model], draft=cfg["models"][leg.draft] if spec else None,

@@ -33,7 +33,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from workbench.runfolder import LADDER_STEPS as STEPS, LADDER_WALLS as WALLS
+from workbench.runfolder import LADDER_STEPS as STEPS, LADDER_WALLS as WALLS, write_json_atomic
 
 RELAX_WIDE = "1e9"         # the relaxed gate opened wide: every drafted token passes (alpha = 1)
 PROMPT_LEN = 128           # prompt tokens per request
@@ -65,9 +65,9 @@ def process_env(report_dir: str, knob_env: dict[str, str] | None = None) -> dict
 def set_process_env(cpu: bool, report_dir: str, knob_env: dict[str, str] | None = None) -> None:
     os.environ.update(process_env(report_dir, knob_env))
     if cpu:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        from workbench.leg import in_process_cpu_env
+
+        in_process_cpu_env()
 
 
 def engine(target: str, draft: str | None, gamma: int | None, max_seqs: int, cpu: bool, dummy: bool,
@@ -115,20 +115,15 @@ def free(llm) -> None:
         torch.cuda.empty_cache()
 
 
-def count_lines(path: str) -> int:
+def read_new_rows(path: str, pos: int) -> tuple[list[dict], int]:
+    """The JSON lines appended to ``path`` since byte ``pos``, and the new end position."""
     try:
         with open(path) as f:
-            return sum(1 for _ in f)
+            f.seek(pos)
+            rows = [json.loads(line) for line in f if line.strip()]
+            return rows, f.tell()
     except FileNotFoundError:
-        return 0
-
-
-def read_lines(path: str, start: int) -> list[dict]:
-    try:
-        with open(path) as f:
-            return [json.loads(line) for i, line in enumerate(f) if i >= start and line.strip()]
-    except FileNotFoundError:
-        return []
+        return [], pos
 
 
 def run_engine(*, size: str, kind: str, target: str, draft: str | None, gamma: int | None,
@@ -150,17 +145,18 @@ def run_engine(*, size: str, kind: str, target: str, draft: str | None, gamma: i
     hi = vocab_hi(size)
     max_b = max(batches)
     counts = {"steps": 0, "walls": 0}
+    read_to = {"pos": 0}  # how far the step timer's file has been read: each cell reads only its own rows
 
     def timed(llm, cell: dict, b: int, rep: int) -> None:
         G = ep.G
         G.steps.flush()
-        start = count_lines(G.steps.path)
+        _, read_to["pos"] = read_new_rows(G.steps.path, read_to["pos"])  # the warm-up's steps, not a cell's
         batch_prompts = prompts(b, hi, seed=rep, prompt_len=prompt_len)
         t0 = time.perf_counter()
         outs = llm.generate(batch_prompts, sp, use_tqdm=False)
         wall = time.perf_counter() - t0
         G.steps.flush()
-        rows = read_lines(G.steps.path, start)
+        rows, read_to["pos"] = read_new_rows(G.steps.path, read_to["pos"])
         row_tag = {**cell, "size": size, "batch": b, "rep": rep, **extra}
         for r in rows:
             steps_f.write(json.dumps({**row_tag, **r}) + "\n")
@@ -202,13 +198,12 @@ def run_engine(*, size: str, kind: str, target: str, draft: str | None, gamma: i
 
 def leg_config(leg, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     """``legs/<leg>/leg.json`` of one ladder engine (``leg``: a ``workbench.planning.PlannedLeg``)."""
+    from workbench.execution import leg_knobs
     from workbench.knobs import Knobs
 
     k = leg.knobs
     spec = leg.kind == "spec"
-    knobs = (Knobs(gamma=k["gamma"], relax_logtau=float(k.get("relax_logtau") or 0.0),
-                   blind_mm=bool(k.get("blind_mm")), draft_cudagraph=k.get("draft_cudagraph") is not False,
-                   trace=bool(k.get("trace"))) if spec else Knobs(trace=False))
+    knobs = leg_knobs(leg, vanilla=Knobs(trace=False))
     ladder = cfg["ladder"]
     gpu_mem = k.get("gpu_memory_utilization")
     return {"runner": "ladder", "experiment": cfg["experiment"], "run_id": cfg["run_id"], "leg": leg.name,
@@ -220,12 +215,6 @@ def leg_config(leg, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             "gpu_memory_utilization": float(gpu_mem) if gpu_mem is not None else GPU_MEMORY_UTILIZATION,
             "load_format": cfg.get("load_format") or "auto", "device": cfg.get("device"),
             "knobs": knobs.as_dict(), "out": str(Path(run_dir) / "legs" / leg.name)}
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
 
 
 def run_leg(conf: dict[str, Any]) -> dict[str, Any]:
@@ -262,7 +251,7 @@ def run_leg(conf: dict[str, Any]) -> dict[str, Any]:
                "gamma": conf.get("gamma"), "size": conf["size"], "target": conf["target"], "draft": conf.get("draft"),
                "knobs": knobs.as_dict(), "device": "cpu" if cpu else torch.cuda.get_device_name(0),
                "wall_s": time.perf_counter() - t0, "patch_fingerprint": vllm_patch.fingerprint(), **info}
-    _write_json(out / "summary.json", summary)
+    write_json_atomic(out / "summary.json", summary)
     return summary
 
 
@@ -276,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         run_leg(conf)
     except BaseException as exc:
         out.mkdir(parents=True, exist_ok=True)
-        _write_json(out / "failure.json", {"status": "failed", "runner": "ladder", "leg": conf.get("leg"),
+        write_json_atomic(out / "failure.json", {"status": "failed", "runner": "ladder", "leg": conf.get("leg"),
                                            "mode": conf.get("kind"), "gamma": conf.get("gamma"),
                                            "error": f"{type(exc).__name__}: {exc}",
                                            "traceback": traceback.format_exc()})
