@@ -1,22 +1,29 @@
 """What the acceptance trace costs in decode rate, trace on and off side by side in one engine.
 
-    python benchmarks/trace_cost.py --out results/trace-cost/<run id> [--dtype bfloat16] [--reps 4]
+    python benchmarks/trace_cost.py --out results/trace-cost/<run id> [--dtype bfloat16] [--rounds 8]
 
 One engine (the strict tier, the int4 twin, gamma 6) started with the trace on;
-the plugin's trace is then switched off and on between passes
-(off, on, off, on, ..., off), so every "on" pass is bracketed by two "off"
-passes of the same engine. A pass decodes the tiny prompt set twice: one prompt
-at a time (concurrency 1) and all at once (concurrency 8; ``--c8-copies N``
-submits the set N times, a pass long enough to time on a GPU). The cost of a
-pass pair is 1 - (tok/s on) / mean(tok/s of the two bracketing off passes);
-the table reports its median and IQR per concurrency. Passes drift (a GPU's
-"off" passes alone varied by 9-12 % over one run), so the table also gives a
-drift-free figure: the host time the trace itself spends on the decode path
-(timed inside the engine, ``twin_spec_trace_stats``) per traced step and as
-a share of the "on" pass's time. Where the decoding loop is bound by host work,
-as it is for the tiny models on a GPU, that share is the trace's cost.
+the plugin's trace is then switched off and on between generate calls, so the
+"on" and "off" runs of the same work stand next to each other in time. A unit
+of work is one prompt alone (concurrency 1; each of the 13 tiny prompts is a
+unit) or the whole prompt set submitted ``--c8-copies`` times at once
+(concurrency 8; ``--c8-pairs`` such units per round). Every round runs each
+unit twice, on and off, the order alternating from unit to unit and round to
+round (on-off, off-on, ...), so slow drift and a second-run advantage both
+cancel.
 
-Writes ``passes.jsonl``, ``tables/trace_cost.csv`` and ``env.json`` into --out.
+The cost is 1 - (tok/s on) / (tok/s off) over all pairs of a concurrency
+(ratio of total rates), with a 95 % bootstrap interval over pairs and the
+median of the per-pair costs. An earlier design that compared whole passes
+could not resolve 5 %: a GPU's "off" passes alone varied by 9-12 % over one
+run. The table also gives a drift-free figure: the host time the trace itself
+spends on the decode path (timed inside the engine, ``twin_spec_trace_stats``)
+per traced step and as a share of the "on" time. Where the decoding loop is
+bound by host work, as it is for the tiny models on a GPU, that share is the
+trace's direct cost.
+
+Writes ``pairs.jsonl`` (one line per timed run), ``tables/trace_cost.csv`` and
+``env.json`` into --out.
 """
 
 from __future__ import annotations
@@ -34,16 +41,56 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
+def summarize(runs, boot: int = 2000, seed: int = 0):
+    """Per concurrency: the trace's cost over adjacent on/off pairs (see the module docstring)."""
+    import numpy as np
+    import pandas as pd
+
+    from workbench.metrics import median_iqr
+
+    need = {"round", "unit", "concurrency", "trace", "tokens", "seconds", "traced_steps", "trace_host_ms"}
+    missing = need - set(runs.columns)
+    if missing:
+        raise ValueError(f"trace-cost runs lack columns {sorted(missing)}")
+    rng = np.random.default_rng(seed)
+    rows = []
+    for conc, g in runs.groupby("concurrency"):
+        on = g[g["trace"]].set_index(["round", "unit"]).sort_index()
+        off = g[~g["trace"]].set_index(["round", "unit"]).sort_index()
+        if not on.index.equals(off.index) or on.index.has_duplicates:
+            raise ValueError(f"{conc}: every (round, unit) needs exactly one run with the trace on and one off")
+        if (on["tokens"] != off["tokens"]).any():
+            raise ValueError(f"{conc}: a pair decoded different token counts; the runs are not the same work")
+        n_on, t_on, n_off, t_off = (x.to_numpy(float) for x in (on["tokens"], on["seconds"], off["tokens"], off["seconds"]))
+        cost = 1 - (n_on.sum() / t_on.sum()) / (n_off.sum() / t_off.sum())
+        idx = rng.integers(0, len(on), size=(boot, len(on)))
+        boots = 1 - (n_on[idx].sum(1) / t_on[idx].sum(1)) / (n_off[idx].sum(1) / t_off[idx].sum(1))
+        per_pair = median_iqr(1 - (n_on / t_on) / (n_off / t_off))
+        rows.append({"concurrency": conc, "pairs": len(on), "cost": cost,
+                     "cost_ci95_lo": float(np.quantile(boots, 0.025)), "cost_ci95_hi": float(np.quantile(boots, 0.975)),
+                     "pair_cost_median": per_pair["median"], "pair_cost_q25": per_pair["q25"],
+                     "pair_cost_q75": per_pair["q75"],
+                     "tok_s_off": n_off.sum() / t_off.sum(), "tok_s_on": n_on.sum() / t_on.sum(),
+                     # drift-free: the trace's own host time per traced step, and its share of the "on" time
+                     "trace_host_us_per_step": float(on["trace_host_ms"].sum() / max(on["traced_steps"].sum(), 1) * 1e3),
+                     "trace_host_share": float(on["trace_host_ms"].sum() / 1e3 / t_on.sum())})
+    return pd.DataFrame(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--reps", type=int, default=4, help="number of 'on' passes (each between two 'off' passes)")
+    ap.add_argument("--rounds", type=int, default=8, help="rounds; each runs every unit once on and once off")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--gamma", type=int, default=6)
     ap.add_argument("--c8-copies", type=int, default=1,
-                    help="the concurrency-8 pass decodes the prompt set this many times (a longer, steadier pass)")
+                    help="a concurrency-8 unit decodes the prompt set this many times (a longer, steadier unit)")
+    ap.add_argument("--c8-pairs", type=int, default=2, help="concurrency-8 units per round")
     args = ap.parse_args(argv)
+    for name in ("rounds", "tokens", "gamma", "c8_copies", "c8_pairs"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     args.out.mkdir(parents=True, exist_ok=True)
 
     import torch
@@ -87,61 +134,46 @@ def main(argv: list[str] | None = None) -> int:
     def stats() -> dict:
         return llm.collective_rpc("twin_spec_trace_stats")[0]
 
-    def one_pass(on: bool, i: int, f) -> None:
-        set_trace(on)
-        s0 = stats()
-        t0 = time.perf_counter()
-        n1 = sum(len(llm.generate([x], sp, use_tqdm=False)[0].outputs[0].token_ids) for x in inputs)
-        t1 = time.perf_counter()
-        s1 = stats()
-        n8 = sum(len(o.outputs[0].token_ids) for o in llm.generate(inputs * args.c8_copies, sp, use_tqdm=False))
-        t8 = time.perf_counter()
-        s8 = stats()
-        for conc, n, t, a, b in (("c1", n1, t1 - t0, s0, s1), ("c8", n8, t8 - t1, s1, s8)):
-            # the trace's own host time on the decode path during this pass, as a share of the pass
-            host_ms = b["host_ms"] - a["host_ms"]
-            f.write(json.dumps({"pass": i, "trace": on, "concurrency": conc, "tokens": n, "seconds": t,
-                                "tok_s": n / t, "traced_steps": b["steps"] - a["steps"],
-                                "trace_host_ms": host_ms, "trace_host_share": host_ms / 1e3 / t}) + "\n")
-        f.flush()
+    units = [("c1", [x]) for x in inputs] + [("c8", inputs * args.c8_copies)] * args.c8_pairs
 
-    with open(os.devnull, "w") as sink:  # a full pass of each shape first: warm caches, nothing recorded
-        one_pass(False, -1, sink)
-    with (args.out / "passes.jsonl").open("w") as f:
-        order = [False] + [x for _ in range(args.reps) for x in (True, False)]
-        for i, on in enumerate(order):
-            one_pass(on, i, f)
+    def timed(on: bool, batch: list) -> dict:
+        set_trace(on)
+        a = stats()
+        t0 = time.perf_counter()
+        n = sum(len(o.outputs[0].token_ids) for o in llm.generate(batch, sp, use_tqdm=False))
+        t = time.perf_counter() - t0
+        b = stats()
+        return {"trace": on, "tokens": n, "seconds": t, "tok_s": n / t, "traced_steps": b["steps"] - a["steps"],
+                # the trace's own host time on the decode path during this run
+                "trace_host_ms": b["host_ms"] - a["host_ms"]}
+
+    for _, batch in units:  # every unit once, trace off and on: warm caches, nothing recorded
+        timed(False, batch)
+        timed(True, batch)
+    out = args.out / "pairs.jsonl"
+    tmp = out.with_suffix(".jsonl.partial")
+    with tmp.open("w") as f:
+        for r in range(args.rounds):
+            for u, (conc, batch) in enumerate(units):
+                order = (True, False) if (r + u) % 2 == 0 else (False, True)
+                for pos, on in enumerate(order):
+                    f.write(json.dumps({"round": r, "unit": u, "concurrency": conc, "position": pos,
+                                        **timed(on, batch)}) + "\n")
+            f.flush()
+    tmp.replace(out)  # only a finished schedule carries the final name
     set_trace(True)
     steps = llm.collective_rpc("twin_spec_flush_trace")
 
     import pandas as pd
 
-    from workbench.metrics import median_iqr
-
-    passes = pd.read_json(args.out / "passes.jsonl", lines=True)
-    rows = []
-    for conc, g in passes.groupby("concurrency"):
-        g = g.sort_values("pass").reset_index(drop=True)
-        costs = []
-        for i in range(1, len(g) - 1, 2):
-            on, before, after = g.loc[i, "tok_s"], g.loc[i - 1, "tok_s"], g.loc[i + 1, "tok_s"]
-            costs.append(1 - on / ((before + after) / 2))
-        st = median_iqr(costs)
-        on = g[g["trace"]]
-        rows.append({"concurrency": conc, "pairs": len(costs), "cost_median": st["median"],
-                     "cost_q25": st["q25"], "cost_q75": st["q75"],
-                     "tok_s_off": g[~g["trace"]]["tok_s"].median(), "tok_s_on": on["tok_s"].median(),
-                     # drift-free: the trace's own host time per traced step, and its share of the pass
-                     "trace_host_us_per_step": float((on["trace_host_ms"] / on["traced_steps"]).median() * 1e3),
-                     "trace_host_share": float(on["trace_host_share"].median())})
-    table = pd.DataFrame(rows)
+    table = summarize(pd.read_json(out, lines=True))
     (args.out / "tables").mkdir(exist_ok=True)
     table.to_csv(args.out / "tables" / "trace_cost.csv", index=False, float_format="%.4f")
     import vllm
 
     (args.out / "env.json").write_text(json.dumps({
         "vllm": vllm.__version__, "torch": torch.__version__, "dtype": args.dtype, "gamma": args.gamma,
-        "reps": args.reps, "tokens": args.tokens, "c8_copies": args.c8_copies,
+        "rounds": args.rounds, "c8_pairs": args.c8_pairs, "tokens": args.tokens, "c8_copies": args.c8_copies,
         "device": torch.cuda.get_device_name(0) if not cpu else "cpu", "trace_steps": steps,
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1) + "\n")
     print(table.to_string(index=False))
