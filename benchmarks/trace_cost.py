@@ -87,7 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--c8-copies", type=int, default=1,
                     help="a concurrency-8 unit decodes the prompt set this many times (a longer, steadier unit)")
     ap.add_argument("--c8-pairs", type=int, default=2, help="concurrency-8 units per round")
+    ap.add_argument("--concurrency", default="c1,c8", help="which units to time: c1, c8 or both (default)")
     args = ap.parse_args(argv)
+    shapes = [c.strip() for c in args.concurrency.split(",") if c.strip()]
+    if not shapes or set(shapes) - {"c1", "c8"}:
+        ap.error(f"--concurrency takes c1, c8 or c1,c8; got {args.concurrency!r}")
     for name in ("rounds", "tokens", "gamma", "c8_copies", "c8_pairs"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
@@ -134,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     def stats() -> dict:
         return llm.collective_rpc("twin_spec_trace_stats")[0]
 
-    units = [("c1", [x]) for x in inputs] + [("c8", inputs * args.c8_copies)] * args.c8_pairs
+    units = (([("c1", [x]) for x in inputs] if "c1" in shapes else [])
+             + ([("c8", inputs * args.c8_copies)] * args.c8_pairs if "c8" in shapes else []))
 
     def timed(on: bool, batch: list) -> dict:
         set_trace(on)
