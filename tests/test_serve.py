@@ -73,15 +73,27 @@ def _server(tmp_path: Path, model: Path, spec: dict, *extra: str, env: dict | No
         log.close()
 
 
-def _post(url: str, body: dict, timeout: float = 120) -> tuple[int, dict]:
-    """POST JSON; (HTTP status, parsed body), for error statuses too."""
+def _post(url: str, body: dict, timeout: float = 120) -> tuple[int, dict | str]:
+    """POST JSON; (HTTP status, parsed body), for error statuses too (a body that is not JSON, e.g. a stream, as text)."""
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
+            status, raw = r.status, r.read()
     except urllib.error.HTTPError as e:
         with e:
-            return e.code, json.loads(e.read())
+            status, raw = e.code, e.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+def _post_stream(url: str, body: dict, timeout: float = 120) -> tuple[int, list[str]]:
+    """POST JSON to a streaming endpoint; (HTTP status, the data of each server-sent event)."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        lines = r.read().decode().splitlines()
+        return r.status, [ln[len("data: "):] for ln in lines if ln.startswith("data: ")]
 
 
 def test_vllm_serve_drafts_with_the_twin(tiny_models, tmp_path):
@@ -114,7 +126,8 @@ def test_vllm_serve_drafts_with_the_twin(tiny_models, tmp_path):
 
 
 def test_relaxed_tier_server_refuses_a_sampled_request_with_400(tiny_models, tmp_path):
-    """#10: the relaxed tier's refusal reaches the client as 400 with its message, not an empty 500."""
+    """#10: the relaxed tier's refusal reaches the client as 400 with its message, not an empty 500,
+    streamed or not."""
     spec = {"method": "draft_model", "model": str(tiny_models["twin-dequant"]), "num_speculative_tokens": 3}
     with _server(tmp_path, tiny_models["target"], spec, env={"VLLM_SPEC_RELAX_LOGTAU": "0.693"}) as url:
         body = {"model": str(tiny_models["target"]), "messages": [{"role": "user", "content": "hello"}],
@@ -125,6 +138,17 @@ def test_relaxed_tier_server_refuses_a_sampled_request_with_400(tiny_models, tmp
         assert error["type"] == "BadRequestError" and error["code"] == 400
         assert "VLLM_SPEC_RELAX_LOGTAU" in error["message"] and "temperature" in error["message"]
         assert "greedy requests only" in error["message"]
+        # streamed: refused before the stream starts, not as an error event after HTTP 200
+        for path, req in (("chat/completions", {**body, "stream": True}),
+                          ("completions", {"model": body["model"], "prompt": "hello", "max_tokens": 4,
+                                           "temperature": 0.7, "stream": True})):
+            status, reply = _post(f"{url}/v1/{path}", req)
+            assert status == 400, (path, reply)
+            assert reply["error"]["code"] == 400 and "greedy requests only" in reply["error"]["message"], reply
         status, reply = _post(f"{url}/v1/chat/completions", {**body, "temperature": 0})
         assert status == 200, reply
         assert reply["usage"]["completion_tokens"] >= 1
+        # a greedy streamed request still streams
+        status, events = _post_stream(f"{url}/v1/chat/completions", {**body, "temperature": 0, "stream": True})
+        assert status == 200 and events[-1] == "[DONE]", events
+        assert not [e for e in events if '"error"' in e], events
