@@ -62,15 +62,19 @@ def summarize(runs, boot: int = 2000, seed: int = 0):
         if (on["tokens"] != off["tokens"]).any():
             raise ValueError(f"{conc}: a pair decoded different token counts; the runs are not the same work")
         n_on, t_on, n_off, t_off = (x.to_numpy(float) for x in (on["tokens"], on["seconds"], off["tokens"], off["seconds"]))
-        cost = 1 - (n_on.sum() / t_on.sum()) / (n_off.sum() / t_off.sum())
-        idx = rng.integers(0, len(on), size=(boot, len(on)))
-        boots = 1 - (n_on[idx].sum(1) / t_on[idx].sum(1)) / (n_off[idx].sum(1) / t_off[idx].sum(1))
+
+        def rates(i):  # total tok/s on and off over the pairs indexed by i (the last axis)
+            return n_on[i].sum(-1) / t_on[i].sum(-1), n_off[i].sum(-1) / t_off[i].sum(-1)
+
+        rate_on, rate_off = rates(np.arange(len(on)))
+        boot_on, boot_off = rates(rng.integers(0, len(on), size=(boot, len(on))))
+        boots = 1 - boot_on / boot_off
         per_pair = median_iqr(1 - (n_on / t_on) / (n_off / t_off))
-        rows.append({"concurrency": conc, "pairs": len(on), "cost": cost,
+        rows.append({"concurrency": conc, "pairs": len(on), "cost": 1 - rate_on / rate_off,
                      "cost_ci95_lo": float(np.quantile(boots, 0.025)), "cost_ci95_hi": float(np.quantile(boots, 0.975)),
                      "pair_cost_median": per_pair["median"], "pair_cost_q25": per_pair["q25"],
                      "pair_cost_q75": per_pair["q75"],
-                     "tok_s_off": n_off.sum() / t_off.sum(), "tok_s_on": n_on.sum() / t_on.sum(),
+                     "tok_s_off": rate_off, "tok_s_on": rate_on,
                      # drift-free: the trace's own host time per traced step, and its share of the "on" time
                      "trace_host_us_per_step": float(on["trace_host_ms"].sum() / max(on["traced_steps"].sum(), 1) * 1e3),
                      "trace_host_share": float(on["trace_host_ms"].sum() / 1e3 / t_on.sum())})
