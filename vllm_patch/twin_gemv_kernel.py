@@ -1,0 +1,351 @@
+"""Triton W4A16 GEMV/GEMM for the int4 twin at decode batch sizes (no vLLM import).
+
+``y = x @ dequant(W)^T`` for compressed-tensors ``pack-quantized`` int4 weights
+(``uint4`` with group-wise zero points, or symmetric ``uint4b8``), group size
+32/64/128/... or channel-wise, bf16/fp16/fp32 activations, fp32 accumulation.
+
+Layout, repacked once at load time (``repack``):
+
+- ``qweight`` ``[N, K/8]`` int32, row ``n`` contiguous along K. Packed int ``c``
+  belongs to block ``b = c // 4`` of 32 input columns; its nibble ``j`` (bits
+  ``4j..4j+3``) holds column ``k = 32 b + 4 j + c % 4``. A 16-byte load (four
+  ints) is one whole block, inside one quantization group; the activation
+  values that nibble ``j`` of four consecutive ints multiply are four
+  consecutive elements of ``x``.
+- ``scales`` ``[K/G, N]`` (activation dtype) and ``zeros`` ``[K/G, N]`` uint8
+  (absent for symmetric weights: zero point 8), transposed so that one group's
+  values for consecutive outputs are contiguous.
+
+Dequantization avoids integer-to-float conversions (a quarter-rate
+instruction on Hopper): a nibble masked in place and OR-ed into the bits of
+``2^23`` is the float ``2^23 + q * 16^i`` (i = its position in a 16-bit half);
+subtracting ``2^23`` gives ``q * 16^i`` exactly, and the ``16^-i`` is folded
+into the activation (a power of two, exact). The zero point is applied per
+packed int: ``sum_j x_j (q_j - z) = sum_j x_j q_j - z sum_j x_j``.
+
+Two kernels:
+
+- ``gemv`` (M <= 4): CUDA-core FMAs, one fp32 accumulator tile per CTA, split-K;
+- ``mma`` (any M, tiles of 16..128 rows): the dequantized tile ``(q - z) * s``
+  (fp32) times ``x`` on the tensor cores (tf32, exact for bf16/fp16
+  activations; ``(q - z) * s`` is kept to tf32's 11 significant bits).
+
+Split-K partial sums go to an fp32 workspace and a second small kernel adds
+them in a fixed order (deterministic) and casts to the output dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAVE_TRITON = True
+    MAGIC = tl.constexpr(0x4B000000)  # bits of the float 2**23
+except ImportError:  # pragma: no cover - triton ships with torch's CUDA wheels
+    HAVE_TRITON = False
+
+BLOCK_K = 32  # input columns per repack block (4 packed ints)
+
+
+# ---------------------------------------------------------------- repacking (torch)
+
+def unpack_int4_cols(packed: torch.Tensor) -> torch.Tensor:
+    """``[R, C]`` int32 with 8 nibbles each (nibble i = column 8c+i) -> ``[R, 8C]`` uint8 values."""
+    shifts = torch.arange(0, 32, 4, device=packed.device, dtype=torch.int32)
+    q = (packed.to(torch.int32).unsqueeze(-1) >> shifts) & 0xF
+    return q.reshape(packed.shape[0], -1).to(torch.uint8)
+
+
+def unpack_int4_rows(packed: torch.Tensor, rows: int) -> torch.Tensor:
+    """``[R/8, C]`` int32 packed along dim 0 (compressed-tensors zero points) -> ``[rows, C]`` uint8."""
+    shifts = torch.arange(0, 32, 4, device=packed.device, dtype=torch.int32)
+    q = (packed.to(torch.int32).unsqueeze(1) >> shifts.view(1, 8, 1)) & 0xF
+    return q.reshape(-1, packed.shape[1])[:rows].to(torch.uint8)
+
+
+def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """``[..., 8]`` values 0..15 -> ``[...]`` int32, element j at bits 4j (two's complement wrap)."""
+    q = q.to(torch.int64)
+    shifts = torch.arange(0, 32, 4, device=q.device, dtype=torch.int64)
+    v = (q << shifts).sum(-1)
+    v = torch.where(v >= 2**31, v - 2**32, v)
+    return v.to(torch.int32)
+
+
+def repack_qweight(packed: torch.Tensor, chunk_rows: int = 4096) -> torch.Tensor:
+    """compressed-tensors ``[N, K/8]`` int32 (nibble i = column 8c+i) -> this kernel's ``[N, K/8]``."""
+    n, k8 = packed.shape
+    if (8 * k8) % BLOCK_K:
+        raise ValueError(f"input size {8 * k8} is not a multiple of {BLOCK_K}")
+    out = torch.empty_like(packed, dtype=torch.int32)
+    for r0 in range(0, n, chunk_rows):
+        q = unpack_int4_cols(packed[r0:r0 + chunk_rows])  # [R, K]
+        r = q.shape[0]
+        # k = 32 b + 4 j + l  ->  [R, b, j, l]  ->  int (b, l) holds nibbles j
+        q = q.view(r, -1, 8, 4).permute(0, 1, 3, 2)
+        out[r0:r0 + r] = _pack_nibbles(q).reshape(r, k8)
+    return out
+
+
+def unrepack_qweight(qweight: torch.Tensor) -> torch.Tensor:
+    """Inverse view of ``repack_qweight``: ``[N, K]`` uint8 values in natural column order."""
+    n, k8 = qweight.shape
+    q = unpack_int4_cols(qweight).view(n, k8 // 4, 4, 8)  # [n, b, l, j]
+    return q.permute(0, 1, 3, 2).reshape(n, 8 * k8)
+
+
+def repack(weight_packed, weight_scale, weight_zero_point, group_size: int):
+    """compressed-tensors tensors -> ``(qweight, scales [G, N], zeros [G, N] uint8 or None, group_ints)``."""
+    n, k8 = weight_packed.shape
+    k = 8 * k8
+    g = k if group_size in (-1, None) else int(group_size)
+    if g % BLOCK_K or k % g:
+        raise ValueError(f"group size {group_size} with input size {k}: needs a multiple of "
+                         f"{BLOCK_K} that divides the input size")
+    n_groups = k // g
+    if weight_scale.shape != (n, n_groups):
+        raise ValueError(f"scales {tuple(weight_scale.shape)} do not match ({n}, {n_groups})")
+    qweight = repack_qweight(weight_packed)
+    scales = weight_scale.t().contiguous()
+    zeros = None
+    if weight_zero_point is not None:
+        zeros = unpack_int4_rows(weight_zero_point, n)
+        if zeros.shape != (n, n_groups):
+            raise ValueError(f"zero points unpack to {tuple(zeros.shape)}, expected ({n}, {n_groups})")
+        zeros = zeros.t().contiguous()
+    return qweight, scales, zeros, g // 8
+
+
+def dequant_repacked(qweight, scales, zeros, group_ints: int) -> torch.Tensor:
+    """fp32 ``[N, K]`` weight from the repacked tensors (torch; the kernel's math)."""
+    q = unrepack_qweight(qweight).to(torch.float32)
+    group_of_col = torch.arange(q.shape[1], device=q.device) // (8 * group_ints)
+    z = 8.0 if zeros is None else zeros.t().to(torch.float32)[:, group_of_col]
+    return (q - z) * scales.t().to(torch.float32)[:, group_of_col]
+
+
+# ---------------------------------------------------------------- configs
+
+@dataclass(frozen=True)
+class Config:
+    kind: str  # "gemv" | "mma"
+    bm: int
+    bn: int
+    bkp: int  # packed ints along K per iteration (8 * bkp input columns)
+    warps: int = 4
+    stages: int = 2
+    split: int = 0  # split-K factor; 0 = from the CTA target
+    waves: int = 8  # CTAs per SM to aim for when split == 0
+
+    @property
+    def tag(self) -> str:
+        s = f"s{self.split}" if self.split else f"w{self.waves}"
+        return f"{self.kind}-m{self.bm}-n{self.bn}-k{8 * self.bkp}-{s}-nw{self.warps}-st{self.stages}"
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def _pow2_at_least(v: int) -> int:
+    return 1 << max(0, (int(v) - 1).bit_length())
+
+
+def choose_config(n: int, k8: int, m: int) -> Config:
+    """Heuristic tile table keyed by (N, K, M); split-K is resolved in ``resolve_split``."""
+    bkp_cap = max(16, _pow2_at_least(k8))
+    if m <= 2:
+        return Config("gemv", bm=_pow2_at_least(m), bn=32, bkp=min(64, bkp_cap), waves=8)
+    if m <= 16:
+        return Config("mma", bm=16, bn=64, bkp=min(32, bkp_cap), waves=4)
+    bm = min(128, _pow2_at_least(m))
+    return Config("mma", bm=bm, bn=64, bkp=min(32, bkp_cap), warps=4 if bm <= 64 else 8, waves=2)
+
+
+def sweep_configs(m: int, k8: int) -> list[Config]:
+    """Small list of alternatives the benchmark measures beside the heuristic's choice."""
+    bkp_cap = max(16, _pow2_at_least(k8))
+    out = []
+    if m <= 4:
+        bm = _pow2_at_least(m)
+        for bn, bkp, waves in ((32, 64, 8), (16, 64, 8), (64, 32, 8), (32, 128, 4), (32, 32, 16), (16, 128, 8)):
+            out.append(Config("gemv", bm=bm, bn=bn if bm < 4 else max(16, bn // 2), bkp=min(bkp, bkp_cap),
+                              waves=waves))
+    if m <= 16:
+        for bn, bkp, waves, warps in ((64, 32, 4, 4), (64, 64, 4, 4), (32, 32, 8, 4), (128, 32, 2, 4)):
+            out.append(Config("mma", bm=16, bn=bn, bkp=min(bkp, bkp_cap), waves=waves, warps=warps))
+    return list(dict.fromkeys(out))
+
+
+def resolve_split(cfg: Config, n: int, k8: int, m: int, sms: int) -> tuple[int, int]:
+    """``(split, iters)``: split-K factor so that about ``waves * sms`` CTAs run, and iterations per CTA."""
+    k_tiles = -(-k8 // cfg.bkp)
+    ctas = -(-n // cfg.bn) * -(-m // cfg.bm)
+    split = cfg.split or max(1, -(-cfg.waves * sms // ctas))
+    split = min(split, k_tiles)
+    iters = -(-k_tiles // split)
+    return -(-k_tiles // iters), iters
+
+
+# ---------------------------------------------------------------- kernels
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K8, stride_xm, stride_om, stride_split,
+                        iters, group_ints, HAS_Z: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                        BKP: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        n_ok = offs_n < N
+        offs_m = tl.arange(0, BM)
+        m_ok = offs_m < M
+        c0 = pid_k * iters * BKP
+        if BM == 1:
+            acc = tl.zeros((BN, BKP), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BM, BN, BKP), dtype=tl.float32)
+        for it in range(iters):
+            cols = c0 + it * BKP + tl.arange(0, BKP)
+            c_ok = cols < K8
+            wmask = n_ok[:, None] & c_ok[None, :]
+            w = tl.load(qw_ptr + offs_n[:, None] * K8 + cols[None, :], mask=wmask, other=0)
+            grp = cols // group_ints
+            gn = grp[None, :] * N + offs_n[:, None]
+            sc = tl.load(s_ptr + gn, mask=wmask, other=0.0).to(tl.float32)
+            if HAS_Z:
+                zp = tl.load(z_ptr + gn, mask=wmask, other=0).to(tl.float32)
+            else:
+                zp = tl.full((BN, BKP), 8.0, dtype=tl.float32)
+            kb = (cols // 4) * 32 + (cols % 4)
+            hi = w >> 16
+            if BM == 1:
+                t = tl.zeros((BN, BKP), dtype=tl.float32)
+                xsum = tl.zeros((BKP,), dtype=tl.float32)
+            else:
+                t = tl.zeros((BM, BN, BKP), dtype=tl.float32)
+                xsum = tl.zeros((BM, BKP), dtype=tl.float32)
+            for j in tl.static_range(8):
+                if j < 4:
+                    src = w
+                else:
+                    src = hi
+                # nibble masked in place: the float 2^23 + q * 16^(j%4), minus 2^23
+                f = ((src & (15 << (4 * (j % 4)))) | MAGIC).to(tl.float32, bitcast=True) - 8388608.0
+                if BM == 1:
+                    xv = tl.load(x_ptr + kb + 4 * j, mask=c_ok, other=0.0).to(tl.float32)
+                    xsum += xv
+                    t += f * (xv * (1.0 / (1 << (4 * (j % 4)))))[None, :]
+                else:
+                    xv = tl.load(x_ptr + offs_m[:, None] * stride_xm + (kb + 4 * j)[None, :],
+                                 mask=m_ok[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
+                    xsum += xv
+                    t += f[None, :, :] * (xv * (1.0 / (1 << (4 * (j % 4)))))[:, None, :]
+            if BM == 1:
+                acc += (t - zp * xsum[None, :]) * sc
+            else:
+                acc += (t - zp[None, :, :] * xsum[:, None, :]) * sc[None, :, :]
+        if BM == 1:
+            y = tl.sum(acc, axis=1)
+            tl.store(out_ptr + pid_k * stride_split + offs_n, y.to(out_ptr.dtype.element_ty), mask=n_ok)
+        else:
+            y = tl.sum(acc, axis=2)
+            ptrs = out_ptr + pid_k * stride_split + offs_m[:, None] * stride_om + offs_n[None, :]
+            tl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+    @triton.jit
+    def _w4_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K8, stride_xm, stride_om, stride_split,
+                       iters, group_ints, HAS_Z: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                       BKP: tl.constexpr, PREC: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        pid_m = tl.program_id(2)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        n_ok = offs_n < N
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        m_ok = offs_m < M
+        c0 = pid_k * iters * BKP
+        acc = tl.zeros((BN, BM), dtype=tl.float32)  # y^T tile: weights are the left operand
+        for it in range(iters):
+            cols = c0 + it * BKP + tl.arange(0, BKP)
+            c_ok = cols < K8
+            wmask = n_ok[:, None] & c_ok[None, :]
+            w = tl.load(qw_ptr + offs_n[:, None] * K8 + cols[None, :], mask=wmask, other=0)
+            gn = (cols // group_ints)[None, :] * N + offs_n[:, None]
+            sc = tl.load(s_ptr + gn, mask=wmask, other=0.0).to(tl.float32)
+            if HAS_Z:
+                zc = tl.load(z_ptr + gn, mask=wmask, other=0).to(tl.float32) + 8388608.0
+            else:
+                zc = tl.full((BN, BKP), 8388616.0, dtype=tl.float32)  # 2^23 + 8
+            kb = (cols // 4) * 32 + (cols % 4)
+            for j in tl.static_range(8):
+                f = (((w >> (4 * j)) & 15) | MAGIC).to(tl.float32, bitcast=True)  # 2^23 + q
+                wd = (f - zc) * sc
+                xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + (kb + 4 * j)[:, None],
+                             mask=c_ok[:, None] & m_ok[None, :], other=0.0).to(tl.float32)
+                acc += tl.dot(wd, xt, input_precision=PREC)
+        ptrs = out_ptr + pid_k * stride_split + offs_m[None, :] * stride_om + offs_n[:, None]
+        tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
+
+    @triton.jit
+    def _split_reduce_kernel(ws_ptr, out_ptr, total, split, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < total
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for s in range(split):
+            acc += tl.load(ws_ptr + s * total + offs, mask=ok, other=0.0)
+        tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def w4a16_mm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
+             group_ints: int, cfg: Config | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``x [M, K] @ dequant(W)^T -> [M, N]`` with the repacked tensors of ``repack``."""
+    if not HAVE_TRITON:
+        raise RuntimeError("triton is not importable")
+    if x.dim() != 2:
+        raise ValueError("x must be 2-D [M, K]")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    m, k = x.shape
+    n, k8 = qweight.shape
+    if k != 8 * k8:
+        raise ValueError(f"x has {k} columns, weights {8 * k8}")
+    out_dtype = out_dtype or x.dtype
+    out = torch.empty((m, n), device=x.device, dtype=out_dtype)
+    if m == 0:
+        return out
+    cfg = cfg or choose_config(n, k8, m)
+    if cfg.kind == "gemv" and m > cfg.bm:
+        cfg = choose_config(n, k8, m) if m > 4 else replace(cfg, bm=_pow2_at_least(m))
+    split, iters = resolve_split(cfg, n, k8, m, sm_count(x.device))
+    dest = out if split == 1 else torch.empty((split, m, n), device=x.device, dtype=torch.float32)
+    has_z = zeros is not None
+    zarg = zeros if has_z else scales  # never read without HAS_Z
+    grid_m = 1 if cfg.kind == "gemv" else -(-m // cfg.bm)
+    grid = (-(-n // cfg.bn), split, grid_m)
+    common = (x, qweight, scales, zarg, dest, m, n, k8, x.stride(0), n, m * n, iters, group_ints)
+    if cfg.kind == "gemv":
+        _w4_gemv_kernel[grid](*common, HAS_Z=has_z, BM=cfg.bm, BN=cfg.bn, BKP=cfg.bkp,
+                              num_warps=cfg.warps, num_stages=cfg.stages)
+    else:
+        prec = "ieee" if x.dtype == torch.float32 else "tf32"
+        _w4_mma_kernel[grid](*common, HAS_Z=has_z, BM=cfg.bm, BN=cfg.bn, BKP=cfg.bkp, PREC=prec,
+                             num_warps=cfg.warps, num_stages=cfg.stages)
+    if split > 1:
+        total = m * n
+        _split_reduce_kernel[(-(-total // 1024),)](dest, out, total, split, BLOCK=1024, num_warps=4)
+    return out
