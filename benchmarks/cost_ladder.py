@@ -15,11 +15,16 @@ with vLLM's in-process engine core, so the plugin's step timer is read directly:
   dispatch forced to eager), alternating, so the two are measured side by side.
 
 Times are engine-side (``VLLM_SPEC_STEP_TIMING``: CUDA events around the
-target's forward pass and the drafter's ``propose``), not the wall clock of a
-leg. Weights are random (``load_format="dummy"``): acceptance is meaningless,
+target's forward pass, the drafter's ``propose`` and the propose's gamma-1
+single-token steps), not the wall clock of a leg. Weights are random (``load_format="dummy"``): acceptance is meaningless,
 step cost is not. The forced-acceptance wall-clock speedup of each cell is
 measured beside the prediction S(1, gamma, c) = (gamma + 1) / (gamma c + 1),
-c = draft forward / verification step.
+c = (propose / gamma) / verification step, where propose / gamma
+(``propose_per_token_ms``) is one gamma+1-token first pass, gamma-1
+single-token passes and the sampling, per drafted token; the single-token
+step alone is ``single_step_ms``. ``--draft-cudagraph-mode``,
+``--draft-linear-kernel`` and ``--async-scheduling`` set the knobs of every
+spec engine (each cell's rows carry them).
 
 The engine code is ``workbench.ladder_engine``, shared with experiment E16
 (``workbench run E16 --profile 8b-shape``), which runs the same engines through
@@ -57,7 +62,20 @@ def run_size(size: str, roles: dict[str, str], args, out: Path, cpu: bool) -> No
             le.run_engine(size=size, kind=kind, target=roles["target"],
                           draft=roles["twin"] if kind == "spec" else None, gamma=gamma, batches=args.batches,
                           repeats=args.repeats, tokens=args.tokens, cpu=cpu, dummy=(size != "tiny"),
-                          steps_f=steps_f, walls_f=walls_f)
+                          steps_f=steps_f, walls_f=walls_f,
+                          engine_args=_knobs(args, gamma or 1).engine_args(on_cuda=not cpu),
+                          tag={"draft_cudagraph_mode": args.draft_cudagraph_mode,
+                               "draft_linear_kernel": args.draft_linear_kernel,
+                               "async_scheduling": args.async_scheduling})
+
+
+def _knobs(args, gamma: int):
+    """The engine knobs of every spec engine of this ladder: the relaxed gate opened wide, the issue-18 knobs."""
+    from workbench.knobs import Knobs
+
+    return Knobs(gamma=gamma, relax_logtau=float(le.RELAX_WIDE), trace=False,
+                 draft_cudagraph_mode=args.draft_cudagraph_mode, draft_linear_kernel=args.draft_linear_kernel,
+                 async_scheduling=args.async_scheduling)
 
 
 def _env(out: Path, sizes: list[str]) -> None:
@@ -99,7 +117,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes-root", type=Path, default=REPO / "models" / "shapes")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--only", help=argparse.SUPPRESS)  # one engine ("vanilla" or a gamma) in this process
+    from vllm_patch.knobs import SWITCHES
+
+    for name in ("draft_cudagraph_mode", "draft_linear_kernel"):
+        ap.add_argument(SWITCHES[name].flag, dest=name, default="auto", help=SWITCHES[name].help)
+    ap.add_argument("--async-scheduling", action="store_true", help=SWITCHES["async_scheduling"].help)
     args = ap.parse_args(argv)
+    try:
+        knobs = _knobs(args, 1)  # bad values are refused here, naming the knob, before any engine starts
+    except ValueError as exc:
+        ap.error(str(exc))
     args.batches = [int(x) for x in args.batches.split(",")]
     args.gammas = [int(x) for x in args.gammas.split(",")]
     sizes = [s for s in args.sizes.split(",") if s]
@@ -113,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cpu = not torch.cuda.is_available()
     report_dir = tempfile.mkdtemp(prefix="ladder-engine-")
-    le.set_process_env(cpu, report_dir)
+    le.set_process_env(cpu, report_dir, knobs.to_env())
     if not args.only:
         _env(out, sizes)
         import subprocess

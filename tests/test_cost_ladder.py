@@ -25,7 +25,8 @@ from workbench.runfolder import leg_status
 
 GAMMA = 4
 DECODE_MS, VERIFY_MS = 10.0, 12.0
-DRAFT_STEP_MS = {True: 3.0, False: 6.0}      # per draft forward: drafter graphs on / off
+DRAFT_STEP_MS = {True: 3.0, False: 6.0}      # propose / gamma: drafter graphs on / off
+SINGLE_STEP_MS = {True: 2.0, False: 5.0}     # one single-token step of the propose
 BATCHES = (1, 4)
 
 
@@ -136,7 +137,8 @@ def _rows() -> tuple[list[dict], list[dict]]:
                 for i in range(5):
                     steps.append({**tag, "reqs": b, "tokens": b * (GAMMA + 1), "spec_tokens": b * GAMMA,
                                   "prefill": False, "target_ms": VERIFY_MS + (i - 2) * 0.1,
-                                  "draft_ms": GAMMA * DRAFT_STEP_MS[graphs]})
+                                  "draft_ms": GAMMA * DRAFT_STEP_MS[graphs],
+                                  "draft_loop_ms": (GAMMA - 1) * SINGLE_STEP_MS[graphs]})
                 # a step with a request short of gamma drafts is no verification step of gamma + 1 tokens
                 steps.append({**tag, "reqs": b, "tokens": b * GAMMA, "spec_tokens": b * (GAMMA - 1),
                               "prefill": False, "target_ms": 50.0, "draft_ms": 50.0})
@@ -188,7 +190,8 @@ def test_analysis_derives_c_and_speedup_from_the_rows(tmp_path):
     assert len(ratios) == len(BATCHES) * 2
     for r in ratios.itertuples():
         c = DRAFT_STEP_MS[r.draft_graphs] / VERIFY_MS                       # c = gamma * draft step / (gamma * verify)
-        assert r.c == pytest.approx(c) and r.c == pytest.approx(GAMMA * r.draft_forward_ms / (GAMMA * r.verify_ms))
+        assert r.c == pytest.approx(c) and r.c == pytest.approx(GAMMA * r.propose_per_token_ms / (GAMMA * r.verify_ms))
+        assert r.single_step_ms == pytest.approx(SINGLE_STEP_MS[r.draft_graphs])  # reported beside propose / gamma
         assert r.S_pred_alpha1 == pytest.approx((GAMMA + 1) / (GAMMA * c + 1))
         assert r.S_steps_alpha1 == pytest.approx((GAMMA + 1) * DECODE_MS / (VERIFY_MS + GAMMA * DRAFT_STEP_MS[r.draft_graphs]))
         assert r.S_measured_alpha1 == pytest.approx(2.0 / (1.0 if r.draft_graphs else 1.6))
@@ -291,7 +294,8 @@ def test_workbench_run_e16_tiny_makes_a_complete_run_folder(tmp_path):
     assert ratios["c"].map(math.isfinite).all() and (ratios["c"] > 0).all()
     assert (ratios["S_pred_alpha1"] > 0).all() and ratios["S_measured_alpha1"].notna().all()
     costs = pd.read_csv(rdir / "tables" / "step_costs.csv")
-    assert set(costs["role"]) == {"target decode", "target verify", "draft propose"}
+    assert set(costs["role"]) == {"target decode", "target verify", "draft propose", "draft single-token step"}
+    assert ratios["single_step_ms"].notna().all() and "propose_per_token_ms" in ratios
     assert (rdir / "tables" / "speedup_curve.csv").is_file()
     summary = json.loads((rdir / "tables" / "summary.json").read_text())
     assert summary["n_complete"] == 2 and set(summary["figures"]) == {"step_cost_vs_batch", "c_by_graphs",

@@ -2,7 +2,10 @@
 
 Everything here wraps or replaces methods on vLLM's own classes; no vLLM file
 is copied or edited. Each wrapper is narrow: it acts only for the
-``draft_model`` method and otherwise defers to the original.
+``draft_model`` method and otherwise defers to the original. The drafting loop
+itself (the first five points below) is ``twin_proposer.TwinDraftProposer``, a
+subclass of vLLM's ``DraftModelProposer`` that the runner constructs in its
+place; this module keeps the runner, verification and report changes.
 
 What stock 0.27.1 gets wrong for an M-RoPE draft, and what is done here:
 
@@ -142,8 +145,15 @@ class TraceWriter(_JsonlWriter):
     Line format: ``{"s": step, "r": [[req_id, drafted, accepted, margins], ...]}``
     plus ``"invalid": {req_id: n}`` when vLLM passed ``n`` placeholder ids for a
     request; ``drafted`` counts valid drafted tokens only (as vLLM's counters
-    do) and ``margins`` has one entry per valid drafted token.
+    do) and ``margins`` has one entry per valid drafted token, rounded to 4
+    decimals. ``"ties": {req_id: [i, ...]}`` lists drafted positions written as
+    margin 0 that the target's argmax did not pick (tied in the logits' dtype,
+    or closer than the rounding): strict verification rejected them, and a
+    relaxed gate at any x > 0 accepts them (margin <= x).
     """
+
+    ZERO = 5e-5   # margins below this are written as 0.0
+    TIE = -1.0    # device-side mark of a tied, not-picked draft (never a real margin)
 
     def __init__(self, report_dir: str, batch_steps: int = 512):
         super().__init__(os.path.join(report_dir, f"trace-{os.getpid()}.jsonl"), "twin-spec-trace")
@@ -194,21 +204,26 @@ class TraceWriter(_JsonlWriter):
 
     @staticmethod
     def _format(step, req_ids, num_draft_tokens, acc: list, m: list) -> str:
-        rows, invalid, off = [], {}, 0
+        rows, invalid, ties, off = [], {}, {}, 0
         for i, (rid, k) in enumerate(zip(req_ids, num_draft_tokens)):
             if k > 0:
                 # NaN marks a placeholder / out-of-range id: never an index,
                 # never accepted, no margin; vLLM's counters skip it too.
-                valid = [round(v, 4) for v in m[off : off + k] if v == v]
-                rows.append([rid, len(valid), max(int(acc[i]), 0), valid])
+                valid = [v for v in m[off : off + k] if v == v]
+                tied = [j for j, v in enumerate(valid) if v < 0]
+                rows.append([rid, len(valid), max(int(acc[i]), 0), [0.0 if v < 0 else round(v, 4) for v in valid]])
                 if len(valid) < k:
                     invalid[rid] = k - len(valid)
+                if tied:
+                    ties[rid] = tied
             off += k
         if not rows:
             return ""
         line = {"s": step, "r": rows}
         if invalid:
             line["invalid"] = invalid
+        if ties:
+            line["ties"] = ties
         return json.dumps(line) + "\n"
 
     def flush(self, timeout: float = 60.0) -> int:
@@ -227,7 +242,8 @@ class StepTimer(_JsonlWriter):
     work is synchronous). Nothing waits on the device on the decode path; a
     background thread resolves the events and appends one JSON line per step
     to ``steps-<pid>.jsonl``: ``{"reqs", "tokens", "spec_tokens", "prefill",
-    "target_ms", "draft_ms"}``. Written for the GPU cost ladder: a verification
+    "target_ms", "draft_ms", "draft_loop_ms"}`` (``draft_loop_ms``: the propose's gamma-1
+    single-token steps, from the first position update to the last sample). Written for the GPU cost ladder: a verification
     step is one with ``tokens == reqs * (1 + gamma)``.
     """
 
@@ -276,6 +292,11 @@ class StepTimer(_JsonlWriter):
 
         return _Span()
 
+    def stamp(self, name: str) -> None:
+        """One time mark of the current step (the twin proposer marks its single-token steps)."""
+        if self.current is not None:
+            self.current[name] = self._mark()
+
     def end(self) -> None:
         cur, self.current = self.current, None
         if cur is None or "target_t0" not in cur:
@@ -304,6 +325,8 @@ class StepTimer(_JsonlWriter):
             row = {k: cur[k] for k in ("reqs", "tokens", "spec_tokens", "prefill")}
             row["target_ms"] = self._ms(cur.get("target_t0"), cur.get("target_t1"))
             row["draft_ms"] = self._ms(cur.get("draft_t0"), cur.get("draft_t1"))
+            # the gamma-1 single-token draft steps of the propose (absent for gamma 1)
+            row["draft_loop_ms"] = self._ms(cur.get("draft_loop_t0"), cur.get("draft_loop_t1"))
             out.append(json.dumps(row) + "\n")
         return out
 
@@ -319,9 +342,6 @@ class _Globals:
     # kept while tracing is switched off at run time (benchmarks: side by side in one engine)
     trace_parked: TraceWriter | None = None
     steps: StepTimer | None = None
-    # run-time switch: the drafter's dispatch forced to eager although its
-    # graphs exist (cost ladder: graphs on and off side by side in one engine)
-    draft_graphs_off: bool = False
     # Set by the runner's _sample around the rejection sampler call so that the
     # sampler wrapper knows which requests its rows belong to.
     batch_req_ids: list[str] | None = None
@@ -329,182 +349,6 @@ class _Globals:
 
 
 G = _Globals()
-
-
-def _is_twin_proposer(proposer) -> bool:
-    return (
-        getattr(proposer, "method", None) == "draft_model"
-        and not getattr(proposer, "parallel_drafting", False)
-        and getattr(proposer, "needs_extra_input_slots", False)
-    )
-
-
-# --------------------------------------------------------------------------- #
-# Proposer                                                                    #
-# --------------------------------------------------------------------------- #
-def _patch_proposer(knobs: EngineKnobs) -> None:
-    from vllm.platforms import current_platform
-    from vllm.v1.spec_decode import llm_base_proposer as lbp
-
-    base = lbp.SpecDecodeBaseProposer
-    orig_raise_if_mrope = base._raise_if_mrope
-    orig_init = base.__init__
-    orig_first_pass = base.set_inputs_first_pass
-    orig_build_inputs = base.build_model_inputs_first_pass
-    orig_update_pos = base._update_positions_dependent_metadata
-
-    orig_warn_mm = base._warn_if_multimodal
-
-    def _warn_if_multimodal(self):
-        # Upstream warns that images are ignored; with this patch they are not.
-        if self.method != "draft_model" or self.parallel_drafting:
-            orig_warn_mm(self)
-
-    def _raise_if_mrope(self):
-        if self.method == "draft_model" and not self.parallel_drafting:
-            return
-        orig_raise_if_mrope(self)
-
-    def __init__(self, vllm_config, device, pass_hidden_states_to_model, runner=None):
-        orig_init(self, vllm_config, device, pass_hidden_states_to_model, runner)
-        self._twin = None
-        if not _is_twin_proposer(self):
-            return
-        spec = self.speculative_config
-        if not knobs.draft_cudagraph:
-            # The upstream switch for a drafter without CUDA graphs.
-            spec.enforce_eager = True
-        target_mrope = bool(vllm_config.model_config.uses_mrope)
-        if self.uses_mrope and not target_mrope:
-            raise NotImplementedError(
-                "An M-RoPE draft needs an M-RoPE target: the draft's 3-D positions "
-                "are taken from the target's (got a draft using M-RoPE and a target "
-                "that does not)."
-            )
-        # Whether the draft itself takes images, not whether the target does:
-        # a text-only draft of a VLM target must see token embeddings only.
-        draft_mm = bool(self.mm_registry.supports_multimodal_inputs(self.draft_model_config))
-        self.supports_mm_inputs = draft_mm
-        if self.uses_mrope and not hasattr(self, "positions"):
-            self.positions = torch.zeros(self.max_positions, dtype=torch.int64, device=device)
-        self._twin = {
-            "runner": runner,
-            "target_mrope": target_mrope,
-            "out_idx": None,
-            "seq_pos": None,
-            "delta": None,
-        }
-        on_gpu = current_platform.is_cuda_alike()
-        G.report.update(
-            drafter="draft_model",
-            draft_model=str(self.draft_model_config.model),
-            target_model=str(vllm_config.model_config.model),
-            draft_uses_mrope=bool(self.uses_mrope),
-            target_uses_mrope=target_mrope,
-            draft_takes_images=draft_mm,
-            draft_vision=("blind" if knobs.blind_mm else "own") if draft_mm else "text-only draft",
-            num_speculative_tokens=int(self.num_speculative_tokens),
-            platform=str(current_platform.device_name),
-            # What was built, not what was asked: graphs exist only once the
-            # capture phase has captured drafter keys (see capture_model).
-            draft_cudagraph=False,
-            draft_cudagraph_requested=bool(knobs.draft_cudagraph),
-            draft_cudagraph_applies=bool(on_gpu),
-            draft_cudagraph_keys=0,
-            relaxed_gate=knobs.relax_logtau,
-        )
-
-    def set_inputs_first_pass(
-        self,
-        target_token_ids,
-        next_token_ids,
-        target_positions,
-        target_hidden_states,
-        token_indices_to_sample,
-        cad,
-        num_rejected_tokens_gpu,
-    ):
-        tw = self._twin
-        args = (target_token_ids, next_token_ids, target_positions, target_hidden_states,
-                token_indices_to_sample, cad, num_rejected_tokens_gpu)
-        if tw is None or not tw["target_mrope"]:
-            return orig_first_pass(self, *args)
-        num_in = target_token_ids.shape[0]
-        # The copy/expand kernel derives every draft slot's position, and so its
-        # KV-cache slot, from the first position of each request: that must be
-        # the sequence position, not the compressed M-RoPE temporal one.
-        seq_positions = tw["runner"].positions[:num_in]
-        mrope_in = target_positions
-        num_out, sample_idx, new_cad = orig_first_pass(self, *args[:2], seq_positions, *args[3:])
-        # Input token i of request r lands at output slot i + r, or i + r + 1
-        # when it is a rejected draft (those are moved behind the new slot).
-        qsl = cad.query_start_loc
-        batch = qsl.shape[0] - 1
-        counts = qsl[1:] - qsl[:-1]
-        req_of_tok = torch.repeat_interleave(
-            torch.arange(batch, device=qsl.device), counts, output_size=num_in
-        )
-        last_valid = qsl[1:] - 1
-        if num_rejected_tokens_gpu is not None:
-            last_valid = last_valid - num_rejected_tokens_gpu
-        tok = torch.arange(num_in, device=qsl.device)
-        rejected = tok > last_valid[req_of_tok]
-        out_idx = tok + req_of_tok + rejected.to(tok.dtype)
-        tw["out_idx"] = out_idx
-        if self.uses_mrope:
-            last_valid_l = last_valid.long()
-            delta = mrope_in[0, last_valid_l] - seq_positions[last_valid_l]
-            new_seq = self.positions[sample_idx.long()]
-            self.mrope_positions[:, out_idx] = mrope_in
-            self.mrope_positions[:, sample_idx.long()] = (new_seq + delta).unsqueeze(0)
-            tw["seq_pos"] = new_seq.clone()
-            tw["delta"] = delta
-        return num_out, sample_idx, new_cad
-
-    def build_model_inputs_first_pass(self, num_tokens, num_input_tokens, mm_embed_inputs):
-        tw = self._twin
-        if tw is not None and self.supports_mm_inputs:
-            if knobs.blind_mm or mm_embed_inputs is None:
-                mm_embed_inputs = None
-            else:
-                mm_embeds, is_mm = mm_embed_inputs
-                out_idx = tw["out_idx"]
-                if out_idx is not None and is_mm is not None and is_mm.shape[0] != num_tokens:
-                    remapped = torch.zeros(num_tokens, dtype=torch.bool, device=self.device)
-                    remapped[out_idx] = is_mm.to(self.device, non_blocking=True)
-                    mm_embed_inputs = (mm_embeds, remapped)
-        return orig_build_inputs(self, num_tokens, num_input_tokens, mm_embed_inputs)
-
-    def _update_positions_dependent_metadata(
-        self, positions, common_attn_metadata, batch_size, input_batch_size, block_size
-    ):
-        tw = self._twin
-        if tw is None or not self.uses_mrope or tw["seq_pos"] is None:
-            return orig_update_pos(
-                self, positions, common_attn_metadata, batch_size, input_batch_size, block_size
-            )
-        # Advance the sequence position (slot mapping, clamping) through the
-        # upstream code, then add each request's M-RoPE offset back.
-        seq = tw["seq_pos"][:batch_size].unsqueeze(0)
-        orig_update_pos(self, seq, common_attn_metadata, batch_size, input_batch_size, block_size)
-        tw["seq_pos"] = self.mrope_positions[0, :batch_size].clone()
-        self.mrope_positions[:, :batch_size] += tw["delta"][:batch_size].unsqueeze(0)
-        return self.mrope_positions[:, :batch_size]
-
-    orig_dispatch = base._determine_batch_execution_and_padding
-
-    def _determine_batch_execution_and_padding(self, num_tokens, use_cudagraphs=True):
-        if G.draft_graphs_off and getattr(self, "_twin", None) is not None:
-            use_cudagraphs = False
-        return orig_dispatch(self, num_tokens, use_cudagraphs)
-
-    base._determine_batch_execution_and_padding = _determine_batch_execution_and_padding
-    base._raise_if_mrope = _raise_if_mrope
-    base._warn_if_multimodal = _warn_if_multimodal
-    base.__init__ = __init__
-    base.set_inputs_first_pass = set_inputs_first_pass
-    base.build_model_inputs_first_pass = build_model_inputs_first_pass
-    base._update_positions_dependent_metadata = _update_positions_dependent_metadata
 
 
 # --------------------------------------------------------------------------- #
@@ -690,6 +534,7 @@ def _patch_runner(knobs: EngineKnobs) -> None:
                 draft_cudagraph=bool(n_keys),
                 draft_cudagraph_capture_done=True,
                 draft_cudagraph_keys=n_keys,
+                draft_cudagraph_mode=drafter.built_graph_mode(),
                 draft_enforce_eager=bool(drafter.speculative_config.enforce_eager),
             )
         return result
@@ -771,7 +616,10 @@ def _patch_rejection_sampler(knobs: EngineKnobs) -> None:
             invalid = idx != draft_token_ids
             idx = idx.unsqueeze(1)
             drafted_logit = target_logits.gather(1, idx).squeeze(1)
-            top = target_logits.amax(dim=-1)
+            # vLLM's greedy verification accepts a draft iff it is torch's argmax
+            # (the first index among tied maxima); the same argmax decides "picked".
+            pick = target_logits.argmax(dim=-1)
+            top = target_logits.gather(1, pick.unsqueeze(1)).squeeze(1)
             margins = (top - drafted_logit).float().masked_fill_(invalid, float("nan"))
             if x > 0:
                 passes = margins <= x  # an invalid id's margin is NaN: it never passes
@@ -806,6 +654,12 @@ def _patch_rejection_sampler(knobs: EngineKnobs) -> None:
             accepted = (out != rs.PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1
             if margins is None:
                 margins = torch.empty(0, device=out.device)
+            else:
+                # The tie rule: a token the target did not pick but whose margin the
+                # trace would write as 0 (a bf16 tie, or below its 4 decimals) is
+                # marked, so strict (x = 0) replays as rejected and x > 0 as accepted.
+                margins = margins.masked_fill(
+                    (pick != idx.squeeze(1)) & (margins < TraceWriter.ZERO), TraceWriter.TIE)
             trace.record(req_ids, num_draft_tokens, accepted, margins)
             # ... and the count of accepted tokens and the recording (a batch hand-over included)
             trace.host_ns += traced_ns + time.perf_counter_ns() - t1
@@ -928,12 +782,28 @@ def _patch_worker_rpc() -> None:
         G.steps.flush()
         return G.steps.path
 
+    def _drafter(self):
+        runner = getattr(self, "model_runner", None)
+        drafter = getattr(runner, "drafter", None)
+        return drafter if getattr(drafter, "_twin", None) is not None else None
+
     def twin_spec_set_draft_graphs(self, on: bool) -> bool:
-        G.draft_graphs_off = not on
+        """The twin drafter's dispatch forced to eager although its graphs exist (cost ladder: on/off in one engine)."""
+        drafter = _drafter(self)
+        if drafter is not None:
+            drafter._twin_graphs_off = not on
         return on
+
+    def twin_spec_draft_graph_stats(self) -> dict | None:
+        """Single-token draft steps by the graph mode they ran under, and the mode built."""
+        drafter = _drafter(self)
+        if drafter is None:
+            return None
+        return {"built": drafter.built_graph_mode(), "dispatched": dict(drafter._twin_dispatched)}
 
     WorkerBase.twin_spec_flush_trace = twin_spec_flush_trace
     WorkerBase.twin_spec_set_draft_graphs = twin_spec_set_draft_graphs
+    WorkerBase.twin_spec_draft_graph_stats = twin_spec_draft_graph_stats
     WorkerBase.twin_spec_set_trace = twin_spec_set_trace
     WorkerBase.twin_spec_flush_steps = twin_spec_flush_steps
     WorkerBase.twin_spec_trace_stats = twin_spec_trace_stats
@@ -954,7 +824,9 @@ def apply(knobs: EngineKnobs) -> None:
         if not knobs.report_dir:
             raise KnobError(f"{StepTimer.SWITCH.env}=1 needs VLLM_SPEC_REPORT_DIR: the folder step timings go to")
         G.steps = StepTimer(knobs.report_dir)
-    _patch_proposer(knobs)
+    from . import twin_proposer
+
+    twin_proposer.install()  # the twin's drafting loop: vllm_patch/twin_proposer.py
     _patch_runner(knobs)
     _patch_rejection_sampler(knobs)
     _patch_input_processor(knobs)

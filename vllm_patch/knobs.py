@@ -9,7 +9,10 @@ from. The plugin imports nothing from the workbench, so the table starts here.
 
 The variable names are the ones researchers' scripts already use (see the
 README): ``VLLM_SPEC_RELAX_LOGTAU``, ``VLLM_SPEC_DRAFT_BLIND_MM``,
-``VLLM_SPEC_DISABLE_DRAFT_CUDAGRAPH``, ``VLLM_SPEC_TRACE``. ``VLLM_SPEC_REPORT_DIR``
+``VLLM_SPEC_DISABLE_DRAFT_CUDAGRAPH``, ``VLLM_SPEC_TRACE``; issue 18 added
+``VLLM_SPEC_DRAFT_CUDAGRAPH_MODE``, ``VLLM_SPEC_DRAFT_LINEAR_KERNEL`` and ``VLLM_SPEC_ASYNC_SCHEDULING``
+(the last one only tells the engine's report what the leg asked: vLLM's own ``async_scheduling``
+engine argument is what switches it). ``VLLM_SPEC_REPORT_DIR``
 is where every engine process reports the knobs it actually read, and where
 the trace goes. Whatever the workbench checked before, the engine checks its
 environment again here: a script may set these variables by hand.
@@ -27,6 +30,9 @@ ENV_RELAX = "VLLM_SPEC_RELAX_LOGTAU"
 ENV_BLIND = "VLLM_SPEC_DRAFT_BLIND_MM"
 ENV_NO_GRAPH = "VLLM_SPEC_DISABLE_DRAFT_CUDAGRAPH"
 ENV_TRACE = "VLLM_SPEC_TRACE"
+ENV_GRAPH_MODE = "VLLM_SPEC_DRAFT_CUDAGRAPH_MODE"
+ENV_LINEAR_KERNEL = "VLLM_SPEC_DRAFT_LINEAR_KERNEL"
+ENV_ASYNC = "VLLM_SPEC_ASYNC_SCHEDULING"
 ENV_REPORT_DIR = "VLLM_SPEC_REPORT_DIR"
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -117,6 +123,26 @@ def _any(_: Any) -> bool:
     return True
 
 
+DRAFT_CUDAGRAPH_MODES = ("auto", "none", "piecewise", "full")
+DRAFT_LINEAR_KERNELS = ("auto", "machete", "marlin", "humming", "exllama", "own")
+
+
+def own_kernel_available() -> bool:
+    """Whether the project's own int4 GEMV module (``vllm_patch.twin_gemv``) exists in this install."""
+    import importlib.util
+
+    return importlib.util.find_spec(f"{__package__}.twin_gemv") is not None
+
+
+def check_combination(values: Mapping[str, Any], where: str = "") -> None:
+    """Rules across knobs, the same in the workbench and in the engine; KnobError names the knobs."""
+    pre = f"{where}: " if where else ""
+    mode = values.get("draft_cudagraph_mode", "auto")
+    if values.get("draft_cudagraph") is False and mode in ("piecewise", "full"):
+        raise KnobError(f"{pre}knob 'draft_cudagraph_mode' is {mode!r} but knob 'draft_cudagraph' is off; "
+                        "turn draft_cudagraph on or use draft_cudagraph_mode 'none' / 'auto'")
+
+
 SWITCHES: dict[str, Knob] = {k.name: k for k in [
     Knob("relax_logtau", float, 0.0, _finite_nonneg, "a finite number >= 0",
          "relaxed gate x = ln(1/tau); 0 = strict (e.g. 0.693 for tau=0.5)",
@@ -127,6 +153,23 @@ SWITCHES: dict[str, Knob] = {k.name: k for k in [
          env=ENV_NO_GRAPH, env_inverted=True, flag="--draft-cudagraph", spec_only=True, applies_on_cpu=False),
     Knob("trace", bool, False, _any, "true or false", "record the per-step acceptance trace",
          env=ENV_TRACE, flag="--trace", spec_only=True),
+    Knob("draft_cudagraph_mode", str, "auto", lambda v: v in DRAFT_CUDAGRAPH_MODES,
+         "one of " + ", ".join(DRAFT_CUDAGRAPH_MODES),
+         "drafter CUDA graphs: none, piecewise (vLLM's), full (FULL graph per single-token step), "
+         "auto (the best verified on the platform; none on CPU)",
+         env=ENV_GRAPH_MODE, flag="--draft-cudagraph-mode", spec_only=True, applies_on_cpu=False),
+    # 'own' is refused (naming the knob) where the module with TwinGemvLinearKernel is absent
+    Knob("draft_linear_kernel", str, "auto",
+         lambda v: v in DRAFT_LINEAR_KERNELS and (v != "own" or own_kernel_available()),
+         "one of " + ", ".join(DRAFT_LINEAR_KERNELS) + " ('own' needs vllm_patch.twin_gemv with "
+         "TwinGemvLinearKernel; this install must have it)",
+         "W4A16 kernel of the draft's linear layers (the target's are vLLM's choice); auto: Marlin "
+         "first on CUDA, vLLM's CPU kernels on CPU; own: vllm_patch.twin_gemv",
+         env=ENV_LINEAR_KERNEL, flag="--draft-linear-kernel", spec_only=True, applies_on_cpu=False),
+    Knob("async_scheduling", bool, False, _any, "true or false",
+         "vLLM's async scheduling for the draft_model leg (asked explicitly; the padded drafter batch "
+         "stays on); vLLM's CPU platform always turns it off",
+         env=ENV_ASYNC, flag="--async-scheduling", spec_only=True, applies_on_cpu=False),
 ]}
 
 
@@ -141,6 +184,9 @@ class EngineKnobs:
     blind_mm: bool = False
     draft_cudagraph: bool = True
     trace: bool = False
+    draft_cudagraph_mode: str = "auto"
+    draft_linear_kernel: str = "auto"
+    async_scheduling: bool = False
     report_dir: str | None = None
 
     @property
@@ -157,4 +203,5 @@ def read_knobs(env: Mapping[str, str] | None = None) -> EngineKnobs:
                         report_dir=env.get(ENV_REPORT_DIR) or None)
     if knobs.trace and not knobs.report_dir:
         raise KnobError(f"{ENV_TRACE}=1 needs {ENV_REPORT_DIR}: the folder the trace is written to")
+    check_combination(knobs.as_dict(), where="engine environment")
     return knobs

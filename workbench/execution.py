@@ -319,7 +319,9 @@ def leg_knobs(leg: PlannedLeg, vanilla):
     k = leg.knobs
     return Knobs(gamma=k["gamma"], relax_logtau=float(k.get("relax_logtau") or 0.0),
                  blind_mm=bool(k.get("blind_mm")), draft_cudagraph=k.get("draft_cudagraph") is not False,
-                 trace=bool(k.get("trace")))
+                 trace=bool(k.get("trace")), draft_cudagraph_mode=k.get("draft_cudagraph_mode") or "auto",
+                 draft_linear_kernel=k.get("draft_linear_kernel") or "auto",
+                 async_scheduling=bool(k.get("async_scheduling")))
 
 
 def leg_config(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path, resume_from: Path | None = None):

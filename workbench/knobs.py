@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict, dataclass
 
-from vllm_patch.knobs import ENV_REPORT_DIR, SWITCHES, Knob, KnobError
+from vllm_patch.knobs import ENV_REPORT_DIR, SWITCHES, Knob, KnobError, check_combination
 
 
 def _int_range(lo: int, hi: int | None = None):
@@ -53,6 +53,9 @@ class Knobs:
     blind_mm: bool = False            # draft decodes without image embeddings
     draft_cudagraph: bool = True      # capture the drafter's CUDA graphs (CUDA only)
     trace: bool = True                # per-request, per-step acceptance trace
+    draft_cudagraph_mode: str = "auto"  # none | piecewise | full | auto (CUDA only)
+    draft_linear_kernel: str = "auto"   # the draft's W4A16 kernel: auto | machete | marlin | humming | exllama | own
+    async_scheduling: bool = False    # vLLM's async scheduling, asked explicitly (CUDA only)
 
     def __post_init__(self):
         for name in LEG_KNOBS:
@@ -65,12 +68,23 @@ class Knobs:
                 raise ValueError(str(exc)) from None
         if self.gamma is None and (self.relax_logtau > 0 or self.blind_mm):
             raise ValueError("relax_logtau and blind_mm need a draft (gamma is None: vanilla leg)")
+        try:
+            check_combination(self.as_dict())
+        except KnobError as exc:
+            raise ValueError(str(exc)) from None
 
     @property
     def tier(self) -> str:
         if self.gamma is None:
             return "vanilla"
         return "relaxed" if self.relax_logtau > 0 else "strict"
+
+    def engine_args(self, on_cuda: bool) -> dict:
+        """vLLM engine arguments these knobs set (beside the environment): async scheduling on CUDA.
+
+        vLLM's CPU platform turns async scheduling off whatever is asked, so a CPU leg does not ask.
+        """
+        return {"async_scheduling": True} if (self.gamma is not None and self.async_scheduling and on_cuda) else {}
 
     def to_env(self, report_dir: str | None = None) -> dict[str, str]:
         env = {k.env: k.env_value(getattr(self, name)) for name, k in SWITCHES.items()}

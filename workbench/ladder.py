@@ -8,9 +8,12 @@ folder's top, in the benchmark's format). From those rows alone it derives:
 
 * ``step_costs``: median and IQR (ms) of the target's decode step
   (vanilla, ``tokens == batch``), its verification step (``tokens == batch *
-  (gamma + 1)``) and the drafter's ``propose`` (gamma draft forwards), per
-  size, batch, gamma and drafter graphs on/off;
-* ``cost_ratio``: c = (propose / gamma) / verification step per cell, the
+  (gamma + 1)``), the drafter's ``propose`` (one gamma+1-token first pass,
+  gamma-1 single-token passes and the sampling) and, where the step timer marks
+  them, one of its single-token steps, per size, batch, gamma and drafter
+  graphs on/off;
+* ``cost_ratio``: c = (propose / gamma) / verification step per cell
+  (``propose_per_token_ms`` = propose / gamma; ``single_step_ms`` beside it), the
   predicted speedup at alpha = 1, S(1, gamma, c) = (gamma + 1) / (gamma c + 1),
   the step-level prediction (gamma + 1) * decode / (verify + propose), and the
   measured forced-acceptance speedup (vanilla wall time / spec wall time for
@@ -148,6 +151,10 @@ def step_costs(steps: pd.DataFrame) -> pd.DataFrame:
         base = {"size": keys[0], "batch": keys[1], "gamma": int(keys[2]), "draft_graphs": bool(keys[3])}
         rows.append({**base, "role": "target verify", **_iqr(grp["target_ms"])})
         rows.append({**base, "role": "draft propose", **_iqr(grp["draft_ms"].dropna())})
+        # one of the propose's gamma-1 single-token steps (rows from a step timer that marks them)
+        loop = grp["draft_loop_ms"].dropna() if "draft_loop_ms" in grp and int(keys[2]) > 1 else pd.Series(dtype=float)
+        if len(loop):
+            rows.append({**base, "role": "draft single-token step", **_iqr(loop / (int(keys[2]) - 1))})
     out = pd.DataFrame(rows)
     if not out.empty:
         out["n"] = out["n"].astype(int)
@@ -166,7 +173,10 @@ def cost_ratio(costs: pd.DataFrame, walls: pd.DataFrame) -> pd.DataFrame:
         propose = med[(size, batch, gamma, graphs, "draft propose")]
         c = (propose / gamma) / verify
         row = {"size": size, "batch": batch, "gamma": int(gamma), "draft_graphs": bool(graphs),
-               "verify_ms": verify, "propose_ms": propose, "draft_forward_ms": propose / gamma,
+               # propose / gamma: a gamma+1-token first pass, gamma-1 single-token passes and sampling,
+               # per drafted token (not one draft forward)
+               "verify_ms": verify, "propose_ms": propose, "propose_per_token_ms": propose / gamma,
+               "single_step_ms": med.get((size, batch, gamma, graphs, "draft single-token step")),
                "c": c, "gamma_c": propose / verify, "S_pred_alpha1": float(speedup(1.0, int(gamma), c))}
         dec = decode.get((size, batch))
         row["decode_ms"] = dec
@@ -233,8 +243,9 @@ def summary_markdown(run_dir: str | Path | None = None, ratios: pd.DataFrame | N
     if ratios.empty:
         return "(no cost-ratio rows: no complete spec leg)"
     ratios = ratios.assign(draft_graphs=ratios["draft_graphs"].astype(bool))
-    lines = ["| size | batch | γ | decode ms | verify ms | draft fwd ms (graphs / eager) | c (graphs / eager) "
-             "| S(1,γ,c) | measured S at α=1 (graphs / eager) |", "|" + "---|" * 9]
+    lines = ["| size | batch | γ | decode ms | verify ms | propose/γ ms (graphs / eager) "
+             "| single-token step ms (graphs / eager) | c (graphs / eager) "
+             "| S(1,γ,c) | measured S at α=1 (graphs / eager) |", "|" + "---|" * 10]
     for (size, batch, gamma), g in ratios.groupby(["size", "batch", "gamma"]):
         on = g[g["draft_graphs"]].iloc[0] if g["draft_graphs"].any() else None
         off = g[~g["draft_graphs"]].iloc[0] if (~g["draft_graphs"]).any() else None
@@ -242,7 +253,9 @@ def summary_markdown(run_dir: str | Path | None = None, ratios: pd.DataFrame | N
             continue
         f = lambda v: "–" if v is None or v != v else f"{v:.2f}"  # noqa: E731
         lines.append(f"| {size} | {batch} | {gamma} | {f(on['decode_ms'])} | {f(on['verify_ms'])} | "
-                     f"{f(on['draft_forward_ms'])} / {f(off['draft_forward_ms'] if off is not None else None)} | "
+                     f"{f(on['propose_per_token_ms'])} / "
+                     f"{f(off['propose_per_token_ms'] if off is not None else None)} | "
+                     f"{f(on.get('single_step_ms'))} / {f(off.get('single_step_ms') if off is not None else None)} | "
                      f"{f(on['c'])} / {f(off['c'] if off is not None else None)} | {f(on['S_pred_alpha1'])} | "
                      f"{f(on['S_measured_alpha1'])} / {f(off['S_measured_alpha1'] if off is not None else None)} |")
     return "\n".join(lines)

@@ -15,8 +15,8 @@ tokens each. A spec engine runs each batch with the drafter's CUDA graphs on and
 in the same engine (the drafter's dispatch forced to eager). Every timed step becomes one row of
 ``steps.jsonl`` tagged with its cell; every timed ``generate`` one row of ``walls.jsonl``.
 
-Times are engine-side (``VLLM_SPEC_STEP_TIMING``: CUDA events around the target's forward and the
-drafter's ``propose``; wall clock on CPU). With the relaxed gate opened wide
+Times are engine-side (``VLLM_SPEC_STEP_TIMING``: CUDA events around the target's forward, the
+drafter's ``propose`` and its gamma-1 single-token steps; wall clock on CPU). With the relaxed gate opened wide
 (``relax_logtau`` = 1e9) every drafted token passes: alpha = 1 with the twin really drafting.
 """
 
@@ -72,8 +72,11 @@ def set_process_env(cpu: bool, report_dir: str, knob_env: dict[str, str] | None 
 
 def engine(target: str, draft: str | None, gamma: int | None, max_seqs: int, cpu: bool, dummy: bool,
            dtype: str = "bfloat16", max_model_len: int = MAX_MODEL_LEN,
-           gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION):
-    """An offline ``LLM`` of the target (with the twin drafting ``gamma`` tokens when ``draft``); its start time."""
+           gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION, engine_args: dict | None = None):
+    """An offline ``LLM`` of the target (with the twin drafting ``gamma`` tokens when ``draft``); its start time.
+
+    ``engine_args``: what the leg's knobs add (``Knobs.engine_args``: async scheduling), spec engines only.
+    """
     from vllm import LLM
 
     kw: dict[str, Any] = dict(model=target, dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_seqs,
@@ -88,6 +91,7 @@ def engine(target: str, draft: str | None, gamma: int | None, max_seqs: int, cpu
                   compilation_config={"cudagraph_capture_sizes": list(CUDAGRAPH_CAPTURE_SIZES)})
     if draft is not None:
         kw["speculative_config"] = {"method": "draft_model", "model": draft, "num_speculative_tokens": gamma}
+        kw.update(engine_args or {})
     t0 = time.perf_counter()
     llm = LLM(**kw)
     return llm, time.perf_counter() - t0
@@ -130,8 +134,13 @@ def run_engine(*, size: str, kind: str, target: str, draft: str | None, gamma: i
                batches: list[int], repeats: int, tokens: int, cpu: bool, dummy: bool,
                steps_f, walls_f, prompt_len: int = PROMPT_LEN, dtype: str = "bfloat16",
                max_model_len: int = MAX_MODEL_LEN, gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
-               tag: dict[str, Any] | None = None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+               tag: dict[str, Any] | None = None, log: Callable[[str], None] | None = None,
+               engine_args: dict | None = None) -> dict[str, Any]:
     """One engine's cells (every batch x repeat, drafter graphs on/off for spec) -> rows in the open files.
+
+    Every cell (batch, drafter graphs on/off) is warmed up with its own batch size before it is
+    timed: a batch size's first propose carries one-time costs (190-230 ms on the H200) that would
+    otherwise land in that cell's first repeat.
 
     Returns what the engine reported: start time, the plugin's engine report, rows written.
     """
@@ -168,24 +177,32 @@ def run_engine(*, size: str, kind: str, target: str, draft: str | None, gamma: i
         counts["walls"] += 1
 
     llm, start_s = engine(target, draft if kind == "spec" else None, gamma, max_b, cpu, dummy, dtype=dtype,
-                          max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization)
+                          max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
+                          engine_args=engine_args)
     if ep.G.steps is None:
         raise RuntimeError("the plugin's step timer is off in this engine (VLLM_SPEC_STEP_TIMING=1 and "
                            "VLLM_SPEC_REPORT_DIR must be set before vLLM is imported)")
     report = dict(ep.G.report.facts) if ep.G.report else {}
     walls_f.write(json.dumps({"size": size, "kind": kind, "gamma": gamma, "engine_start_s": start_s,
                               "engine_report": report, **extra}) + "\n")
-    llm.generate(prompts(max_b, hi, seed=99, prompt_len=prompt_len), warm, use_tqdm=False)  # warm-up
     modes = [True] if kind == "vanilla" else [True, False]
+
+    def draft_graphs(on: bool) -> None:
+        if kind == "spec":  # the twin drafter's own switch, reached like every engine worker
+            llm.collective_rpc("twin_spec_set_draft_graphs", args=(on,))
+
     try:
         for b in batches:
+            for graphs in modes:  # warm up this batch's cells, each graph setting
+                draft_graphs(graphs)
+                llm.generate(prompts(b, hi, seed=99, prompt_len=prompt_len), warm, use_tqdm=False)
             for rep in range(repeats):
                 for graphs in modes:  # alternating: graphs on, off, on, off, ...
-                    ep.G.draft_graphs_off = not graphs
+                    draft_graphs(graphs)
                     timed(llm, {"kind": kind, "gamma": gamma, "draft_graphs": graphs if kind == "spec" else None},
                           b, rep)
     finally:
-        ep.G.draft_graphs_off = False
+        draft_graphs(True)
     (log or (lambda s: print(s, file=sys.stderr, flush=True)))(
         f"[ladder] {size} {kind} gamma={gamma}: engine start {start_s:.1f}s, done")
     free(llm)
@@ -240,7 +257,8 @@ def run_leg(conf: dict[str, Any]) -> dict[str, Any]:
                           dummy=conf.get("load_format") == "dummy", steps_f=steps_f, walls_f=walls_f,
                           prompt_len=int(conf["prompt_len"]), dtype=conf["dtype"],
                           max_model_len=int(conf["max_model_len"]),
-                          gpu_memory_utilization=float(conf["gpu_memory_utilization"]), tag={"leg": conf["leg"]})
+                          gpu_memory_utilization=float(conf["gpu_memory_utilization"]), tag={"leg": conf["leg"]},
+                          engine_args=knobs.engine_args(on_cuda=not cpu))
     for name, path in partial.items():
         os.replace(path, out / name)
     import vllm_patch

@@ -2,7 +2,8 @@
 
     python -m workbench.leg --config legs/<leg>/leg.json          (what the protocol runs)
     python -m workbench.leg --target DIR [--draft DIR --gamma N] --prompts FILE.jsonl \
-        --max-tokens N --out DIR [--relax-logtau X] [--blind-mm] [--no-draft-cudagraph] ...
+        --max-tokens N --out DIR [--relax-logtau X] [--blind-mm] [--no-draft-cudagraph]
+        [--draft-cudagraph-mode M] [--draft-linear-kernel K] [--async-scheduling] ...
 
 Both routes build the same ``LegConfig``. Every input that can be checked
 before an engine starts is checked first (``preflight``). Records stream into
@@ -335,6 +336,7 @@ def _engine_kwargs(cfg: LegConfig) -> dict[str, Any]:
             "model": cfg.draft,
             "num_speculative_tokens": cfg.knobs.gamma,
         }
+        kw.update(cfg.knobs.engine_args(on_cuda))  # async scheduling, asked explicitly (CUDA only)
     return kw
 
 
@@ -423,7 +425,7 @@ def read_engine_reports(report_dir: Path) -> dict:
 
 
 def read_trace(report_dir: Path) -> dict[str, list[list]]:
-    """internal request id -> [[drafted, accepted, margins, invalid], ...] in step order."""
+    """internal request id -> [[drafted, accepted, margins, invalid, ties], ...] in step order."""
     return TraceTail(report_dir).read_new()
 
 
@@ -476,7 +478,10 @@ class TraceTail:
         self._offsets: dict[Path, int] = {}
 
     def read_new(self) -> dict[str, list[list]]:
-        """internal request id -> [[drafted, accepted, margins, invalid], ...] for steps not read before."""
+        """internal request id -> [[drafted, accepted, margins, invalid, ties], ...] for steps not read before.
+
+        ``ties``: drafted positions written as margin 0 that the target did not pick (see the tie rule in
+        ``vllm_patch.engine_patches.TraceWriter``)."""
         per_req: dict[str, list[list]] = {}
         for path in sorted(self.report_dir.glob("trace-*.jsonl")):
             with path.open("rb") as f:
@@ -488,9 +493,9 @@ class TraceTail:
                 if not line.strip():
                     continue
                 step = json.loads(line)
-                invalid = step.get("invalid", {})
+                invalid, ties = step.get("invalid", {}), step.get("ties", {})
                 for rid, k, a, margins in step["r"]:
-                    per_req.setdefault(rid, []).append([k, a, margins, invalid.get(rid, 0)])
+                    per_req.setdefault(rid, []).append([k, a, margins, invalid.get(rid, 0), ties.get(rid, [])])
         return per_req
 
 
@@ -504,6 +509,13 @@ def _knobs_in_effect(cfg: LegConfig, engine_report: dict) -> dict[str, Any]:
     knobs["draft_cudagraph"] = engine_report.get("draft_cudagraph", knobs.get("draft_cudagraph"))
     knobs["draft_cudagraph_applies"] = engine_report.get("draft_cudagraph_applies")
     knobs["draft_vision"] = engine_report.get("draft_vision")
+    # issue 18: the graph mode built, the draft's W4A16 kernel and vLLM's async setting, as the engine ran them
+    for name in ("draft_cudagraph_mode", "draft_linear_kernel", "async_scheduling"):
+        knobs[name + "_requested"] = knobs.get(name)
+        knobs[name] = engine_report.get(name, knobs.get(name))
+        knobs[name + "_applies"] = engine_report.get(name + "_applies")
+    knobs["draft_linear_kernels"] = engine_report.get("draft_mp_kernels")
+    knobs["draft_linear_kernel_fallback_layers"] = engine_report.get("draft_linear_kernel_fallback_layers")
     return knobs
 
 
@@ -614,8 +626,9 @@ def run_leg(cfg: LegConfig) -> dict:
             steps = trace_by_ext.get(res.request_id, [])
             rec["spec"] = per_prompt_spec(steps, cfg.knobs.gamma)
             rec["trace"] = {
-                "steps": [{"drafted": k, "accepted": a, "margins": m, **({"invalid": bad} if bad else {})}
-                          for k, a, m, bad in steps]
+                "steps": [{"drafted": k, "accepted": a, "margins": m, **({"invalid": bad} if bad else {}),
+                           **({"ties": tied} if tied else {})}
+                          for k, a, m, bad, tied in steps]
             }
         return rec
 

@@ -262,6 +262,13 @@ def acceptance_vs_tau(measured: pd.DataFrame, curve: pd.DataFrame | None = None,
                 hovertemplate="x=%{x:.3f} (τ=%{customdata:.2f}): %{y:.3f}<extra>" + str(leg) + "</extra>",
                 meta={"role": "counterfactual", "leg": leg, "gamma": g},
             ))
+            x0, y0 = d["relax_logtau"].to_numpy(float), d[metric].to_numpy(float)
+            if len(x0) > 1 and x0[0] == 0 and x0[1] <= 1e-3 and y0[1] > y0[0]:
+                # The tie rule: strict (x = 0) takes only the target's argmax pick; any x > 0
+                # also accepts drafts tied with it. The curve rises vertically there.
+                fig.add_annotation(x=0, y=float(y0[1]), text=f"x = 0+: ties accepted (+{y0[1] - y0[0]:.3f})",
+                                   showarrow=True, arrowhead=2, ax=60, ay=-20, font=dict(size=10),
+                                   name=f"tie-jump:{leg}")
             if marker_x is not None:
                 y = float(np.interp(marker_x, d["relax_logtau"].to_numpy(float), d[metric].to_numpy(float)))
                 fig.add_trace(go.Scatter(
@@ -277,20 +284,35 @@ def acceptance_vs_tau(measured: pd.DataFrame, curve: pd.DataFrame | None = None,
 
 
 def exactness_table(summary: pd.DataFrame) -> go.Figure:
-    """Exact-match and first-divergence table (``metrics.exactness_summary(...)``)."""
+    """Exact-match and first-divergence table (the ``exactness`` table of ``workbench.analyses``).
+
+    Where the table carries the exactness rule's verdict (``classification``,
+    ``rule_ok``), each strict leg shows it: green equal, yellow near-ties
+    only (passes in bf16), red a divergence the rule does not excuse.
+    """
     cols = ["leg", "ref_leg", "n", "n_exact", "match_rate", "median_first_divergence", "min_first_divergence",
             "mean_prefix_match_frac"]
     heads = ["leg", "vs", "prompts", "exact", "match rate", "median 1st div.", "min 1st div.", "prefix kept"]
+    has_rule = "classification" in summary.columns
+    if has_rule:
+        cols, heads = cols + ["dtype", "classification"], heads + ["dtype", "exactness rule"]
 
     def fmt(c: str, v: Any) -> str:
         if c in ("match_rate", "mean_prefix_match_frac"):
             return f"{float(v):.3f}"
         if c in ("median_first_divergence", "min_first_divergence"):
             return "—" if _num(v) is None else f"{float(v):g}"
-        return str(v)
+        return "—" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v)
 
     values = [[fmt(c, v) for v in summary[c]] for c in cols]
-    fill = [["#e8f5e9" if r == 1.0 else "#fff3e0" for r in summary["match_rate"]]] * len(cols)
+
+    def colour(row) -> str:
+        if row["match_rate"] == 1.0:
+            return "#e8f5e9"
+        ok = row.get("rule_ok") if has_rule else None
+        return "#ffebee" if ok is False else "#fff3e0"
+
+    fill = [[colour(r) for _, r in summary.iterrows()]] * len(cols)
     fig = go.Figure(go.Table(header=dict(values=heads, fill_color="#eeeeee", align="left"),
                              cells=dict(values=values, fill_color=fill, align="left"),
                              meta={"role": "exactness"}))
@@ -420,10 +442,10 @@ def cost_ratio_by_graphs(ratios: pd.DataFrame) -> go.Figure:
             fig.add_trace(go.Bar(
                 x=part["batch"].astype(str), y=part["c"].to_numpy(float), name=name, legendgroup=name,
                 showlegend=col == 1, marker_color="#1f77b4" if graphs else "#ff7f0e",
-                customdata=np.stack([part["draft_forward_ms"].to_numpy(float), part["verify_ms"].to_numpy(float),
+                customdata=np.stack([part["propose_per_token_ms"].to_numpy(float), part["verify_ms"].to_numpy(float),
                                      part["S_pred_alpha1"].to_numpy(float)], axis=1),
                 hovertemplate=(f"{size}, γ={g}, {name}<br>batch %{{x}}: c = %{{y:.3f}}"
-                               "<br>draft step %{customdata[0]:.3f} ms / verification %{customdata[1]:.3f} ms"
+                               "<br>propose/γ %{customdata[0]:.3f} ms / verification %{customdata[1]:.3f} ms"
                                "<br>S(1, γ, c) = %{customdata[2]:.2f}<extra></extra>"),
                 meta={"role": "c", "gamma": g, "draft_graphs": graphs, "size": size}), row=1, col=col)
         fig.update_xaxes(title_text="batch", row=1, col=col)

@@ -41,9 +41,10 @@ RECORD_COLUMNS = [
 
 LEG_COLUMNS = [
     "leg", "leg_index", "status", "mode", "tier", "gamma", "relax_logtau",
-    "blind_mm", "draft_cudagraph", "draft_cudagraph_applies", "n_prompts", "engine_start_s", "wall_s",
+    "blind_mm", "draft_cudagraph", "draft_cudagraph_applies", "draft_cudagraph_mode", "draft_linear_kernel",
+    "async_scheduling", "n_prompts", "engine_start_s", "wall_s",
     "spec_num_drafts", "spec_num_draft_tokens", "spec_num_accepted_tokens",
-    "spec_accepted_per_pos", "target", "draft", "error", "path",
+    "spec_accepted_per_pos", "target", "draft", "dtype", "error", "path",
 ]
 
 @dataclass
@@ -155,6 +156,9 @@ def _leg_row(folder: Path | None, leg: str, leg_index: int) -> dict[str, Any]:
         blind_mm=knobs.get("blind_mm"),
         draft_cudagraph=knobs.get("draft_cudagraph"),
         draft_cudagraph_applies=knobs.get("draft_cudagraph_applies"),
+        draft_cudagraph_mode=knobs.get("draft_cudagraph_mode"),
+        draft_linear_kernel=knobs.get("draft_linear_kernel"),
+        async_scheduling=knobs.get("async_scheduling"),
         n_prompts=info.get("n_prompts"),
         engine_start_s=info.get("engine_start_s"),
         wall_s=info.get("wall_s"),
@@ -164,6 +168,7 @@ def _leg_row(folder: Path | None, leg: str, leg_index: int) -> dict[str, Any]:
         spec_accepted_per_pos=spec.get("accepted_per_pos"),
         target=info.get("target"),
         draft=info.get("draft"),
+        dtype=(info.get("engine_args") or {}).get("dtype"),
     )
     return row
 

@@ -1,0 +1,98 @@
+"""The W4A16 kernel of the twin's linear layers (knob ``draft_linear_kernel``), the target's untouched.
+
+vLLM 0.27.1 picks a mixed-precision kernel per layer with ``choose_mp_linear_kernel``: the first
+class of its platform list (``_POSSIBLE_KERNELS``) that is not disabled, meets the compute
+capability and says ``can_implement``. On SM90 that list tries Machete before Marlin whatever the
+batch size, and Machete is the slower of the two at decode batch sizes (issue 18's survey: 32B
+layer set at M = 1, 157 µs Machete, 113 µs Marlin). :func:`prefer` moves one class to the head of
+that list while the draft's layers are built and restores it afterwards, so the target (loaded
+before its drafter) keeps vLLM's choice. A layer the preferred class cannot implement falls
+through to vLLM's own order; :func:`report` counts such layers.
+
+``auto``: on CUDA, Marlin first (never Machete for the twin); on CPU, today's behaviour (vLLM's
+CPU list with the plugin's int4 fallback at its head, see ``cpu_int4``). The CUDA-only values on
+a CPU host are accepted and recorded as having no effect (``draft_linear_kernel_applies: false``).
+``own`` is ``TwinGemvLinearKernel`` of ``vllm_patch.twin_gemv`` (imported only when asked for).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+# knob value -> vLLM MPLinearKernel class name
+KERNEL_CLASSES = {
+    "machete": "MacheteLinearKernel",
+    "marlin": "MarlinLinearKernel",
+    "humming": "HummingLinearKernel",
+    "exllama": "ExllamaLinearKernel",
+    "own": "TwinGemvLinearKernel",
+}
+AUTO_ON_CUDA = "marlin"
+
+
+def resolve(requested: str, on_cuda: bool) -> tuple[str | None, str]:
+    """The kernel class name to put first for the draft (None: vLLM's order unchanged) and why."""
+    if not on_cuda:
+        return None, ("auto: vLLM's CPU kernels" if requested == "auto"
+                      else f"{requested} acts on CUDA only: vLLM's CPU kernels")
+    if requested == "auto":
+        return KERNEL_CLASSES[AUTO_ON_CUDA], "auto: Marlin first on CUDA (never Machete at decode batch sizes)"
+    return KERNEL_CLASSES[requested], "requested"
+
+
+def kernel_class(name: str):
+    """The class named ``name``: one of vLLM's MPLinearKernel classes or the project's own."""
+    if name == KERNEL_CLASSES["own"]:
+        from .twin_gemv import TwinGemvLinearKernel
+
+        return TwinGemvLinearKernel
+    from vllm.model_executor.kernels import linear
+
+    cls = getattr(linear, name, None)
+    if cls is None:
+        raise ValueError(f"draft_linear_kernel: vLLM has no kernel class {name}")
+    return cls
+
+
+def reorder(kernels: list, first) -> list:
+    """``kernels`` with ``first`` at the head (added when absent), the rest in their order."""
+    return [first] + [k for k in kernels if k is not first]
+
+
+@contextlib.contextmanager
+def prefer(name: str | None) -> Iterator[None]:
+    """While inside: vLLM's mixed-precision kernel list of this platform starts with ``name``."""
+    if name is None:
+        yield
+        return
+    from vllm.model_executor.kernels import linear
+    from vllm.platforms import current_platform
+
+    cls = kernel_class(name)
+    platform_list = linear._POSSIBLE_KERNELS.setdefault(current_platform._enum, [])
+    saved = list(platform_list)
+    platform_list[:] = reorder(saved, cls)  # in place: choose_mp_linear_kernel reads this list per call
+    try:
+        yield
+    finally:
+        platform_list[:] = saved
+
+
+def report(model, preferred: str | None) -> dict:
+    """What the draft's quantized layers run on; layers that fell back from the preferred kernel."""
+    counts: dict[str, int] = {}
+    if model is not None:
+        for module in model.modules():
+            kernel = getattr(getattr(module, "scheme", None), "kernel", None)
+            if kernel is not None:
+                counts[type(kernel).__name__] = counts.get(type(kernel).__name__, 0) + 1
+    fell_back = {k: n for k, n in counts.items() if preferred is not None and k != preferred}
+    if not counts:
+        ran = None
+    elif len(counts) == 1:
+        ran = next(iter(counts))
+    else:
+        ran = "mixed"
+    return {"draft_linear_kernel": ran, "draft_mp_kernels": counts,
+            "draft_linear_kernel_fallback_layers": fell_back}

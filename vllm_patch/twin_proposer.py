@@ -1,0 +1,368 @@
+"""The twin's drafting loop: vLLM 0.27.1's draft_model proposer with M-RoPE, its own images and CUDA graphs.
+
+``TwinDraftProposer`` subclasses vLLM's ``DraftModelProposer`` and overrides its hooks; the plugin
+installs it where vLLM's GPU model runner constructs its drafter (the ``DraftModelProposer`` name in
+``vllm.v1.worker.gpu_model_runner``), so no vLLM class is changed and every other proposer is
+vLLM's own. What each hook changes, and why, is in the docstring of ``engine_patches``; state of one
+proposer lives on it (``self._twin``), not in a module global.
+
+The γ−1 single-token draft steps advance positions, slot mapping and M-RoPE positions with tensor
+operations on the device only (no ``.item()``, no host copy, no Python loop over requests), so the
+same code runs inside a captured CUDA graph. ``draft_cudagraph_mode`` picks how the drafter's
+forward passes run on CUDA: ``piecewise`` (vLLM's own drafter graphs), ``full`` (one FULL graph per
+single-token decode step, captured with the target's graphs; the first pass stays piecewise), or
+``none``; ``auto`` is the best verified mode of the platform (``none`` on CPU).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.config import CUDAGraphMode
+from vllm.v1.spec_decode.draft_model import DraftModelProposer
+
+from . import draft_kernels
+from .engine_patches import G
+
+GRAPH_MODES = ("none", "piecewise", "full")
+# FULL decode graphs of the drafter are written but not yet verified on a GPU (tests/test_gpu.py,
+# test_draft_cudagraph_modes_exact): until then ``auto`` stays on vLLM's piecewise drafter graphs.
+FULL_VERIFIED = False
+
+
+def resolve_graph_mode(requested: str, draft_cudagraph: bool, on_cuda: bool,
+                       full_verified: bool = FULL_VERIFIED) -> tuple[str, str]:
+    """The drafter's graph mode to build (``none`` / ``piecewise`` / ``full``) and why.
+
+    ``draft_cudagraph`` false means no drafter graphs, whatever the mode; a CPU host has no CUDA
+    graphs at all. Whether the attention backend allows FULL decode graphs is decided later
+    (:meth:`TwinDraftProposer.initialize_cudagraph_keys`), when the backends are known.
+    """
+    if not on_cuda:
+        return "none", "no CUDA graphs on this platform"
+    if not draft_cudagraph:
+        return "none", "draft_cudagraph is off"
+    if requested == "auto":
+        return ("full", "auto: FULL decode graphs") if full_verified else (
+            "piecewise", "auto: vLLM's piecewise drafter graphs (FULL not yet verified on a GPU)")
+    return requested, "requested"
+
+
+def _full_decode_support(proposer) -> tuple[bool, str]:
+    """Whether every draft attention layer's backend can replay a FULL graph of one-token decodes."""
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+    from vllm.v1.attention.backend import AttentionCGSupport
+    from vllm.config import get_layers_from_vllm_config
+
+    layers = get_layers_from_vllm_config(proposer.vllm_config, AttentionLayerBase)
+    names = sorted(getattr(proposer, "_draft_attn_layer_names", ()) or ())
+    if not names:
+        return False, "no draft attention layers found"
+    for name in names:
+        layer = layers[name]
+        builder = layer.get_attn_backend().get_builder_cls()
+        support = builder.get_cudagraph_support(proposer.vllm_config, layer.get_kv_cache_spec(proposer.vllm_config))
+        if support.value < AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE.value:
+            return False, f"{layer.get_attn_backend().get_name()} has no FULL decode graphs ({support.name})"
+    return True, "ok"
+
+
+class TwinDraftProposer(DraftModelProposer):
+    """vLLM's draft_model proposer for an M-RoPE twin (see the module docstring)."""
+
+    def __init__(self, vllm_config, device, runner=None):
+        # set before the base __init__: it calls the _warn/_raise hooks below
+        self._twin = None
+        super().__init__(vllm_config=vllm_config, device=device, runner=runner)
+        knobs = G.knobs
+        self._twin_graphs_off = False      # run-time switch: dispatch forced to eager (cost ladder)
+        self._twin_calls = 0               # dispatches in this propose: the first is the first pass
+        self._twin_full = None             # FULL decode graph state (see initialize_cudagraph_keys)
+        self._twin_dispatched = {m: 0 for m in GRAPH_MODES}  # single-token steps by graph mode
+        self._twin_loop_t0 = False
+        self._twin_in_propose = False      # dispatches are counted for real proposes only
+        if not self._is_twin():
+            return
+        from vllm.platforms import current_platform
+
+        on_gpu = current_platform.is_cuda_alike()
+        mode, why = resolve_graph_mode(knobs.draft_cudagraph_mode, knobs.draft_cudagraph, on_gpu)
+        self._twin_graph_mode, self._twin_graph_reason = mode, why
+        spec = self.speculative_config
+        if not knobs.draft_cudagraph or (on_gpu and mode == "none"):
+            spec.enforce_eager = True      # the upstream switch for a drafter without CUDA graphs
+        target_mrope = bool(vllm_config.model_config.uses_mrope)
+        if self.uses_mrope and not target_mrope:
+            raise NotImplementedError(
+                "An M-RoPE draft needs an M-RoPE target: the draft's 3-D positions "
+                "are taken from the target's (got a draft using M-RoPE and a target "
+                "that does not)."
+            )
+        # Whether the draft itself takes images, not whether the target does:
+        # a text-only draft of a VLM target must see token embeddings only.
+        draft_mm = bool(self.mm_registry.supports_multimodal_inputs(self.draft_model_config))
+        self.supports_mm_inputs = draft_mm
+        if self.uses_mrope and not hasattr(self, "positions"):
+            self.positions = torch.zeros(self.max_positions, dtype=torch.int64, device=device)
+        self._twin = {"runner": runner, "target_mrope": target_mrope, "out_idx": None,
+                      "seq_pos": None, "delta": None}
+        self._twin_kernel = draft_kernels.resolve(knobs.draft_linear_kernel, on_gpu)
+        sched = vllm_config.scheduler_config
+        G.report.update(
+            drafter="draft_model",
+            proposer=type(self).__name__,
+            draft_model=str(self.draft_model_config.model),
+            target_model=str(vllm_config.model_config.model),
+            draft_uses_mrope=bool(self.uses_mrope),
+            target_uses_mrope=target_mrope,
+            draft_takes_images=draft_mm,
+            draft_vision=("blind" if knobs.blind_mm else "own") if draft_mm else "text-only draft",
+            num_speculative_tokens=int(self.num_speculative_tokens),
+            platform=str(current_platform.device_name),
+            # What was built, not what was asked: graphs exist only once the
+            # capture phase has captured drafter keys (see capture_model).
+            draft_cudagraph=False,
+            draft_cudagraph_requested=bool(knobs.draft_cudagraph),
+            draft_cudagraph_applies=bool(on_gpu),
+            draft_cudagraph_keys=0,
+            draft_cudagraph_mode="none",
+            draft_cudagraph_mode_requested=knobs.draft_cudagraph_mode,
+            draft_cudagraph_mode_planned=mode,
+            draft_cudagraph_mode_reason=why,
+            draft_linear_kernel_requested=knobs.draft_linear_kernel,
+            draft_linear_kernel_applies=bool(on_gpu),
+            draft_linear_kernel_preferred=self._twin_kernel[0],
+            draft_linear_kernel_reason=self._twin_kernel[1],
+            # vLLM's scheduler config after its own checks: what runs, not what was asked
+            async_scheduling=bool(sched.async_scheduling),
+            async_scheduling_requested=bool(knobs.async_scheduling),
+            async_scheduling_applies=bool(on_gpu),
+            relaxed_gate=knobs.relax_logtau,
+        )
+
+    def _is_twin(self) -> bool:
+        return (self.method == "draft_model" and not self.parallel_drafting
+                and bool(self.needs_extra_input_slots))
+
+    # -- construction hooks ----------------------------------------------------------------------- #
+    def _warn_if_multimodal(self):
+        # Upstream warns that images are ignored; for the twin they are not.
+        if not self._is_twin():
+            super()._warn_if_multimodal()
+
+    def _raise_if_mrope(self):
+        if not self._is_twin():
+            super()._raise_if_mrope()
+
+    def load_model(self, target_model) -> None:
+        # The target is loaded before its drafter: the kernel order changed here reaches the
+        # draft's W4A16 layers only, and is restored before anything else is built.
+        if self._twin is None:
+            return super().load_model(target_model)
+        with draft_kernels.prefer(self._twin_kernel[0]):
+            super().load_model(target_model)
+        G.report.update(**draft_kernels.report(self.model, self._twin_kernel[0]))
+        if self._twin_graph_mode == "full":
+            from vllm.compilation.cuda_graph import CUDAGraphWrapper
+
+            # The outer FULL wrapper replays whole single-token steps; under a PIECEWISE
+            # dispatch (the first pass) it passes through to the piecewise-compiled model.
+            self.model = CUDAGraphWrapper(self.model, self.vllm_config, runtime_mode=CUDAGraphMode.FULL)
+
+    # -- CUDA graphs -------------------------------------------------------------------------------- #
+    def initialize_cudagraph_keys(self, cudagraph_mode: CUDAGraphMode) -> None:
+        if self._twin is None or self._twin_graph_mode != "full":
+            return super().initialize_cudagraph_keys(cudagraph_mode)
+        ok, why = _full_decode_support(self)
+        if self.speculative_config.enforce_eager or cudagraph_mode.mixed_mode() == CUDAGraphMode.NONE:
+            ok, why = False, "the engine captures no CUDA graphs"
+        if self.vllm_config.parallel_config.data_parallel_size > 1:
+            ok, why = False, "FULL drafter graphs are not written for data parallelism"
+        if not ok:
+            self._twin_graph_mode = "piecewise"
+            G.report.update(draft_cudagraph_mode_planned="piecewise",
+                            draft_cudagraph_mode_reason=f"full refused: {why}; piecewise instead")
+            return super().initialize_cudagraph_keys(cudagraph_mode)
+        dispatcher = self.cudagraph_dispatcher
+        # The drafter's decode steps carry one token per request (the target's carry 1 + gamma).
+        dispatcher.uniform_decode_query_len = 1
+        dispatcher.initialize_cudagraph_keys(CUDAGraphMode.FULL_AND_PIECEWISE, 1)
+        n = self.max_batch_size
+        self._twin_full = {
+            # Persistent sequence lengths: a FULL graph reads the tensor it was captured with.
+            "seq_lens": torch.zeros(n, dtype=torch.int32, device=self.device),
+            "sizes": {d.num_tokens for d in dispatcher.cudagraph_keys[CUDAGraphMode.FULL]},
+            "captured": set(),
+        }
+
+    def _determine_batch_execution_and_padding(self, num_tokens, use_cudagraphs=True):
+        if self._twin_graphs_off:
+            use_cudagraphs = False
+        single = self._twin_calls > 0   # the first dispatch of a propose / dummy run is the first pass
+        self._twin_calls += 1
+        if single and use_cudagraphs and self._twin_full is not None:
+            mode, desc = self.cudagraph_dispatcher.dispatch(num_tokens, uniform_decode=True,
+                                                            valid_modes={CUDAGraphMode.FULL})
+            if mode == CUDAGraphMode.FULL and desc.num_tokens in self._twin_full["captured"]:
+                self._twin_dispatched["full"] += self._twin_in_propose
+                return mode, desc.num_tokens, None
+        out = super()._determine_batch_execution_and_padding(num_tokens, use_cudagraphs)
+        if single and self._twin_in_propose:
+            self._twin_dispatched["piecewise" if out[0] == CUDAGraphMode.PIECEWISE else "none"] += 1
+        return out
+
+    def dummy_run(self, num_tokens, use_cudagraphs=True, is_graph_capturing=False, slot_mappings=None):
+        self._twin_calls = 0
+        super().dummy_run(num_tokens, use_cudagraphs=use_cudagraphs, is_graph_capturing=is_graph_capturing,
+                          slot_mappings=slot_mappings)
+        full = self._twin_full
+        if is_graph_capturing and use_cudagraphs and full is not None and num_tokens in full["sizes"]:
+            self._capture_full_decode(num_tokens)
+
+    def _capture_full_decode(self, n: int) -> None:
+        """Warm up, then capture the FULL graph of one single-token step of ``n`` (padded) requests.
+
+        Every tensor the graph reads is one the loop later writes in place: the input buffers,
+        ``self.arange`` (query starts), the persistent sequence lengths, the runner's block table
+        and the drafter's slot-mapping buffer.
+        """
+        from vllm.forward_context import BatchDescriptor, set_forward_context
+        from vllm.v1.attention.backend import CommonAttentionMetadata
+
+        seq_lens = self._twin_full["seq_lens"][:n]
+        seq_lens.fill_(1)
+        block_table = self._twin["runner"].input_batch.block_table[self.kv_cache_gid].get_device_tensor()
+        cad = CommonAttentionMetadata(
+            query_start_loc=self.arange[: n + 1],
+            query_start_loc_cpu=torch.from_numpy(self.token_arange_np[: n + 1]).clone(),
+            seq_lens=seq_lens, num_reqs=n, num_actual_tokens=n, max_query_len=1,
+            max_seq_len=self.max_model_len, block_table_tensor=block_table[:n],
+            slot_mapping=self._slot_mapping_buffer[:n], causal=True,
+            _seq_lens_cpu=torch.ones(n, dtype=torch.int32),
+            _num_computed_tokens_cpu=torch.zeros(n, dtype=torch.int32),
+        )
+        self._slot_mapping_buffer[:n].fill_(-1)  # capture writes no KV entry
+        per_layer: dict[str, Any] = {}
+        for group in self.draft_attn_groups:
+            md = group.get_metadata_builder().build_for_cudagraph_capture(cad)
+            per_layer.update({name: md for name in group.layer_names})
+        kwargs = {"positions": self._get_positions(n)}
+        if self.supports_mm_inputs:
+            kwargs.update(input_ids=None, inputs_embeds=self.inputs_embeds[:n])
+        else:
+            kwargs.update(input_ids=self.input_ids[:n], inputs_embeds=None)
+        for mode in (CUDAGraphMode.NONE, CUDAGraphMode.FULL):  # warm-up, then capture
+            with set_forward_context(per_layer, self.vllm_config, num_tokens=n, cudagraph_runtime_mode=mode,
+                                     batch_descriptor=BatchDescriptor(num_tokens=n),
+                                     slot_mapping=self._get_slot_mapping(n)):
+                self.model(**kwargs)
+        self._twin_full["captured"].add(n)
+
+    # -- drafting ----------------------------------------------------------------------------------- #
+    def propose(self, *args, **kwargs):
+        self._twin_calls = 0
+        self._twin_loop_t0 = False
+        self._twin_in_propose = True
+        try:
+            out = super().propose(*args, **kwargs)
+        finally:
+            self._twin_in_propose = False
+        if self._twin_loop_t0 and G.steps is not None:
+            G.steps.stamp("draft_loop_t1")  # end of the gamma-1 single-token steps
+        return out
+
+    def set_inputs_first_pass(self, target_token_ids, next_token_ids, target_positions, target_hidden_states,
+                              token_indices_to_sample, cad, num_rejected_tokens_gpu):
+        tw = self._twin
+        args = (target_token_ids, next_token_ids, target_positions, target_hidden_states,
+                token_indices_to_sample, cad, num_rejected_tokens_gpu)
+        if tw is None or not tw["target_mrope"]:
+            return super().set_inputs_first_pass(*args)
+        num_in = target_token_ids.shape[0]
+        # The copy/expand kernel derives every draft slot's position, and so its
+        # KV-cache slot, from the first position of each request: that must be
+        # the sequence position, not the compressed M-RoPE temporal one.
+        seq_positions = tw["runner"].positions[:num_in]
+        mrope_in = target_positions
+        num_out, sample_idx, new_cad = super().set_inputs_first_pass(*args[:2], seq_positions, *args[3:])
+        # Input token i of request r lands at output slot i + r, or i + r + 1
+        # when it is a rejected draft (those are moved behind the new slot).
+        qsl = cad.query_start_loc
+        batch = qsl.shape[0] - 1
+        counts = qsl[1:] - qsl[:-1]
+        req_of_tok = torch.repeat_interleave(torch.arange(batch, device=qsl.device), counts, output_size=num_in)
+        last_valid = qsl[1:] - 1
+        if num_rejected_tokens_gpu is not None:
+            last_valid = last_valid - num_rejected_tokens_gpu
+        tok = torch.arange(num_in, device=qsl.device)
+        rejected = tok > last_valid[req_of_tok]
+        out_idx = tok + req_of_tok + rejected.to(tok.dtype)
+        tw["out_idx"] = out_idx
+        if self.uses_mrope:
+            last_valid_l = last_valid.long()
+            delta = mrope_in[0, last_valid_l] - seq_positions[last_valid_l]
+            new_seq = self.positions[sample_idx.long()]
+            self.mrope_positions[:, out_idx] = mrope_in
+            self.mrope_positions[:, sample_idx.long()] = (new_seq + delta).unsqueeze(0)
+            tw["seq_pos"] = new_seq.clone()
+            tw["delta"] = delta
+        return num_out, sample_idx, new_cad
+
+    def build_model_inputs_first_pass(self, num_tokens, num_input_tokens, mm_embed_inputs):
+        tw = self._twin
+        if tw is not None and self.supports_mm_inputs:
+            if G.knobs.blind_mm or mm_embed_inputs is None:
+                mm_embed_inputs = None
+            else:
+                mm_embeds, is_mm = mm_embed_inputs
+                out_idx = tw["out_idx"]
+                if out_idx is not None and is_mm is not None and is_mm.shape[0] != num_tokens:
+                    remapped = torch.zeros(num_tokens, dtype=torch.bool, device=self.device)
+                    remapped[out_idx] = is_mm.to(self.device, non_blocking=True)
+                    mm_embed_inputs = (mm_embeds, remapped)
+        return super().build_model_inputs_first_pass(num_tokens, num_input_tokens, mm_embed_inputs)
+
+    def _update_positions_dependent_metadata(self, positions, common_attn_metadata, batch_size,
+                                             input_batch_size, block_size):
+        """One single-token step's positions, slot mapping and sequence lengths: device ops only."""
+        tw = self._twin
+        if tw is not None and not self._twin_loop_t0:
+            self._twin_loop_t0 = True
+            if G.steps is not None:
+                G.steps.stamp("draft_loop_t0")
+            full = self._twin_full
+            if full is not None and input_batch_size in full["captured"]:
+                # A FULL graph reads the sequence lengths it was captured with: move them into
+                # that persistent buffer once per propose (the step kernel then advances them there).
+                buf = full["seq_lens"]
+                buf[:batch_size].copy_(common_attn_metadata.seq_lens[:batch_size])
+                buf[batch_size:input_batch_size].zero_()
+                common_attn_metadata.seq_lens = buf[:batch_size]
+        if tw is None or not self.uses_mrope or tw["seq_pos"] is None:
+            return super()._update_positions_dependent_metadata(
+                positions, common_attn_metadata, batch_size, input_batch_size, block_size)
+        # Advance the sequence position (slot mapping, clamping) through the
+        # upstream code, then add each request's M-RoPE offset back.
+        seq = tw["seq_pos"][:batch_size].unsqueeze(0)
+        super()._update_positions_dependent_metadata(seq, common_attn_metadata, batch_size, input_batch_size,
+                                                     block_size)
+        tw["seq_pos"] = self.mrope_positions[0, :batch_size].clone()
+        self.mrope_positions[:, :batch_size] += tw["delta"][:batch_size].unsqueeze(0)
+        return self.mrope_positions[:, :batch_size]
+
+    # -- what was built ------------------------------------------------------------------------------ #
+    def built_graph_mode(self) -> str:
+        if self._twin_full is not None and self._twin_full["captured"]:
+            return "full"
+        keys = getattr(self.cudagraph_dispatcher, "cudagraph_keys", None) or {}
+        return "piecewise" if keys.get(CUDAGraphMode.PIECEWISE) else "none"
+
+
+def install() -> None:
+    """Construct the twin proposer where vLLM's GPU model runner builds its draft_model drafter."""
+    from vllm.v1.worker import gpu_model_runner as gmr
+
+    # The runner names the class at module level (``DraftModelProposer(vllm_config=..., ...)``);
+    # isinstance checks elsewhere still hold for the subclass.
+    gmr.DraftModelProposer = TwinDraftProposer
