@@ -63,8 +63,10 @@ def test_workbench_run_e1_tiny_makes_a_complete_run_folder_without_a_browser(tmp
     assert htmls and all(p.stat().st_size > 10000 for p in htmls)
     assert not list((rdir / "figures").glob("*.png"))
     summary = json.loads((rdir / "tables" / "summary.json").read_text())
-    exact = {r["leg"]: r["match_rate"] for r in summary["exactness"]}
-    assert exact and all(v == 1.0 for v in exact.values())
+    # the one exactness rule (workbench.exactness): equal, or in bf16 near-ties only
+    verdicts = {r["leg"]: r for r in summary["exactness"]}
+    print("\n" + "; ".join(f"{leg}: {r['classification']}" for leg, r in verdicts.items()))
+    assert verdicts and all(r["rule_ok"] for r in verdicts.values()), verdicts
     state = json.loads((rdir / "protocol.json").read_text())
     assert state["state"] == "finished" and state["leg_process"] is None
     assert (rdir / "run.lock").read_text() == ""

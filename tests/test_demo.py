@@ -17,7 +17,7 @@ def test_demo_report_quotes_the_run_folder(tmp_path):
     text, exact = demo.report(rdir)
     assert exact
     assert f"run folder: {rdir}" in text
-    assert "exact token match on 6/6 prompts" in text
+    assert "6/6 equal -> passes the exactness rule" in text
     rec = load_run(rdir).records
     spec = [r for r in rec.itertuples() if r.leg == "strict_g6"]
     accepted = sum(r.spec["accepted"] for r in spec)

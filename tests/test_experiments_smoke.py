@@ -80,9 +80,11 @@ def test_experiment_smoke(smoke_runs, exp_id):
         assert acc[leg]["draft_tokens"] > 0, (leg, acc[leg])
     strict = [l["name"] for l in cfg["legs"] if l["kind"] == "spec" and l["tier"] == "strict"
               and l["draft"] in ("twin", "twin@8b-thinking", "twin@8b-instruct")]
-    exact = {r["leg"]: r["match_rate"] for r in summary["exactness"]}
+    verdicts = {r["leg"]: r for r in summary["exactness"]}
     for leg in strict:
-        assert exact[leg] == 1.0, f"strict leg {leg} diverged from vanilla"
+        # the one exactness rule (workbench.exactness): equal, or in bf16 near-ties only
+        print(f"  {leg}: {verdicts[leg]['classification']}")
+        assert verdicts[leg]["rule_ok"], f"strict leg {leg}: {verdicts[leg]['classification']}"
     # the knobs the engine read back agree with the plan
     from workbench.results import load_run
     run = load_run(rdir)

@@ -37,7 +37,8 @@ def test_experiment_notebook_e1_tiny(tmp_path):
     summary = json.loads((rdir / "tables" / "summary.json").read_text())
     assert summary["n_complete"] == 3 and summary["n_failed"] == 0, summary["legs"]
     exact = {r["leg"]: r for r in summary["exactness"]}
-    assert exact["strict_g6"]["match_rate"] == 1.0, "strict tier must reproduce vanilla token ids"
+    # the strict tier reproduces vanilla's token ids, or in bf16 differs only at near-ties (workbench.exactness)
+    assert exact["strict_g6"]["rule_ok"], exact["strict_g6"]["classification"]
     speed = {r["leg"]: r["speedup"] for r in summary["speedup"]}
     assert math.isfinite(speed["strict_g6"]) and speed["strict_g6"] > 0
     acc = {r["leg"]: r for r in summary["acceptance"]}

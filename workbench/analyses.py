@@ -28,13 +28,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import metrics, plots
+from . import exactness, metrics, plots
 from .results import Run, load_run
 
 SUMMARY_JSON = "summary.json"
 # The relax x grid of counterfactual acceptance (table and explorer curves): x up to 3 (τ = 0.05)
 # covers the τ ladders of E4/E13.
-RELAX_GRID = np.round(np.linspace(0.0, 3.0, 151), 4)
+# x = 0+ (metrics.ZERO_PLUS) is on the grid so that the jump of the tie rule is drawn as a jump.
+RELAX_GRID = np.unique(np.concatenate([np.round(np.linspace(0.0, 3.0, 151), 4), [metrics.ZERO_PLUS]]))
 OVER_POSITION_BINS = 10
 
 
@@ -100,6 +101,39 @@ class RunTables:
         from . import ladder
         return ladder.load(self.run.path) if ladder.has_rows(self.run.path) else None
 
+    @cached_property
+    def verdicts(self) -> dict[str, "exactness.Verdict"]:
+        """Strict leg -> the exactness rule's verdict against the first vanilla leg.
+
+        Divergences are classified with the float32 target's top-2 gap,
+        teacher-forced (``exactness.TeacherGaps``), cached in the run folder's
+        ``top2_gaps.json`` so a copied run opens without the model; where
+        neither the cache nor the model has it, a bf16 divergence stays
+        unclassified (and fails the rule). ``WORKBENCH_NO_TEACHER=1`` uses the
+        cache only.
+        """
+        recs, legs = self.records, self.run.legs.set_index("leg")
+        order = [l for l in self.run.legs_order if l in set(recs["leg"])]
+        vans = [l for l in order if (recs.loc[recs["leg"] == l, "tier"] == "vanilla").all()]
+        strict = [l for l in order if (recs.loc[recs["leg"] == l, "tier"] == "strict").all()]
+        if not vans or not strict:
+            return {}
+        ref = vans[0]
+        by_pid = lambda leg: dict(zip(recs.loc[recs["leg"] == leg, "pid"], recs.loc[recs["leg"] == leg, "gen_ids"]))
+        target = legs.loc[ref, "target"] if "target" in legs.columns else None
+        gaps = None
+        if target:
+            prompts = lambda: {p.pid: p for p in _prompts(self)}  # noqa: E731 (read only if a gap is computed)
+            gaps = exactness.TeacherGaps(_model_dir(target), prompts, cache=self.run.path / exactness.GAPS_CACHE,
+                                         cache_only=os.environ.get("WORKBENCH_NO_TEACHER") == "1")
+        out = {}
+        for leg in strict:
+            dtype = legs.loc[leg, "dtype"] if "dtype" in legs.columns else None
+            # "auto" (or a leg summary without it) is Qwen3-VL's checkpoint dtype, bf16: the lenient rule
+            dtype = dtype if isinstance(dtype, str) and dtype != "auto" else "bfloat16"
+            out[leg] = exactness.classify(by_pid(ref), by_pid(leg), dtype, gaps)
+        return out
+
     @property
     def dataset(self) -> str | None:
         return (self.run.config.get("dataset") or {}).get("resolved")
@@ -146,8 +180,26 @@ def _prompt_speedups(t: RunTables) -> pd.DataFrame:
 
 
 def _exactness(t: RunTables) -> pd.DataFrame:
+    """Exact-match statistics, and each strict leg judged by the one exactness rule (``workbench.exactness``)."""
     t.need(t.has_spec and t.has_vanilla, "vanilla and spec legs")
-    return metrics.exactness_summary(t.records)
+    out = metrics.exactness_summary(t.records)
+    verdicts = t.verdicts
+    out["dtype"] = [v.dtype if (v := verdicts.get(leg)) else None for leg in out["leg"]]
+    for col in ("n_near_tie", "n_error", "n_unclassified"):
+        out[col] = [v.as_dict()[col] if (v := verdicts.get(leg)) else None for leg in out["leg"]]
+    out["rule_ok"] = [v.ok if (v := verdicts.get(leg)) else None for leg in out["leg"]]
+    out["classification"] = [v.describe() if (v := verdicts.get(leg)) else "relaxed tier: may differ by design"
+                             for leg in out["leg"]]
+    return out
+
+
+def _divergences(t: RunTables) -> pd.DataFrame:
+    """Per strict leg and diverging prompt: first differing token, the fp32 target's top-2 gap there, class."""
+    t.need(t.has_spec and t.has_vanilla, "vanilla and spec legs")
+    rows = [{"leg": leg, "dtype": v.dtype, "threshold": exactness.threshold(v.dtype), "pid": d.pid,
+             "position": d.position, "top2_gap": d.top2_gap, "class": d.kind}
+            for leg, v in t.verdicts.items() for d in v.divergences]
+    return pd.DataFrame(rows, columns=["leg", "dtype", "threshold", "pid", "position", "top2_gap", "class"])
 
 
 def _acceptance(t: RunTables) -> pd.DataFrame:
@@ -192,6 +244,15 @@ def _legs_throughput(t: RunTables) -> pd.DataFrame:
     # total throughput of a leg: all tokens over the time the slowest prompt finished
     vt["throughput_tok_s"] = vt["total_tokens"] / vt["t_max"]
     return vt.reset_index()
+
+
+def _model_dir(path: str) -> str:
+    """A leg's model path as written (relative to where the run was made, the repository root) -> a folder."""
+    p = Path(path)
+    if p.is_absolute() or p.exists():
+        return str(p)
+    from .envcapture import REPO_ROOT
+    return str(REPO_ROOT / p)
 
 
 def _prompts(t: RunTables) -> list:
@@ -249,7 +310,10 @@ TABLES: dict[str, Table] = {t.name: t for t in [
     Table("speedup", _speedup, "per spec leg: median bracketed speedup over prompts, IQR (metrics.bracketed_speedup)"),
     Table("prompt_speedups", _prompt_speedups, "per prompt and spec leg: tok/s over the bracketing vanilla legs'"),
     Table("acceptance", _acceptance, "per spec leg: acceptance rate and length from the per-prompt counters"),
-    Table("exactness", _exactness, "per spec leg: exact-match rate and first divergence vs the first vanilla leg"),
+    Table("exactness", _exactness, "per spec leg: exact-match rate and first divergence vs the first vanilla leg; "
+          "strict legs judged by the exactness rule (workbench.exactness: equal, or bf16 near-ties only)"),
+    Table("divergences", _divergences, "per strict leg and diverging prompt: first differing token, float32 "
+          "target's top-2 gap there, near-tie / error / unclassified"),
     Table("per_position_acceptance", _per_position, "per spec leg and draft position: accepted at i / drafts"),
     Table("acceptance_over_position", _over_position, "per traced leg: acceptance vs output token position",
           in_summary=False),

@@ -357,6 +357,16 @@ def leg_summary_acceptance(legs: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------- acceptance (trace)
 
 
+# The tie rule (one statement; the engine's relaxed gate and trace follow it,
+# see ``vllm_patch.engine_patches.TraceWriter``): a drafted token is accepted at
+# relax x when its margin m = max logit - its logit satisfies m <= x, except at
+# x = 0 (strict), where only the token the target's argmax picks is accepted. A
+# token tied with the argmax but not picked is recorded with margin 0 and a
+# ``ties`` mark; it is counted at margin ZERO_PLUS, so the curve at x = 0
+# reproduces the strict leg's counters and jumps at x = 0+ by the ties.
+ZERO_PLUS = 1e-6  # below every recorded nonzero margin (4 decimals), above every tie
+
+
 class TraceIndex:
     """The ``trace`` of every traced record, flattened once into numpy arrays.
 
@@ -403,6 +413,11 @@ class TraceIndex:
             values = np.fromiter(chain.from_iterable(margin_lists), dtype=float, count=int(n_margins.sum()))
             starts = np.repeat(np.cumsum(n_margins) - n_margins, n_margins)
             col = np.arange(values.size) - starts
+            tie_at = [(i, j) for i, st in enumerate(flat) for j in st.get("ties", ()) if j < n_margins[i]]
+            if tie_at:
+                ti, tj = np.array(tie_at, dtype=np.int64).T
+                at = (np.cumsum(n_margins) - n_margins)[ti] + tj
+                values[at] = np.maximum(values[at], ZERO_PLUS)
             runmax[np.repeat(np.arange(len(flat)), n_margins), col] = values
             runmax = np.maximum.accumulate(runmax, axis=1)
         # Output position of each step's first drafted token.
@@ -534,7 +549,8 @@ def predict_acceptance(records: pd.DataFrame, relax_logtau: float | Sequence[flo
     """Counterfactual acceptance at relax x from recorded margins.
 
     For each traced step, predicted accepted = length of the leading run of
-    margins <= x, capped at the tokens drafted. This is a first-order
+    margins <= x, capped at the tokens drafted; ties follow the tie rule
+    above (strict at x = 0 exactly, ties accepted from x = 0+). This is a first-order
     prediction: it replays the recorded steps, but after a different
     acceptance the continuation (and so every later draft) would change, so
     it is exact only at the x the leg ran with (and for steps before the
