@@ -51,3 +51,29 @@ def test_a_leg_failing_for_the_host_points_to_doctor(tmp_path, tiny_models):
                           env={"VLLM_SPEC_INT4_FALLBACK": "sometimes"})
     assert res.returncode != 0
     assert "VLLM_SPEC_INT4_FALLBACK" in res.stderr and "workbench doctor" in res.stderr
+
+
+def test_cpu_kind_names_extensions_kernel_library_and_bf16_gemm(monkeypatch):
+    """Issue 17: the CPU kind decides the kernel library and how bf16 GEMMs round; doctor and env.json state it."""
+    import torch
+
+    from vllm_patch import cpu_int4
+    from workbench import envcapture
+
+    def kind(flags, onednn_bf16, isa=""):
+        monkeypatch.setattr(cpu_int4, "cpu_vector_extensions", lambda: flags)
+        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: onednn_bf16)
+        k = cpu_int4.cpu_kind({"VLLM_SPEC_CPU_ISA": isa})
+        return k["kernel_library"], k["native_int4_op"], k["bf16_gemm"]
+
+    assert kind(["avx2", "avx512f", "avx512_bf16", "amx_bf16"], True) == ("_C.abi3.so", True, "native")
+    assert kind(["avx2", "avx512f", "avx512_vnni"], True) == ("_C_AVX512.abi3.so", True, "emulated")
+    assert kind(["avx2"], False) == ("_C_AVX2.abi3.so", False, "reference")
+    # the AVX2 library can be forced; oneDNN's bf16 path still follows the hardware
+    assert kind(["avx2", "avx512f", "avx512_bf16"], True, isa="avx2") == ("_C_AVX2.abi3.so", False, "native")
+    monkeypatch.undo()
+    here = envcapture.cpu_info()["kind"]
+    assert here == cpu_int4.cpu_kind() and here["bf16_gemm"] in ("native", "emulated", "reference")
+    rc, checks = _doctor()
+    assert f"vLLM kernel library {here['kernel_library']}" in checks["cpu"]["detail"]
+    assert f"bf16 GEMM {here['bf16_gemm']}" in checks["cpu"]["detail"]

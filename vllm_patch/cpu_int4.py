@@ -106,7 +106,7 @@ def cpu_kernel_library() -> str | None:
 
 def cpu_vector_extensions() -> list[str]:
     """The x86 vector extensions this CPU reports that matter to vLLM's kernel choice."""
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
+    wanted = ("avx2", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -116,6 +116,44 @@ def cpu_vector_extensions() -> list[str]:
     except OSError:
         pass
     return []
+
+
+def cpu_kind(env=None) -> dict:
+    """What decides this CPU's kernels and bf16 numerics, without loading vLLM.
+
+    ``kernel_library`` is the file vLLM's CPU platform loads by torch's ISA
+    checks (``_C`` with AVX-512-bf16, ``_C_AVX512`` with AVX-512, else
+    ``_C_AVX2``, which has no int4 GEMM), as ``VLLM_SPEC_CPU_ISA=avx2`` would
+    change it. ``bf16_gemm`` is how oneDNN/ATen run a bf16 matmul here:
+    ``native`` (AVX-512-bf16 or AMX instructions), ``emulated`` (AVX-512,
+    bf16 widened to fp32 inside oneDNN) or ``reference`` (no oneDNN bf16 path:
+    ATen's own GEMM, fp32 accumulation). It follows the hardware whatever
+    ``VLLM_SPEC_CPU_ISA`` says, so bf16 rounding (and so where near-ties
+    flip) cannot be reproduced for another CPU kind; see workbench.exactness.
+    """
+    env = os.environ if env is None else env
+    ext = cpu_vector_extensions()
+    forced = env.get(ENV_CPU_ISA, "").strip().lower() == "avx2"
+    avx512 = "avx512f" in ext
+    if avx512 and "avx512_bf16" in ext and not forced:
+        lib = "_C.abi3.so"
+    elif avx512 and not forced:
+        lib = "_C_AVX512.abi3.so"
+    else:
+        lib = "_C_AVX2.abi3.so"
+    try:
+        onednn_bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        onednn_bf16 = False
+    if onednn_bf16 and ("avx512_bf16" in ext or "amx_bf16" in ext):
+        gemm = "native"
+    elif onednn_bf16:
+        gemm = "emulated"
+    else:
+        gemm = "reference"
+    return {"vector_extensions": ext, "kernel_library": lib, "kernel_library_forced": forced,
+            "native_int4_op": lib != "_C_AVX2.abi3.so", "bf16_gemm": gemm,
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def int4_path(mode: str | None = None) -> str:

@@ -66,9 +66,11 @@ class RunTables:
     ValueError) where the table cannot be made; ``get`` returns None then.
     """
 
-    def __init__(self, run: Run, bins: int = OVER_POSITION_BINS):
+    def __init__(self, run: Run, bins: int = OVER_POSITION_BINS, teacher: bool = True):
         self.run = run
         self.bins = bins
+        # False: classify divergences from the run's gap cache only (never load a model; the explorer)
+        self.teacher = teacher
         self._cache: dict[str, pd.DataFrame] = {}
         self.errors: dict[str, str] = {}
 
@@ -125,7 +127,7 @@ class RunTables:
         if target:
             prompts = lambda: {p.pid: p for p in _prompts(self)}  # noqa: E731 (read only if a gap is computed)
             gaps = exactness.TeacherGaps(_model_dir(target), prompts, cache=self.run.path / exactness.GAPS_CACHE,
-                                         cache_only=os.environ.get("WORKBENCH_NO_TEACHER") == "1")
+                                         cache_only=not self.teacher or os.environ.get("WORKBENCH_NO_TEACHER") == "1")
         out = {}
         for leg in strict:
             dtype = legs.loc[leg, "dtype"] if "dtype" in legs.columns else None

@@ -89,11 +89,22 @@ def check_plugin() -> Check:
     return Check("plugin", "ok", f"twin_spec -> {eps[0].value}, fingerprint {vllm_patch.fingerprint()}")
 
 
+_BF16_GEMM = {"native": "AVX-512-bf16/AMX instructions", "emulated": "oneDNN widens bf16 to fp32 on AVX-512",
+              "reference": "no oneDNN bf16 path: ATen's GEMM, fp32 accumulation"}
+
+
 def check_cpu_int4(vllm_ok: bool) -> list[Check]:
     from vllm_patch import cpu_int4
 
-    ext = cpu_int4.cpu_vector_extensions()
-    out = [Check("cpu", "ok", f"{platform.machine()}, vector extensions: {', '.join(ext) or 'none found'}")]
+    kind = cpu_int4.cpu_kind()
+    ext = kind["vector_extensions"]
+    out = [Check("cpu", "ok", f"{platform.machine()}, vector extensions: {', '.join(ext) or 'none found'}; "
+                 f"vLLM kernel library {kind['kernel_library']}"
+                 + (" (forced by VLLM_SPEC_CPU_ISA)" if kind["kernel_library_forced"] else "")
+                 + f"; bf16 GEMM {kind['bf16_gemm']} ({_BF16_GEMM[kind['bf16_gemm']]})",
+                 "" if kind["bf16_gemm"] == "native" else
+                 "bf16 rounding differs by CPU kind: strict legs may differ from vanilla at near-ties "
+                 "(the exactness rule, README)")]
     if not vllm_ok:
         return out
     try:

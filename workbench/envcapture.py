@@ -85,8 +85,16 @@ def cpu_info() -> dict[str, Any]:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:
         usable = None
+    try:
+        from vllm_patch.cpu_int4 import cpu_kind
+
+        kind: dict[str, Any] | str = cpu_kind()
+    except Exception as exc:  # best-effort, like every probe here
+        kind = f"unavailable: {type(exc).__name__}: {exc}"
     return {"model": model or platform.processor() or None, "cores": os.cpu_count(), "usable_cores": usable,
-            "machine": platform.machine(), "memory_gib": mem_gib}
+            "machine": platform.machine(), "memory_gib": mem_gib,
+            # vector extensions, the vLLM kernel library, the bf16 GEMM path (native / emulated / reference)
+            "kind": kind}
 
 
 def gpu_info() -> dict[str, Any]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,8 @@ class _Precomputed:
 
     def __init__(self, run: Run, bins: int):
         self.run = run
-        tables = analyses.RunTables(run, bins)
+        # the explorer never loads a model: divergences are classified from the run's gap cache
+        tables = analyses.RunTables(run, bins, teacher=False)
         spec = tables.records[tables.records["tier"].isin(metrics.SPEC_TIERS)] if tables.has_spec else None
         self.gammas = sorted({g for g in (spec["gamma"].map(_gamma) if spec is not None else []) if g is not None})
         self.speedup = tables.get("speedup")
@@ -63,6 +64,10 @@ class _Precomputed:
         self.cost_ratio = tables.get("cost_ratio")
         self.speedup_curve = tables.get("speedup_curve")
         self.is_ladder = self.step_costs is not None
+        try:
+            self.verdicts = tables.verdicts if tables.has_spec and tables.has_vanilla else {}
+        except (LookupError, ValueError, OSError):
+            self.verdicts = {}
         if not self.gammas and self.cost_ratio is not None and len(self.cost_ratio):
             self.gammas = sorted({int(g) for g in self.cost_ratio["gamma"]})
         self.trace_leg_for_gamma: dict[int, str] = {}
@@ -237,7 +242,7 @@ class Explorer:
                      for name, fig in [("speedup", self.fig_speedup), ("dist", self.fig_dist),
                                        ("pos", self.fig_pos), ("tau", self.fig_tau), ("over", self.fig_over),
                                        ("ladder_curves", self.fig_ladder_curves)]}
-        self.divergence.children = [divergence_viewer(run)] if _has_divergence_pairs(run) else [
+        self.divergence.children = [divergence_viewer(run, verdicts=self.pre.verdicts)] if _has_divergence_pairs(run) else [
             W.HTML("<i>needs a vanilla leg and a spec leg with gen_ids</i>")]
 
         # Only our own handler is detached: the slider keeps its internal value<->index sync.
@@ -454,11 +459,16 @@ def divergence_html(ref: pd.Series, other: pd.Series, decode: Callable[[Sequence
 
 
 def divergence_viewer(run: Run, ref_leg: str | None = None,
-                      decode: Callable[[Sequence[int]], str] | None = None) -> W.Widget:
+                      decode: Callable[[Sequence[int]], str] | None = None,
+                      verdicts: Mapping[str, Any] | None = None) -> W.Widget:
     """Pick a spec leg and a prompt; see it next to the vanilla output at the first difference.
 
-    Prompts are listed diverging first (earliest divergence first).
+    Prompts are listed diverging first (earliest divergence first). With
+    ``verdicts`` (``RunTables.verdicts``: strict leg -> the exactness rule's
+    verdict) each divergence shows its class and the fp32 target's top-2 gap,
+    and the leg's line says whether it passes the rule.
     """
+    verdicts = verdicts or {}
     rec = run.records
     order = run.legs_order
     vanilla = [l for l in order if l in set(rec.loc[rec["tier"] == "vanilla", "leg"])]
@@ -481,9 +491,22 @@ def divergence_viewer(run: Run, ref_leg: str | None = None,
         n_div, n_all = int((~ex["exact"]).sum()), len(ex)
         # A dropdown of a hundred thousand entries helps nobody and is slow to send to the page.
         ex = ex.head(MAX_PROMPT_OPTIONS)
-        pid_dd.options = [(f"{p} — " + ("identical" if pd.isna(k) else f"diverges at {k}"), p)
-                          for p, k in zip(ex["pid"], ex["first_divergence"])]
-        counts.value = (f"{n_div} of {n_all} prompts diverge from {html.escape(ref_leg)}"
+        verdict = verdicts.get(leg_dd.value)
+        kinds = {d.pid: d for d in verdict.divergences} if verdict is not None else {}
+
+        def label(p: str, k: Any) -> str:
+            if pd.isna(k):
+                return f"{p} — identical"
+            d = kinds.get(p)
+            cls = f" ({d.kind}" + (f", gap {d.top2_gap:.3g})" if d.top2_gap is not None else ")") if d else ""
+            return f"{p} — diverges at {k}{cls}"
+
+        pid_dd.options = [(label(p, k), p) for p, k in zip(ex["pid"], ex["first_divergence"])]
+        rule = ""
+        if verdict is not None:
+            rule = (f"; exactness rule ({verdict.dtype}): {html.escape(verdict.describe())} — "
+                    + ("passes" if verdict.ok else "<b>does not pass</b>"))
+        counts.value = (f"{n_div} of {n_all} prompts diverge from {html.escape(ref_leg)}" + rule
                         + (f"; listing the first {MAX_PROMPT_OPTIONS}" if n_all > MAX_PROMPT_OPTIONS else ""))
         pid_dd.value = pid_dd.options[0][1] if pid_dd.options else None
 
