@@ -16,7 +16,7 @@ folder; by default a temporary folder.
 Exactness vocabulary: in float32 (TRITON_ATTN; FlashAttention has no fp32)
 the strict tier must equal vanilla token for token. In bfloat16 a strict
 output may leave vanilla's only at a near-tie: a position where the float32
-target's top-2 logit gap is below ``NEAR_TIE`` (bf16 resolves logits of
+target's top-2 logit gap is below ``workbench.exactness.NEAR_TIE`` (bf16 resolves logits of
 magnitude ~10 to ~0.05, and a verification step computes gamma + 1 tokens at
 once where vanilla computes one, so the rounding differs). Every divergence
 is classified with that gap; one that is not a near-tie fails the suite.
@@ -43,7 +43,6 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (pytest -m gpu on a GPU host)"),
 ]
 
-NEAR_TIE = 0.1
 TOKENS = ["--max-tokens", "128", "--ignore-eos", "--max-model-len", "2048", "--gpu-memory-utilization", "0.06"]
 FP32 = [*TOKENS, "--dtype", "float32"]
 BF16 = [*TOKENS, "--dtype", "bfloat16"]
@@ -152,25 +151,17 @@ def _ok(legs, name) -> LegResult:
     return legs[name].ok()
 
 
-def _first_diff(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def _classify(ref: LegResult, other: LegResult, teacher, prompts) -> dict:
-    """Every prompt where ``other`` leaves ``ref``: position and the fp32 target's top-2 gap there."""
-    van = ref.by_pid()
-    rows = []
-    for pid, rec in other.by_pid().items():
-        i = _first_diff(van[pid]["gen_ids"], rec["gen_ids"])
-        if i is None:
-            continue
-        gap = teacher.top2_gap(prompts[pid], van[pid]["gen_ids"][:i])
-        rows.append({"pid": pid, "position": i, "top2_gap": round(gap, 5),
-                     "class": "near-tie" if gap < NEAR_TIE else "error"})
-    return {"n": len(van), "exact": len(van) - len(rows), "divergences": rows}
+    """The one exactness rule (``workbench.exactness``, bf16): every prompt where ``other`` leaves ``ref``,
+    its position, the fp32 target's top-2 gap there and its class."""
+    from workbench.exactness import classify
+
+    verdict = classify({p: r["gen_ids"] for p, r in ref.by_pid().items()},
+                       {p: r["gen_ids"] for p, r in other.by_pid().items()}, "bfloat16",
+                       lambda pid, prefix: teacher.top2_gap(prompts[pid], list(prefix)))
+    rows = [{"pid": d.pid, "position": d.position, "top2_gap": d.top2_gap, "class": d.kind}
+            for d in verdict.divergences]
+    return {"n": verdict.n, "exact": verdict.n_exact, "divergences": rows, "classification": verdict.describe()}
 
 
 def _record(results_dir: Path, key: str, value) -> None:
