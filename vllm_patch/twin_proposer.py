@@ -128,6 +128,7 @@ class TwinDraftProposer(DraftModelProposer):
             draft_cudagraph_keys=0,
             draft_cudagraph_mode="none",
             draft_cudagraph_mode_requested=knobs.draft_cudagraph_mode,
+            draft_cudagraph_mode_applies=bool(on_gpu),
             draft_cudagraph_mode_planned=mode,
             draft_cudagraph_mode_reason=why,
             draft_linear_kernel_requested=knobs.draft_linear_kernel,

@@ -1,0 +1,233 @@
+"""Issue 18 on CPU: the twin proposer class, its graph-mode and kernel selection, the new knobs end to end.
+
+What runs only on CUDA (FULL drafter graphs, Marlin/Humming for the draft, async scheduling) is in
+tests/test_gpu.py; here: the selection logic, the refusals, that the single-token step update never
+waits on the device, and that every new knob reaches leg.json, the engine's environment, the engine
+report and each record, with strict fp32 exactness unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import REPO, TINY_PROMPTS, run_leg_process
+
+FP32 = ["--max-tokens", "48", "--ignore-eos", "--dtype", "float32", "--max-model-len", "1024",
+        "--prompts", str(TINY_PROMPTS)]
+
+
+# --------------------------------------------------------------------------- selection logic
+def test_graph_mode_resolution():
+    from vllm_patch.twin_proposer import resolve_graph_mode
+
+    assert resolve_graph_mode("full", True, on_cuda=False)[0] == "none"   # CPU: no CUDA graphs at all
+    assert resolve_graph_mode("auto", True, on_cuda=False)[0] == "none"
+    assert resolve_graph_mode("piecewise", False, on_cuda=True)[0] == "none"  # draft_cudagraph off wins
+    assert resolve_graph_mode("auto", True, on_cuda=True, full_verified=False)[0] == "piecewise"
+    assert resolve_graph_mode("auto", True, on_cuda=True, full_verified=True)[0] == "full"
+    for mode in ("none", "piecewise", "full"):
+        assert resolve_graph_mode(mode, True, on_cuda=True) == (mode, "requested")
+
+
+def test_linear_kernel_resolution_never_machete_for_auto_on_cuda():
+    from vllm_patch import draft_kernels as dk
+
+    assert dk.resolve("auto", on_cuda=True)[0] == "MarlinLinearKernel"
+    assert dk.resolve("humming", on_cuda=True)[0] == "HummingLinearKernel"
+    assert dk.resolve("own", on_cuda=True)[0] == "TwinGemvLinearKernel"
+    for value in ("auto", "machete", "marlin", "own"):  # CPU: vLLM's CPU kernels, whatever is asked
+        assert dk.resolve(value, on_cuda=False)[0] is None
+    # every named vLLM class exists in vLLM 0.27.1
+    from vllm.model_executor.kernels import linear
+
+    for value, name in dk.KERNEL_CLASSES.items():
+        if value != "own":
+            assert hasattr(linear, name), name
+
+
+def test_preferred_kernel_is_chosen_for_the_draft_and_the_list_restored():
+    """The seam the knob uses: vLLM's own choose_mp_linear_kernel picks the class put first, inside only."""
+    import torch
+    from vllm.model_executor.kernels import linear
+    from vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel import MPLinearLayerConfig
+    from vllm.platforms import current_platform
+    from vllm.scalar_type import scalar_types
+
+    from vllm_patch import cpu_int4, draft_kernels as dk
+
+    cpu_int4.install()
+    cfg = MPLinearLayerConfig(full_weight_shape=(256, 256), partition_weight_shape=(256, 256),
+                              weight_type=scalar_types.uint4b8, act_type=torch.float32, group_size=128,
+                              zero_points=False, has_g_idx=False)
+    before = list(linear._POSSIBLE_KERNELS[current_platform._enum])
+    with dk.prefer("CPUWNA16LinearKernel"):
+        assert linear.choose_mp_linear_kernel(cfg).__name__ == "CPUWNA16LinearKernel"
+        assert linear._POSSIBLE_KERNELS[current_platform._enum][0].__name__ == "CPUWNA16LinearKernel"
+    assert linear._POSSIBLE_KERNELS[current_platform._enum] == before
+    # a preferred class that cannot implement the layer falls through to vLLM's order
+    with dk.prefer("MarlinLinearKernel"):
+        assert linear.choose_mp_linear_kernel(cfg).__name__ != "MarlinLinearKernel"
+    assert linear._POSSIBLE_KERNELS[current_platform._enum] == before
+
+
+def test_new_knobs_are_refused_by_name_before_an_engine_starts(monkeypatch):
+    import vllm_patch.knobs as vk
+    from vllm_patch.knobs import KnobError, read_knobs
+    from workbench.knobs import Knobs
+
+    with pytest.raises(ValueError, match="draft_cudagraph_mode"):
+        Knobs(gamma=2, draft_cudagraph_mode="loop")
+    with pytest.raises(ValueError, match="draft_linear_kernel"):
+        Knobs(gamma=2, draft_linear_kernel="cutlass")
+    with pytest.raises(ValueError, match="draft_cudagraph_mode.*draft_cudagraph"):
+        Knobs(gamma=2, draft_cudagraph=False, draft_cudagraph_mode="full")
+    assert Knobs(gamma=2, draft_cudagraph=False, draft_cudagraph_mode="none").draft_cudagraph_mode == "none"
+    monkeypatch.setattr(vk, "own_kernel_available", lambda: False)
+    with pytest.raises(ValueError, match="draft_linear_kernel.*twin_gemv"):
+        Knobs(gamma=2, draft_linear_kernel="own")
+    with pytest.raises(KnobError, match="VLLM_SPEC_DRAFT_LINEAR_KERNEL"):
+        read_knobs({"VLLM_SPEC_DRAFT_LINEAR_KERNEL": "own"})
+    monkeypatch.setattr(vk, "own_kernel_available", lambda: True)
+    assert Knobs(gamma=2, draft_linear_kernel="own").draft_linear_kernel == "own"
+    with pytest.raises(KnobError, match="VLLM_SPEC_DRAFT_CUDAGRAPH_MODE"):
+        read_knobs({"VLLM_SPEC_DRAFT_CUDAGRAPH_MODE": "fast"})
+    with pytest.raises(KnobError, match="draft_cudagraph_mode"):
+        read_knobs({"VLLM_SPEC_DISABLE_DRAFT_CUDAGRAPH": "1", "VLLM_SPEC_DRAFT_CUDAGRAPH_MODE": "piecewise"})
+
+
+def test_async_scheduling_is_an_engine_argument_on_cuda_only():
+    from workbench.knobs import Knobs
+
+    k = Knobs(gamma=3, async_scheduling=True)
+    assert k.engine_args(on_cuda=True) == {"async_scheduling": True}
+    assert k.engine_args(on_cuda=False) == {}          # vLLM's CPU platform turns it off anyway
+    assert Knobs(gamma=3).engine_args(on_cuda=True) == {}
+    assert Knobs().engine_args(on_cuda=True) == {}     # vanilla leg: no draft, vLLM's default
+    assert k.to_env()["VLLM_SPEC_ASYNC_SCHEDULING"] == "1"
+
+
+def test_bad_knob_on_the_leg_command_line_starts_no_engine(tmp_path, tiny_models):
+    res = run_leg_process(tmp_path / "leg", "--target", tiny_models["target"], "--draft",
+                          tiny_models["twin-dequant"], "--gamma", "2", *FP32, "--draft-linear-kernel", "cublas")
+    assert res.returncode != 0 and "draft_linear_kernel" in res.stderr
+    assert "engine_start_s" not in (res.summary or {})
+
+
+# --------------------------------------------------------------------------- engine (tiny models, CPU)
+_NO_SYNC_PROBE = textwrap.dedent("""
+    import json, os, sys, torch
+    from workbench.leg import in_process_cpu_env
+    in_process_cpu_env()
+    from vllm import LLM, SamplingParams
+    from vllm_patch import twin_proposer as tp
+
+    calls, syncs = {"n": 0}, []
+    orig_update = tp.TwinDraftProposer._update_positions_dependent_metadata
+
+    def guarded(self, *a, **k):
+        calls["n"] += 1
+        saved = {}
+        # every way a tensor reaches the host (or a Python value) during the step update
+        for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__"):
+            orig = getattr(torch.Tensor, name)
+            saved[name] = orig
+            def probe(t, *aa, _n=name, _o=orig, **kk):
+                syncs.append(_n)
+                return _o(t, *aa, **kk)
+            setattr(torch.Tensor, name, probe)
+        try:
+            return orig_update(self, *a, **k)
+        finally:
+            for name, orig in saved.items():
+                setattr(torch.Tensor, name, orig)
+
+    tp.TwinDraftProposer._update_positions_dependent_metadata = guarded
+    target, draft = sys.argv[1], sys.argv[2]
+    llm = LLM(model=target, dtype="float32", max_model_len=512, max_num_seqs=4, enforce_eager=True,
+              gpu_memory_utilization=0.05, distributed_executor_backend="uni", seed=0,
+              limit_mm_per_prompt={"image": 0, "video": 0}, skip_tokenizer_init=True,
+              speculative_config={"method": "draft_model", "model": draft, "num_speculative_tokens": 4})
+    sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, detokenize=False)
+    llm.generate([{"prompt_token_ids": list(range(20 + i, 60 + i))} for i in range(3)], sp, use_tqdm=False)
+    drafter = llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter
+    print("PROBE " + json.dumps({"calls": calls["n"], "syncs": syncs, "proposer": type(drafter).__name__,
+                                 "twin": drafter._twin is not None}))
+""")
+
+
+@pytest.mark.vllm
+def test_single_token_step_update_never_reaches_the_host(tiny_models, tmp_path):
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_SPEC_REPORT_DIR": str(tmp_path)}
+    res = subprocess.run([sys.executable, "-c", _NO_SYNC_PROBE, str(tiny_models["target"]),
+                          str(tiny_models["twin-dequant"])], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=600)
+    lines = [x for x in res.stdout.splitlines() if x.startswith("PROBE ")]
+    assert res.returncode == 0 and lines, res.stderr[-4000:]
+    probe = json.loads(lines[-1][len("PROBE "):])
+    assert probe["proposer"] == "TwinDraftProposer" and probe["twin"]
+    assert probe["calls"] > 0, "the gamma-1 single-token steps ran"
+    assert probe["syncs"] == [], f"host syncs in the single-token step update: {probe['syncs']}"
+
+
+@pytest.fixture(scope="module")
+def knob_legs(tmp_path_factory, tiny_models):
+    out = {}
+    for name, extra in (("vanilla", []),
+                        ("strict_knobs", ["--draft", str(tiny_models["twin-dequant"]), "--gamma", "3",
+                                          "--draft-cudagraph-mode", "full", "--draft-linear-kernel", "marlin",
+                                          "--async-scheduling"])):
+        d = tmp_path_factory.mktemp(name)
+        out[name] = run_leg_process(d, "--target", tiny_models["target"], "--leg", name, *FP32, *extra).ok()
+    return out
+
+
+@pytest.mark.vllm
+def test_new_knobs_reach_leg_json_env_report_and_records_and_stay_exact(knob_legs):
+    van, spec = knob_legs["vanilla"], knob_legs["strict_knobs"]
+    # strict fp32 with the dequantized twin: token-identical to vanilla
+    assert [r["gen_ids"] for r in spec.records] == [r["gen_ids"] for r in van.records]
+    leg_json = json.loads((spec.out / "leg.json").read_text())["knobs"]
+    assert (leg_json["draft_cudagraph_mode"], leg_json["draft_linear_kernel"], leg_json["async_scheduling"]) == (
+        "full", "marlin", True)
+    report = spec.summary["engine_report"]
+    # the engine read them from its environment ...
+    assert report["knobs"]["draft_cudagraph_mode"] == "full"
+    assert report["knobs"]["draft_linear_kernel"] == "marlin"
+    assert report["knobs"]["async_scheduling"] is True
+    # ... and states what ran: CPU has no CUDA graphs, vLLM's CPU kernels, no async scheduling
+    assert report["proposer"] == "TwinDraftProposer"
+    assert report["draft_cudagraph_mode"] == "none" and report["draft_cudagraph_mode_planned"] == "none"
+    assert report["draft_linear_kernel_applies"] is False and report["draft_linear_kernel_preferred"] is None
+    assert report["async_scheduling"] is False and report["async_scheduling_applies"] is False
+    assert "async_scheduling" not in spec.summary["engine_args"]  # a CPU leg does not ask vLLM for it
+    assert "draft" in report["linear_kernels"]
+    for rec in spec.records:
+        k = rec["knobs"]
+        assert k["draft_cudagraph_mode"] == "none" and k["draft_cudagraph_mode_requested"] == "full"
+        assert k["draft_cudagraph_mode_applies"] is False
+        assert k["draft_linear_kernel_requested"] == "marlin" and k["draft_linear_kernel_applies"] is False
+        assert k["async_scheduling"] is False and k["async_scheduling_requested"] is True
+    from workbench.results import LEG_COLUMNS
+
+    assert {"draft_cudagraph_mode", "draft_linear_kernel", "async_scheduling"} <= set(LEG_COLUMNS)
+
+
+def test_protocol_leg_carries_the_new_knobs():
+    """experiments.yaml defaults -> planned leg -> leg.json knobs (execution.leg_knobs)."""
+    from workbench.execution import leg_knobs
+    from workbench.knobs import Knobs
+    from workbench.planning import parse_overrides, plan
+
+    p = plan("E1", "tiny", parse_overrides(["draft_linear_kernel=humming", "draft_cudagraph_mode=piecewise",
+                                            "async_scheduling=true"]))
+    (spec,) = [leg for leg in p.legs if leg.kind == "spec"]
+    k = leg_knobs(spec, vanilla=Knobs())
+    assert (k.draft_linear_kernel, k.draft_cudagraph_mode, k.async_scheduling) == ("humming", "piecewise", True)
+    assert "not applicable on CPU" in spec.notes["draft_linear_kernel"]
+    assert k.to_env()["VLLM_SPEC_DRAFT_LINEAR_KERNEL"] == "humming"
