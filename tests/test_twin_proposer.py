@@ -231,3 +231,20 @@ def test_protocol_leg_carries_the_new_knobs():
     assert (k.draft_linear_kernel, k.draft_cudagraph_mode, k.async_scheduling) == ("humming", "piecewise", True)
     assert "not applicable on CPU" in spec.notes["draft_linear_kernel"]
     assert k.to_env()["VLLM_SPEC_DRAFT_LINEAR_KERNEL"] == "humming"
+
+
+def test_tiny_model_fingerprint_ignores_the_local_build_label(monkeypatch):
+    """A GPU host (torch 2.13.0+cu128) reuses tiny models a CPU host (2.13.0 / 2.13.0+cpu) built: no rebuild."""
+    import importlib.metadata as md
+
+    from workbench import tiny
+
+    real = md.version
+
+    def fingerprint_with(label: str) -> str:
+        monkeypatch.setattr(md, "version", lambda pkg: real(pkg).split("+")[0] + label if pkg == "torch" else real(pkg))
+        return tiny.recipe_fingerprint()
+
+    assert fingerprint_with("") == fingerprint_with("+cpu") == fingerprint_with("+cu128")
+    monkeypatch.setattr(md, "version", lambda pkg: "9.9.9" if pkg == "torch" else real(pkg))
+    assert tiny.recipe_fingerprint() != fingerprint_with(""), "another torch release still rebuilds"

@@ -648,13 +648,23 @@ def _build_all(out: Path) -> None:
 
 
 def recipe_fingerprint() -> str:
-    """What the bytes on disk depend on: this builder's source and the libraries that write them."""
+    """What the bytes on disk depend on: this builder's source and the libraries that write them.
+
+    A library enters by its release, without the local build label (``2.13.0+cpu`` and
+    ``2.13.0+cu128`` are one release): the builder runs on the CPU with seeded generators, so the
+    bytes do not depend on the build, and a GPU host reuses tiny models built elsewhere.
+    """
     from importlib.metadata import version
 
     h = hashlib.sha256(Path(__file__).read_bytes())
     for pkg in ("torch", "transformers", "compressed-tensors", "tokenizers", "safetensors"):
-        h.update(f"{pkg}=={version(pkg)}".encode())
+        h.update(f"{pkg}=={release(version(pkg))}".encode())
     return h.hexdigest()
+
+
+def release(version_string: str) -> str:
+    """A version without its local label (PEP 440 ``+...``): ``2.13.0+cu128`` -> ``2.13.0``."""
+    return version_string.split("+", 1)[0]
 
 
 def _manifest_for(root: Path) -> dict:
