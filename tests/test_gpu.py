@@ -71,7 +71,24 @@ def _legs_plan(m: dict[str, Path]) -> dict[str, list[str]]:
         "bf16_blind_c1": [*BF16, *i4, *g6, "--blind-mm"],
         "bf16_nograph_c1": [*BF16, *i4, *g6, "--no-draft-cudagraph"],
         "bf16_target_eager_c1": [*BF16, *i4, *g6, "--enforce-eager"],
+        # issue 18: drafter graph modes, async scheduling (fp32 strict: exact vs vanilla) ...
+        **{f"fp32_graph_{mode}_{c}": [*FP32, *dq, *g6, "--draft-cudagraph-mode", mode, *extra]
+           for mode in GRAPH_MODES for c, extra in (("c1", []), ("c8", c8))},
+        "fp32_async_c1": [*FP32, *dq, *g6, "--async-scheduling"],
+        "fp32_async_c8": [*FP32, *dq, *g6, *c8, "--async-scheduling"],
+        "fp32_full_async_c8": [*FP32, *dq, *g6, *c8, "--async-scheduling", "--draft-cudagraph-mode", "full"],
+        # ... and the draft's W4A16 kernel (bf16 int4 twin: the near-tie rule)
+        **{f"bf16_kernel_{k}_c1": [*BF16, *i4, *g6, "--draft-linear-kernel", k] for k in _draft_kernels()},
     }
+
+
+GRAPH_MODES = ("none", "piecewise", "full")
+
+
+def _draft_kernels() -> list[str]:
+    from vllm_patch.knobs import own_kernel_available
+
+    return ["marlin", "humming", "machete", "exllama"] + (["own"] if own_kernel_available() else [])
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +144,10 @@ def legs(tiny_models, results_dir) -> dict[str, LegResult]:
                       "spec": (r.summary or {}).get("spec"),
                       "engine_report": {k: (r.summary or {}).get("engine_report", {}).get(k) for k in (
                           "attention_backend", "linear_kernels", "draft_cudagraph", "draft_cudagraph_keys",
-                          "draft_cudagraph_requested", "draft_vision", "draft_vision_items_encoded", "gpu")}}
+                          "draft_cudagraph_requested", "draft_vision", "draft_vision_items_encoded", "gpu",
+                          "draft_cudagraph_mode", "draft_cudagraph_mode_reason", "draft_single_step_modes_ran",
+                          "draft_linear_kernel", "draft_mp_kernels", "draft_linear_kernel_fallback_layers",
+                          "async_scheduling")}}
                for name, (r, s) in done.items()}
     (results_dir / "legs_summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return {name: r for name, (r, _) in done.items()}
@@ -322,3 +342,70 @@ def test_workbench_run_e1_end_to_end(tmp_path, results_dir):
     tables = {p.name for p in (run_dirs[0] / "tables").glob("*.csv")}
     assert tables, "E1 produced no tables"
     assert (run_dirs[0] / "notebook.ipynb").exists()
+
+
+# --------------------------------------------------------------------------- issue 18: graph modes, async, kernels
+@pytest.mark.parametrize("conc", ["c1", "c8"])
+@pytest.mark.parametrize("mode", GRAPH_MODES)
+def test_draft_cudagraph_modes_exact(legs, results_dir, mode, conc):
+    """fp32 strict with each drafter graph mode equals vanilla token for token; the report names the mode that ran."""
+    van, spec = _ok(legs, f"fp32_vanilla_{conc}"), _ok(legs, f"fp32_graph_{mode}_{conc}")
+    diffs = [pid for pid, r in spec.by_pid().items() if r["gen_ids"] != van.by_pid()[pid]["gen_ids"]]
+    r = spec.summary["engine_report"]
+    _record(results_dir, f"fp32_graph_{mode}_{conc}", {
+        "exact": len(spec.records) - len(diffs), "n": len(spec.records),
+        "acceptance": spec.summary["spec"]["acceptance_rate"], "built": r.get("draft_cudagraph_mode"),
+        "reason": r.get("draft_cudagraph_mode_reason"), "ran": r.get("draft_single_step_modes_ran"),
+        "attention": r.get("attention_backend")})
+    assert not diffs, f"fp32 strict with draft_cudagraph_mode={mode} differs from vanilla at {conc} on {diffs}"
+    assert r["draft_cudagraph_mode_requested"] == mode and r["draft_cudagraph_mode_applies"] is True
+    assert r["draft_cudagraph_mode"] == mode, r.get("draft_cudagraph_mode_reason")
+    assert spec.records[0]["knobs"]["draft_cudagraph_mode"] == mode
+    # the single-token steps ran under the mode built (batches beyond the captured sizes aside)
+    assert mode in r["draft_single_step_modes_ran"], r["draft_single_step_modes_ran"]
+    if mode == "none":
+        assert r["draft_cudagraph_keys"] == 0
+
+
+@pytest.mark.parametrize("name,ref", [("fp32_async_c1", "fp32_vanilla_c1"), ("fp32_async_c8", "fp32_vanilla_c8"),
+                                      ("fp32_full_async_c8", "fp32_vanilla_c8")])
+def test_async_scheduling_is_on_and_exact(legs, results_dir, name, ref):
+    van, spec = _ok(legs, ref), _ok(legs, name)
+    diffs = [pid for pid, r in spec.by_pid().items() if r["gen_ids"] != van.by_pid()[pid]["gen_ids"]]
+    r = spec.summary["engine_report"]
+    _record(results_dir, name, {"exact": len(spec.records) - len(diffs), "n": len(spec.records),
+                                "async_scheduling": r.get("async_scheduling"),
+                                "graph_mode": r.get("draft_cudagraph_mode"),
+                                "acceptance": spec.summary["spec"]["acceptance_rate"]})
+    assert spec.summary["engine_args"].get("async_scheduling") is True
+    assert r["async_scheduling"] is True, "vLLM kept async scheduling on for the draft_model leg"
+    assert spec.records[0]["knobs"]["async_scheduling"] is True
+    assert not diffs, f"fp32 strict with async scheduling differs from vanilla on {diffs}"
+    s = spec.summary["spec"]
+    assert sum(x["spec"]["accepted"] for x in spec.records) == s["num_accepted_tokens"]  # trace = counters
+
+
+@pytest.mark.parametrize("kernel", _draft_kernels())
+def test_draft_linear_kernel_knob(legs, teacher, prompts, results_dir, kernel):
+    """The draft's W4A16 layers run on the kernel asked for (or say which fell back); the target's are vLLM's."""
+    from vllm_patch.draft_kernels import KERNEL_CLASSES
+
+    base, leg = _ok(legs, "bf16_strict_c1"), _ok(legs, f"bf16_kernel_{kernel}_c1")
+    r, r_base = leg.summary["engine_report"], base.summary["engine_report"]
+    result = _classify(_ok(legs, "bf16_vanilla_c1"), leg, teacher, prompts)
+    result.update(ran=r.get("draft_mp_kernels"), fallback=r.get("draft_linear_kernel_fallback_layers"),
+                  acceptance=leg.summary["spec"]["acceptance_rate"])
+    _record(results_dir, f"bf16_kernel_{kernel}_c1", result)
+    want = KERNEL_CLASSES[kernel]
+    ran = r["draft_mp_kernels"]
+    assert sum(ran.values()) > 0
+    # every draft layer is on the kernel asked for, or counted as having fallen back to vLLM's order
+    assert ran.get(want, 0) + sum(r["draft_linear_kernel_fallback_layers"].values()) == sum(ran.values())
+    assert r["linear_kernels"]["target"] == r_base["linear_kernels"]["target"], "the target's kernels changed"
+    assert not [d for d in result["divergences"] if d["class"] == "error"], result
+
+
+def test_draft_linear_kernel_auto_is_never_machete(legs):
+    r = _ok(legs, "bf16_strict_c1").summary["engine_report"]
+    assert r["draft_linear_kernel_preferred"] == "MarlinLinearKernel"
+    assert "MacheteLinearKernel" not in r["draft_mp_kernels"]

@@ -203,6 +203,7 @@ def test_new_knobs_reach_leg_json_env_report_and_records_and_stay_exact(knob_leg
     # ... and states what ran: CPU has no CUDA graphs, vLLM's CPU kernels, no async scheduling
     assert report["proposer"] == "TwinDraftProposer"
     assert report["draft_cudagraph_mode"] == "none" and report["draft_cudagraph_mode_planned"] == "none"
+    assert report["draft_single_step_modes_ran"] == ["none"]  # the dispatch hook saw the single-token steps
     assert report["draft_linear_kernel_applies"] is False and report["draft_linear_kernel_preferred"] is None
     assert report["async_scheduling"] is False and report["async_scheduling_applies"] is False
     assert "async_scheduling" not in spec.summary["engine_args"]  # a CPU leg does not ask vLLM for it

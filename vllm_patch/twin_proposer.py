@@ -206,12 +206,20 @@ class TwinDraftProposer(DraftModelProposer):
             mode, desc = self.cudagraph_dispatcher.dispatch(num_tokens, uniform_decode=True,
                                                             valid_modes={CUDAGraphMode.FULL})
             if mode == CUDAGraphMode.FULL and desc.num_tokens in self._twin_full["captured"]:
-                self._twin_dispatched["full"] += self._twin_in_propose
+                self._count_dispatch("full")
                 return mode, desc.num_tokens, None
         out = super()._determine_batch_execution_and_padding(num_tokens, use_cudagraphs)
-        if single and self._twin_in_propose:
-            self._twin_dispatched["piecewise" if out[0] == CUDAGraphMode.PIECEWISE else "none"] += 1
+        if single:
+            self._count_dispatch("piecewise" if out[0] == CUDAGraphMode.PIECEWISE else "none")
         return out
+
+    def _count_dispatch(self, mode: str) -> None:
+        """Single-token steps by the graph mode they ran under; the report learns each mode once."""
+        if not self._twin_in_propose or self._twin is None:
+            return
+        self._twin_dispatched[mode] += 1
+        if self._twin_dispatched[mode] == 1:  # one report write per mode, not per step
+            G.report.update(draft_single_step_modes_ran=[m for m in GRAPH_MODES if self._twin_dispatched[m]])
 
     def dummy_run(self, num_tokens, use_cudagraphs=True, is_graph_capturing=False, slot_mappings=None):
         self._twin_calls = 0
