@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 
 from .runfolder import (ENV_JSON, FAILURE, RECORDS, RUN_JSON, SUMMARY, check_name, leg_dir, leg_status,
-                        new_run_id, read_json)
+                        new_run_id, read_json, remove_stale_preparing)
 
 __all__ = ["Run", "load_run", "list_runs", "run_dir", "leg_dir", "new_run_id", "DamagedRunWarning"]
 
@@ -173,8 +173,16 @@ def _leg_row(folder: Path | None, leg: str, leg_index: int) -> dict[str, Any]:
     return row
 
 
-def load_run(run_dir: str | Path) -> Run:
-    """Load one run folder. Raises a ValueError/FileNotFoundError naming the bad file."""
+def load_run(run_dir: str | Path, damaged: str = "raise") -> Run:
+    """Load one run folder. Raises a ValueError/FileNotFoundError naming the bad file.
+
+    ``damaged="mark"``: a leg that says it is complete but whose records cannot be read (a torn
+    line, a count that disagrees with its summary) gets status ``damaged`` and the reason (file and
+    line) in ``error``, and contributes no records; the other legs load. For repair and export,
+    which must say what they left out; a reader that shows numbers as the run's keeps "raise".
+    """
+    if damaged not in ("raise", "mark"):
+        raise ValueError(f"damaged must be 'raise' or 'mark', got {damaged!r}")
     path = Path(run_dir)
     run_json = path / RUN_JSON
     if not run_json.is_file():
@@ -197,14 +205,20 @@ def load_run(run_dir: str | Path) -> Run:
         row = _leg_row(folder if folder.is_dir() else None, name, index)
         leg_rows.append(row)
         if row["status"] == "complete" and (folder / RECORDS).is_file():  # a cost-ladder leg has none
-            recs = _read_records(folder / RECORDS, name, index)
-            if row["n_prompts"] is not None and len(recs) != row["n_prompts"]:
-                raise ValueError(
-                    f"{folder / RECORDS}: {len(recs)} records but {SUMMARY} says n_prompts={row['n_prompts']}"
-                )
-            pids = [r["pid"] for r in recs]
-            if len(set(pids)) != len(pids):
-                raise ValueError(f"{folder / RECORDS}: prompt ids repeat within the leg")
+            try:
+                recs = _read_records(folder / RECORDS, name, index)
+                if row["n_prompts"] is not None and len(recs) != row["n_prompts"]:
+                    raise ValueError(
+                        f"{folder / RECORDS}: {len(recs)} records but {SUMMARY} says n_prompts={row['n_prompts']}"
+                    )
+                pids = [r["pid"] for r in recs]
+                if len(set(pids)) != len(pids):
+                    raise ValueError(f"{folder / RECORDS}: prompt ids repeat within the leg")
+            except (ValueError, UnicodeDecodeError) as exc:
+                if damaged == "raise":
+                    raise
+                row.update(status="damaged", error=str(exc))
+                continue
             record_rows.extend(recs)
 
     legs = pd.DataFrame(leg_rows, columns=LEG_COLUMNS)
@@ -237,6 +251,7 @@ def list_runs(results_root: str | Path, experiment: str | None = None) -> pd.Dat
     for exp_dir in exp_dirs:
         if not exp_dir.is_dir():
             continue
+        remove_stale_preparing(exp_dir)  # what a preparation killed with -9 left
         for rdir in sorted(p for p in exp_dir.iterdir() if (p / RUN_JSON).is_file()):
             try:
                 rows.append(_run_row(exp_dir, rdir))

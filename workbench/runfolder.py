@@ -21,6 +21,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import socket
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,6 +41,10 @@ RECORDS_PARTIAL = "records.jsonl.partial"
 SUMMARY = "summary.json"
 FAILURE = "failure.json"
 LEG_LOG = "leg.log"
+# Inside a run folder being built (``.<run id>.preparing``): who builds it, so a killed preparation's
+# leftovers can be told from one in progress.
+PREPARER = "preparer.json"
+PREPARING_SUFFIX = ".preparing"
 # A cost-ladder leg (``workbench.ladder_engine``) has timed engine steps instead of per-prompt records.
 LADDER_STEPS = "steps.jsonl"
 LADDER_WALLS = "walls.jsonl"
@@ -96,13 +101,34 @@ def read_json(path: str | Path) -> Any:
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write to ``<name>.tmp`` and rename: a reader sees the old file or the new one, never half."""
+    """Write to ``<name>.tmp`` and rename: a reader sees the old file or the new one, never half.
+
+    On any failure (a full disk, say) the temporary file is removed and the OSError names ``path``:
+    the kernel's error for a failed ``write`` carries no file name, and a 0-byte ``.tmp`` beside
+    the old file would be the only trace of what was being written.
+    """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1, default=str)
-        fh.write("\n")
-    os.replace(tmp, path)
+    text = json.dumps(data, indent=1, default=str) + "\n"   # serialised first: a bad value leaves no file
+    try:
+        with tmp.open("w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise _named(exc, path) from None
+
+
+def _named(exc: OSError, path: Path) -> OSError:
+    """The same error, naming the file the caller meant (not its temporary twin, not nothing)."""
+    if exc.filename not in (None, str(path.with_name(path.name + ".tmp"))):
+        return exc
+    out = type(exc)(exc.errno, exc.strerror or str(exc), str(path)) if exc.errno else OSError(
+        exc.errno, str(exc), str(path))
+    return out
 
 
 def append_jsonl(path: str | Path, rows: Iterable[dict]) -> None:
@@ -111,8 +137,13 @@ def append_jsonl(path: str | Path, rows: Iterable[dict]) -> None:
     No fsync: it would cost milliseconds per prompt, and what it guards against (the machine losing
     power) loses the run anyway.
     """
-    with Path(path).open("a", encoding="utf-8") as fh:
-        fh.write("".join(json.dumps(row) + "\n" for row in rows))
+    path = Path(path)
+    text = "".join(json.dumps(row) + "\n" for row in rows)
+    try:
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise _named(exc, path) from None
 
 
 def read_jsonl(path: str | Path, tolerate_torn_tail: bool = False) -> list[dict]:
@@ -130,6 +161,57 @@ def read_jsonl(path: str | Path, tolerate_torn_tail: bool = False) -> list[dict]
                 break
             raise ValueError(f"{path}:{lineno}: not valid JSON ({exc})") from None
     return out
+
+
+def read_jsonl_salvage(path: str | Path) -> tuple[list[dict], list[int]]:
+    """The records of a damaged JSONL file that are whole, and the line numbers that are not.
+
+    For repair only (resume reuses what is whole and decodes the rest again); results never read
+    a file this way.
+    """
+    good, bad = [], []
+    with Path(path).open(encoding="utf-8", errors="replace") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                bad.append(lineno)
+                continue
+            if isinstance(rec, dict):
+                good.append(rec)
+            else:
+                bad.append(lineno)
+    return good, bad
+
+
+def records_problem(folder: str | Path) -> str | None:
+    """Why a complete leg's ``records.jsonl`` cannot be read (``<file>:<line>: ...``), or None.
+
+    ``leg_status`` looks at which files exist (cheap, for listings); this reads every line, and is
+    what resume and export use before they trust a leg that says it is complete.
+    """
+    folder = Path(folder)
+    path = folder / RECORDS
+    if not path.is_file():
+        return None
+    try:
+        recs = read_jsonl(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"{path}: unreadable ({exc})"
+    except ValueError as exc:
+        return str(exc)
+    for i, rec in enumerate(recs, 1):
+        if not isinstance(rec, dict) or "pid" not in rec:
+            return f"{path}:{i}: not a record (a JSON object with a pid)"
+    try:
+        n = read_json(folder / SUMMARY).get("n_prompts")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(n, int) and len(recs) != n:
+        return f"{path}: {len(recs)} records but {SUMMARY} says n_prompts={n}"
+    return None
 
 
 # --- leg status --------------------------------------------------------------------------------
@@ -228,6 +310,37 @@ def process_identity(pid: int | None = None) -> dict[str, Any]:
     pid = os.getpid() if pid is None else pid
     return {"pid": pid, "start_ticks": process_start_ticks(pid), "host": socket.gethostname(),
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def remove_stale_preparing(exp_dir: str | Path) -> list[Path]:
+    """Remove ``.<run id>.preparing`` folders under ``exp_dir`` whose preparing process is dead.
+
+    A preparation killed with -9 cannot clean up after itself. Its folder names the process that
+    built it (``preparer.json``: PID and start time); only a folder whose process is gone is removed,
+    so a preparation running beside this one is left alone. A folder without the file (written right
+    after the folder is made) counts as stale once it is a minute old. Errors (a read-only results
+    root) leave things as they are: this is tidying, never a reason to fail.
+    """
+    removed: list[Path] = []
+    exp_dir = Path(exp_dir)
+    try:
+        candidates = [p for p in exp_dir.iterdir()
+                      if p.is_dir() and p.name.startswith(".") and p.name.endswith(PREPARING_SUFFIX)]
+    except OSError:
+        return removed
+    for folder in candidates:
+        try:
+            who = read_json(folder / PREPARER) if (folder / PREPARER).is_file() else None
+            if isinstance(who, dict):
+                if process_alive(who.get("pid"), who.get("start_ticks")):
+                    continue
+            elif datetime.now().timestamp() - folder.stat().st_mtime < 60:
+                continue
+            shutil.rmtree(folder)
+            removed.append(folder)
+        except (OSError, ValueError):
+            continue
+    return removed
 
 
 # --- the run lock ------------------------------------------------------------------------------

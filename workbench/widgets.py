@@ -206,7 +206,38 @@ class Explorer:
     def _run_changed(self, change: dict) -> None:
         if self._quiet or change["new"] is None:
             return
-        self.set_run(load_run(change["new"]))
+        try:
+            run = load_run(change["new"])
+        except (OSError, ValueError) as exc:
+            # One damaged file (a torn records.jsonl line) must not lock the explorer out of the
+            # experiment's other runs, nor leave the previous run's figures under this run's name.
+            self.show_damaged(change["new"], exc)
+            return
+        self.set_run(run)
+
+    def show_damaged(self, path: str | Path, exc: BaseException) -> None:
+        """Say which file (and line) of the run at ``path`` cannot be read; clear every figure."""
+        self.pre = None
+        path = Path(path)
+        self.status.value = (f"<b>damaged</b> run {html.escape(path.parent.name)} / {html.escape(path.name)}: "
+                             f"{html.escape(str(exc))}<br><i>the other runs open; "
+                             f"<code>workbench run {html.escape(path.parent.name)} --resume {html.escape(str(path))}"
+                             f"</code> re-runs a leg whose records are damaged</i>")
+        self.readout.value = ""
+        for fw in (self.fig_speedup, self.fig_dist, self.fig_pos, self.fig_tau, self.fig_over,
+                   self.fig_ladder_steps, self.fig_ladder_c, self.fig_ladder_curves):
+            self._replace(fw, _empty("run damaged: see above"))
+        self._idx = {}
+        self.divergence.children = []
+        self.gamma_slider.disabled = self.relax_slider.disabled = True
+        # mark it in the picker, keeping it selected
+        labelled = [(f"{label} (damaged)" if value == str(path) and not label.endswith("(damaged)") else label, value)
+                    for label, value in self.run_dd.options]
+        if labelled != list(self.run_dd.options):
+            self._quiet = True
+            self.run_dd.options = labelled
+            self.run_dd.value = str(path)
+            self._quiet = False
 
     # ------------------------------------------------------------------ building
 
