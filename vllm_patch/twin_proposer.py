@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from vllm.config import CUDAGraphMode
 from vllm.v1.spec_decode.draft_model import DraftModelProposer
+from vllm.v1.spec_decode.utils import PADDING_SLOT_ID
 
 from . import draft_kernels
 from .engine_patches import G
@@ -202,7 +203,9 @@ class TwinDraftProposer(DraftModelProposer):
             use_cudagraphs = False
         single = self._twin_calls > 0   # the first dispatch of a propose / dummy run is the first pass
         self._twin_calls += 1
-        if single and use_cudagraphs and self._twin_full is not None:
+        # FULL only inside a real propose: a dummy run's inputs are not the persistent buffers'
+        # live contents, and a replay would write KV entries at stale slots
+        if single and use_cudagraphs and self._twin_full is not None and self._twin_in_propose:
             mode, desc = self.cudagraph_dispatcher.dispatch(num_tokens, uniform_decode=True,
                                                             valid_modes={CUDAGraphMode.FULL})
             if mode == CUDAGraphMode.FULL and desc.num_tokens in self._twin_full["captured"]:
@@ -241,17 +244,18 @@ class TwinDraftProposer(DraftModelProposer):
 
         seq_lens = self._twin_full["seq_lens"][:n]
         seq_lens.fill_(1)
-        block_table = self._twin["runner"].input_batch.block_table[self.kv_cache_gid].get_device_tensor()
+        # the runner's block table of the draft's KV group: the tensor the loop's metadata reads
+        block_table = self._twin["runner"].input_batch.block_table[self.kv_cache_gid].get_device_tensor(n)
         cad = CommonAttentionMetadata(
             query_start_loc=self.arange[: n + 1],
             query_start_loc_cpu=torch.from_numpy(self.token_arange_np[: n + 1]).clone(),
             seq_lens=seq_lens, num_reqs=n, num_actual_tokens=n, max_query_len=1,
-            max_seq_len=self.max_model_len, block_table_tensor=block_table[:n],
+            max_seq_len=self.max_model_len, block_table_tensor=block_table,
             slot_mapping=self._slot_mapping_buffer[:n], causal=True,
             _seq_lens_cpu=torch.ones(n, dtype=torch.int32),
             _num_computed_tokens_cpu=torch.zeros(n, dtype=torch.int32),
         )
-        self._slot_mapping_buffer[:n].fill_(-1)  # capture writes no KV entry
+        self._slot_mapping_buffer[:n].fill_(PADDING_SLOT_ID)  # capture writes no KV entry
         per_layer: dict[str, Any] = {}
         for group in self.draft_attn_groups:
             md = group.get_metadata_builder().build_for_cudagraph_capture(cad)
