@@ -123,6 +123,10 @@ def test_interpreted_kernel_matches_reference(ik, n, k, group, symmetric, m):
         assert rel_err(y, ref) < 1e-5, cfg
     y = ik.w4a16_mm(x, qw, s, z, gi)  # bf16 out, the layer's path
     assert y.dtype == torch.bfloat16 and rel_err(y, ref) < 1e-2
+    # scales / zeros in the checkpoint's memory order (one output's groups contiguous)
+    qw2, s2, z2, _ = ik.repack(packed, scales, zeros, group, scale_layout="ng")
+    assert s2.shape == s.shape and s2.stride() == (1, s.shape[0])
+    assert rel_err(ik.w4a16_mm(x, qw2, s2, z2, gi, out_dtype=torch.float32), ref) < 1e-5
 
 
 @pytest.mark.parametrize("m", [1, 16])

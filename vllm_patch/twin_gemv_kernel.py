@@ -99,8 +99,14 @@ def unrepack_qweight(qweight: torch.Tensor) -> torch.Tensor:
     return q.permute(0, 1, 3, 2).reshape(n, 8 * k8)
 
 
-def repack(weight_packed, weight_scale, weight_zero_point, group_size: int):
-    """compressed-tensors tensors -> ``(qweight, scales [G, N], zeros [G, N] uint8 or None, group_ints)``."""
+def repack(weight_packed, weight_scale, weight_zero_point, group_size: int, scale_layout: str = "gn"):
+    """compressed-tensors tensors -> ``(qweight, scales [G, N], zeros [G, N] uint8 or None, group_ints)``.
+
+    ``scale_layout`` is the memory order of scales and zeros: ``gn`` (one group's
+    outputs contiguous) or ``ng`` (one output's groups contiguous, as in the
+    checkpoint); the tensors are ``[G, N]``-shaped either way (the kernel reads
+    the strides).
+    """
     n, k8 = weight_packed.shape
     k = 8 * k8
     g = k if group_size in (-1, None) else int(group_size)
@@ -118,6 +124,11 @@ def repack(weight_packed, weight_scale, weight_zero_point, group_size: int):
         if zeros.shape != (n, n_groups):
             raise ValueError(f"zero points unpack to {tuple(zeros.shape)}, expected ({n}, {n_groups})")
         zeros = zeros.t().contiguous()
+    if scale_layout == "ng":
+        scales = scales.t().contiguous().t()
+        zeros = None if zeros is None else zeros.t().contiguous().t()
+    elif scale_layout != "gn":
+        raise ValueError(f"scale_layout {scale_layout!r} is not 'gn' or 'ng'")
     return qweight, scales, zeros, g // 8
 
 
@@ -206,8 +217,8 @@ if HAVE_TRITON:
 
     @triton.jit
     def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K8, stride_xm, stride_om, stride_split,
-                        iters, group_ints, HAS_Z: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                        BKP: tl.constexpr):
+                        iters, stride_sg, stride_sn, GROUP_INTS: tl.constexpr, HAS_Z: tl.constexpr,
+                        BM: tl.constexpr, BN: tl.constexpr, BKP: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         offs_n = pid_n * BN + tl.arange(0, BN)
@@ -224,8 +235,7 @@ if HAVE_TRITON:
             c_ok = cols < K8
             wmask = n_ok[:, None] & c_ok[None, :]
             w = tl.load(qw_ptr + offs_n[:, None] * K8 + cols[None, :], mask=wmask, other=0)
-            grp = cols // group_ints
-            gn = grp[None, :] * N + offs_n[:, None]
+            gn = (cols // GROUP_INTS)[None, :] * stride_sg + offs_n[:, None] * stride_sn
             sc = tl.load(s_ptr + gn, mask=wmask, other=0.0).to(tl.float32)
             if HAS_Z:
                 zp = tl.load(z_ptr + gn, mask=wmask, other=0).to(tl.float32)
@@ -269,8 +279,8 @@ if HAVE_TRITON:
 
     @triton.jit
     def _w4_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K8, stride_xm, stride_om, stride_split,
-                       iters, group_ints, HAS_Z: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                       BKP: tl.constexpr, PREC: tl.constexpr):
+                       iters, stride_sg, stride_sn, GROUP_INTS: tl.constexpr, HAS_Z: tl.constexpr,
+                       BM: tl.constexpr, BN: tl.constexpr, BKP: tl.constexpr, PREC: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         pid_m = tl.program_id(2)
@@ -285,7 +295,7 @@ if HAVE_TRITON:
             c_ok = cols < K8
             wmask = n_ok[:, None] & c_ok[None, :]
             w = tl.load(qw_ptr + offs_n[:, None] * K8 + cols[None, :], mask=wmask, other=0)
-            gn = (cols // group_ints)[None, :] * N + offs_n[:, None]
+            gn = (cols // GROUP_INTS)[None, :] * stride_sg + offs_n[:, None] * stride_sn
             sc = tl.load(s_ptr + gn, mask=wmask, other=0.0).to(tl.float32)
             if HAS_Z:
                 zc = tl.load(z_ptr + gn, mask=wmask, other=0).to(tl.float32) + 8388608.0
@@ -337,13 +347,16 @@ def w4a16_mm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros
     zarg = zeros if has_z else scales  # never read without HAS_Z
     grid_m = 1 if cfg.kind == "gemv" else -(-m // cfg.bm)
     grid = (-(-n // cfg.bn), split, grid_m)
-    common = (x, qweight, scales, zarg, dest, m, n, k8, x.stride(0), n, m * n, iters, group_ints)
+    if scales.shape != (k8 // group_ints, n) or (has_z and zeros.stride() != scales.stride()):
+        raise ValueError("scales (and zeros) must be [K / group, N] with one layout")
+    common = (x, qweight, scales, zarg, dest, m, n, k8, x.stride(0), n, m * n, iters, scales.stride(0),
+              scales.stride(1))
     if cfg.kind == "gemv":
-        _w4_gemv_kernel[grid](*common, HAS_Z=has_z, BM=cfg.bm, BN=cfg.bn, BKP=cfg.bkp,
+        _w4_gemv_kernel[grid](*common, GROUP_INTS=group_ints, HAS_Z=has_z, BM=cfg.bm, BN=cfg.bn, BKP=cfg.bkp,
                               num_warps=cfg.warps, num_stages=cfg.stages)
     else:
         prec = "ieee" if x.dtype == torch.float32 else "tf32"
-        _w4_mma_kernel[grid](*common, HAS_Z=has_z, BM=cfg.bm, BN=cfg.bn, BKP=cfg.bkp, PREC=prec,
+        _w4_mma_kernel[grid](*common, GROUP_INTS=group_ints, HAS_Z=has_z, BM=cfg.bm, BN=cfg.bn, BKP=cfg.bkp, PREC=prec,
                              num_warps=cfg.warps, num_stages=cfg.stages)
     if split > 1:
         total = m * n

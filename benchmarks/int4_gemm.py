@@ -1,0 +1,608 @@
+"""W4A16 GEMM kernels at decode batch sizes against bf16 cuBLAS and the HBM byte floor, in one run.
+
+    python benchmarks/int4_gemm.py [--check] [--sizes 32b,8b] [--ms 1,2,4,8,16] [--no-sweep]
+    python benchmarks/int4_gemm.py --dry-run      # CPU: shapes and the reference path only
+
+For the Qwen3-VL 32B and 8B decoder shapes (``workbench/shapes.py``), per GEMM
+(qkv, o, gate_up, down), per decoder-layer set (the four in sequence) and per
+decoder (layers x layer set + the bf16 ``lm_head``), at M = 1, 2, 4, 8, 16:
+median and IQR of the time per call (CUDA events around a CUDA graph of many
+calls, warmed, ``--repeats`` repeats, the kernels interleaved repeat by repeat
+in rotating order) and the effective bandwidth, for
+
+- ``cublas-bf16``: ``torch.nn.functional.linear`` on the dequantized bf16 weight;
+- ``machete``, ``marlin``: vLLM's ``MacheteLinearKernel`` / ``MarlinLinearKernel``
+  on a layer laid out as vLLM's compressed-tensors scheme loads it (skipped,
+  with the reason printed, where vLLM's CUDA build is not importable);
+- ``tinygemm``: ``torch._weight_int4pack_mm`` (bf16, group-wise only);
+- ``twin-gemv``: ``vllm_patch.twin_gemv_kernel`` (heuristic config); with the
+  sweep (default) also its alternative configs, in ``sweep.csv``.
+
+Weights are random ``pack-quantized`` int4 (asymmetric ``uint4`` with zero
+points by default, ``--symmetric`` for ``uint4b8``), group 128. Each GEMM
+cycles through enough copies of its weights that they do not fit in L2 (so
+every call reads HBM). The byte floor is the int4 bytes (weights, scales, zero
+points, x, y) over the device-copy bandwidth measured in the same run
+(``dst.copy_(src)`` of 1 GiB, read + write bytes). ``--check`` compares every
+kernel's output with ``x @ W^T`` on the float32 dequantized weight.
+
+Writes ``results/int4-gemm/<UTC id>-<gpu tag>/``: ``env.json``,
+``kernels.csv`` (one row per kernel x shape x M, scopes gemm / layer /
+decoder), ``sweep.csv``, ``README.md`` (the tables printed at the end).
+Runs with torch + triton alone (vLLM's kernels skipped) and with vLLM 0.27.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from vllm_patch import twin_gemv_kernel as tk  # noqa: E402
+from workbench.shapes import SHAPES  # noqa: E402
+
+GEMMS = ("qkv", "o", "gate_up", "down")
+WORKING_SET = 256 << 20  # bytes per GEMM's rotating copies: well above the 50-60 MB L2
+KERNEL_ORDER = ("cublas-bf16", "machete", "marlin", "tinygemm", "twin-gemv")
+
+
+def gemm_shapes(size: str) -> dict[str, tuple[int, int]]:
+    """``{gemm: (N, K)}`` of one decoder layer (fused qkv and gate_up, as vLLM runs them)."""
+    s = SHAPES[size]
+    return {"qkv": (s.head_dim * (s.heads + 2 * s.kv_heads), s.hidden), "o": (s.hidden, s.heads * s.head_dim),
+            "gate_up": (2 * s.intermediate, s.hidden), "down": (s.hidden, s.intermediate)}
+
+
+def int4_bytes(n: int, k: int, m: int, group: int, zp: bool) -> int:
+    groups = k // (k if group == -1 else group)
+    return n * k // 2 + n * groups * 2 + (n // 8 * groups * 4 if zp else 0) + 2 * m * (n + k)
+
+
+def bf16_bytes(n: int, k: int, m: int) -> int:
+    return 2 * n * k + 2 * m * (n + k)
+
+
+# ---------------------------------------------------------------- weights and reference
+
+def random_layer(n, k, group, symmetric, device, gen):
+    groups = 1 if group == -1 else k // group
+    packed = torch.randint(-2**31, 2**31 - 1, (n, k // 8), device=device, dtype=torch.int32, generator=gen)
+    scales = (torch.rand(n, groups, device=device, generator=gen) * 0.01 + 0.001).to(torch.bfloat16)
+    zeros = None if symmetric else torch.randint(-2**31, 2**31 - 1, (n // 8, groups), device=device,
+                                                 dtype=torch.int32, generator=gen)
+    return packed, scales, zeros
+
+
+def dequant_reference(packed, scales, zeros, group, rows=8192):
+    """float32 ``[N, K]`` from the checkpoint tensors, natural column order (independent of the repack)."""
+    n, k8 = packed.shape
+    g = 8 * k8 if group == -1 else group
+    out = torch.empty((n, 8 * k8), device=packed.device, dtype=torch.float32)
+    zall = None if zeros is None else tk.unpack_int4_rows(zeros, n)
+    for r in range(0, n, rows):
+        q = tk.unpack_int4_cols(packed[r:r + rows]).to(torch.float32)
+        z = 8.0 if zall is None else zall[r:r + rows].to(torch.float32).repeat_interleave(g, dim=1)
+        out[r:r + rows] = (q - z) * scales[r:r + rows].to(torch.float32).repeat_interleave(g, dim=1)
+    return out
+
+
+# ---------------------------------------------------------------- kernels
+
+class Kernel:
+    name = ""
+
+    def prepare(self, packed, scales, zeros, group, dense_bf16):  # -> state
+        raise NotImplementedError
+
+    def run(self, state, x):
+        raise NotImplementedError
+
+    def bytes(self, n, k, m, group, zp):
+        return int4_bytes(n, k, m, group, zp)
+
+
+class Cublas(Kernel):
+    name = "cublas-bf16"
+
+    def prepare(self, packed, scales, zeros, group, dense_bf16):
+        return dense_bf16
+
+    def run(self, state, x):
+        return torch.nn.functional.linear(x, state)
+
+    def bytes(self, n, k, m, group, zp):
+        return bf16_bytes(n, k, m)
+
+
+class Ours(Kernel):
+    name = "twin-gemv"
+
+    def __init__(self, cfg=None, layout="gn"):
+        self.cfg, self.layout = cfg, layout
+        if cfg is not None:
+            self.name = f"twin-gemv[{cfg.tag}{',ng' if layout == 'ng' else ''}]"
+
+    def prepare(self, packed, scales, zeros, group, dense_bf16):
+        return tk.repack(packed, scales, zeros, group, scale_layout=self.layout)
+
+    @staticmethod
+    def relayout(state, layout):
+        """The same repacked weight with scales / zeros in the other memory order."""
+        qw, s, z, gi = state
+        if layout == "gn":
+            return qw, s.contiguous(), None if z is None else z.contiguous(), gi
+        return qw, s.t().contiguous().t(), None if z is None else z.t().contiguous().t(), gi
+
+    def run(self, state, x):
+        qw, s, z, gi = state
+        return tk.w4a16_mm(x, qw, s, z, gi, cfg=self.cfg)
+
+
+class Tinygemm(Kernel):
+    name = "tinygemm"
+
+    def prepare(self, packed, scales, zeros, group, dense_bf16):
+        if group == -1:
+            raise ValueError("channel-wise scales")
+        n, k8 = packed.shape
+        q = tk.unpack_int4_cols(packed)
+        w_uint8 = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)
+        w = torch._convert_weight_to_int4pack(w_uint8, 8)
+        z = 8.0 if zeros is None else tk.unpack_int4_rows(zeros, n).to(torch.float32)
+        s = scales.to(torch.float32)
+        sz = torch.stack([s, (8.0 - z) * s], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        return w, sz, group
+
+    def run(self, state, x):
+        w, sz, group = state
+        return torch._weight_int4pack_mm(x, w, group, sz)
+
+
+class VllmKernel(Kernel):
+    """One of vLLM's MPLinearKernel classes on a layer laid out as CompressedTensorsWNA16 creates it."""
+
+    def __init__(self, name, cls):
+        self.name, self.cls = name, cls
+
+    def prepare(self, packed, scales, zeros, group, dense_bf16):
+        from vllm.model_executor import parameter as P
+        from vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel import MPLinearLayerConfig
+        from vllm.scalar_type import scalar_types
+
+        n, k8 = packed.shape
+        k = 8 * k8
+        c = MPLinearLayerConfig((k, n), (k, n), scalar_types.uint4b8 if zeros is None else scalar_types.uint4,
+                                torch.bfloat16, group, zeros is not None, False)
+        ok, reason = self.cls.can_implement(c)
+        if not ok:
+            raise ValueError(reason)
+        noop = lambda *a, **kw: None  # noqa: E731
+        layer = torch.nn.Module()
+        layer.register_parameter("weight_packed", P.PackedvLLMParameter(
+            data=packed.clone(), input_dim=1, output_dim=0, packed_dim=1, packed_factor=8, weight_loader=noop))
+        scale_cls = P.ChannelQuantScaleParameter if group == -1 else P.GroupQuantScaleParameter
+        kw = dict(output_dim=0) if group == -1 else dict(output_dim=0, input_dim=1)
+        layer.register_parameter("weight_scale", scale_cls(data=scales.clone(), weight_loader=noop, **kw))
+        if zeros is not None:
+            layer.register_parameter("weight_zero_point", P.PackedvLLMParameter(
+                data=zeros.clone(), input_dim=1, output_dim=0, packed_dim=0, packed_factor=8, weight_loader=noop))
+        kernel = self.cls(c, "weight_packed", "weight_scale", "weight_zero_point", "weight_g_idx")
+        kernel.process_weights_after_loading(layer)
+        return kernel, layer
+
+    def run(self, state, x):
+        kernel, layer = state
+        return kernel.apply_weights(layer, x)
+
+
+def vllm_kernels() -> tuple[list[Kernel], dict[str, str]]:
+    skipped = {}
+    try:
+        from vllm.model_executor import parameter as P
+
+        # one rank without vLLM's distributed state (the parameters ask for their TP rank)
+        P.get_tensor_model_parallel_rank = lambda: 0
+        P.get_tensor_model_parallel_world_size = lambda: 1
+    except Exception as e:  # noqa: BLE001 - any import failure means: no vLLM kernels
+        return [], {"machete": f"vLLM not importable ({type(e).__name__}: {e})",
+                    "marlin": f"vLLM not importable ({type(e).__name__}: {e})"}
+    out = []
+    for name, mod, cls in (("machete", "machete", "MacheteLinearKernel"), ("marlin", "marlin", "MarlinLinearKernel")):
+        try:
+            module = __import__(f"vllm.model_executor.kernels.linear.mixed_precision.{mod}", fromlist=[cls])
+            out.append(VllmKernel(name, getattr(module, cls)))
+        except Exception as e:  # noqa: BLE001
+            skipped[name] = f"{type(e).__name__}: {e}"
+    return out, skipped
+
+
+# ---------------------------------------------------------------- timing
+
+class Timer:
+    """A CUDA graph of ``calls`` launches, replayed between CUDA events; eager launches if capture fails."""
+
+    def __init__(self, fn_list):
+        self.fns = fn_list
+        self.mode = "graph"
+        for f in self.fns[:2]:
+            f()  # compile / autotune / workspace outside the capture
+        torch.cuda.synchronize()
+        try:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                for f in self.fns:
+                    f()
+            self.graph.replay()
+            torch.cuda.synchronize()
+        except Exception:  # noqa: BLE001
+            self.graph, self.mode = None, "eager"
+            torch.cuda.synchronize()
+
+    def once(self) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            for f in self.fns:
+                f()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3 / len(self.fns)  # µs per call
+
+
+def stats(samples):
+    q = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [samples[0]] * 3
+    return statistics.median(samples), q[0], q[2]
+
+
+def interleaved(timers: dict[str, Timer], repeats: int, warm: int = 3) -> dict[str, tuple[float, float, float]]:
+    names = list(timers)
+    for _ in range(warm):
+        for n in names:
+            timers[n].once()
+    samples = {n: [] for n in names}
+    for r in range(repeats):
+        for i in range(len(names)):
+            n = names[(r + i) % len(names)]
+            samples[n].append(timers[n].once())
+    return {n: stats(v) for n, v in samples.items()}
+
+
+def copy_bandwidth(repeats: int) -> tuple[float, float]:
+    """(TB/s, GiB) of ``dst.copy_(src)`` on 1 GiB, read + write bytes."""
+    size = 1 << 30
+    src = torch.empty(size, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    t = Timer([lambda: dst.copy_(src)] * 5)
+    med = stats([t.once() for _ in range(max(repeats, 5))])[0]
+    del src, dst
+    return 2 * size / (med * 1e-6) / 1e12, 1.0
+
+
+# ---------------------------------------------------------------- the run
+
+def gpu_tag(name: str) -> str:
+    low = name.lower()
+    for tag in ("h200", "h100", "h20", "gh200", "a100", "l40s", "b200", "a10g", "l4"):
+        if tag in low.replace(" ", "").replace("-", ""):
+            return tag
+    return "".join(ch for ch in low.split()[-1] if ch.isalnum())[:12] or "gpu"
+
+
+def run_size(size, kernels, sweep, ms, group, symmetric, repeats, check, gen, rows, sweep_rows, copy_tbps, log):
+    shapes = gemm_shapes(size)
+    zp = not symmetric
+    states: dict[str, dict[str, list]] = {g: {} for g in GEMMS}  # gemm -> kernel -> copies
+    refs = {}
+    active = {kn.name: kn for kn in kernels}
+    for g, (n, k) in shapes.items():
+        copies = max(2, min(16, math.ceil(WORKING_SET / int4_bytes(n, k, 1, group, zp))))
+        copies_bf16 = max(2, min(16, math.ceil(WORKING_SET / bf16_bytes(n, k, 1))))
+        for c in range(copies):
+            packed, scales, zeros = random_layer(n, k, group, symmetric, "cuda", gen)
+            dense = None
+            if c < copies_bf16 and "cublas-bf16" in active:
+                dense = dequant_reference(packed, scales, zeros, group)
+                if c == 0 and check:
+                    refs[g] = dense.clone()
+                dense = dense.to(torch.bfloat16)
+            elif c == 0 and check:
+                refs[g] = dequant_reference(packed, scales, zeros, group)
+            for name, kn in active.items():
+                if name == "cublas-bf16" and c >= copies_bf16:
+                    continue
+                if states[g].get(name) is False:
+                    continue
+                try:
+                    st = kn.prepare(packed, scales, zeros, group, dense)
+                except Exception as e:  # noqa: BLE001
+                    log(f"  {size} {g}: {name} skipped ({type(e).__name__}: {str(e)[:160]})")
+                    states[g][name] = False
+                    continue
+                states[g].setdefault(name, []).append(st)
+            del packed, scales, zeros, dense
+        for sw in sweep:  # the swept configs run on twin-gemv's repacked copies
+            base = states[g].get("twin-gemv")
+            states[g][sw.name] = base if not base or sw.layout == "gn" else [Ours.relayout(b, sw.layout) for b in base]
+        torch.cuda.empty_cache()
+    all_kernels = list(active.values()) + list(sweep)
+    xs = {}
+    for m in ms:
+        xs[m] = {g: torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16) * 0.5
+                 for g, (n, k) in shapes.items()}
+    results = {}  # (g, m, name) -> (med, q1, q3, mode, err)
+    for m in ms:
+        for g, (n, k) in shapes.items():
+            x = xs[m][g]
+            timers, errs = {}, {}
+            for kn in all_kernels:
+                copies = states[g].get(kn.name)
+                if not copies or (isinstance(kn, Ours) and kn.cfg and not _cfg_applies(kn.name, m)):
+                    continue
+                try:
+                    if check and kn.name in active:
+                        y = kn.run(copies[0], x).float()
+                        ref = x.float() @ refs[g].T
+                        errs[kn.name] = float((y - ref).abs().max() / ref.abs().max())
+                    calls = max(20, 2 * len(copies))
+                    timers[kn.name] = Timer([(lambda st=copies[i % len(copies)], kn=kn: kn.run(st, x))
+                                             for i in range(calls)])
+                except Exception as e:  # noqa: BLE001
+                    log(f"  {size} {g} M={m}: {kn.name} failed ({type(e).__name__}: {str(e)[:160]})")
+            for name, (med, q1, q3) in interleaved(timers, repeats).items():
+                results[(g, m, name)] = (med, q1, q3, timers[name].mode, errs.get(name))
+            del timers
+        # layer set: the four GEMMs in sequence over the layer copies, per kernel (heuristic configs only)
+        timers = {}
+        for kn in active.values():
+            if not all(states[g].get(kn.name) for g in GEMMS):
+                continue
+            ncop = min(len(states[g][kn.name]) for g in GEMMS)
+            fns = []
+            for i in range(max(8, ncop)):
+                for g in GEMMS:
+                    fns.append(lambda st=states[g][kn.name][i % ncop], kn=kn, x=xs[m][g]: kn.run(st, x))
+            try:
+                timers[kn.name] = Timer(fns)
+            except Exception as e:  # noqa: BLE001
+                log(f"  {size} layer M={m}: {kn.name} failed ({type(e).__name__}: {str(e)[:160]})")
+        for name, (med, q1, q3) in interleaved(timers, repeats).items():
+            results[("layer", m, name)] = (med * len(GEMMS), q1 * len(GEMMS), q3 * len(GEMMS),
+                                           timers[name].mode, None)
+        del timers
+    del states
+    torch.cuda.empty_cache()
+    # lm_head, bf16 cuBLAS (the twin keeps it in bf16)
+    s = SHAPES[size]
+    head = torch.randn(s.vocab, s.hidden, device="cuda", generator=gen).to(torch.bfloat16)
+    lm = {}
+    for m in ms:
+        x = torch.randn(m, s.hidden, device="cuda", generator=gen).to(torch.bfloat16)
+        t = Timer([lambda x=x: torch.nn.functional.linear(x, head)] * 10)
+        lm[m] = stats([t.once() for _ in range(repeats)])
+    del head
+    torch.cuda.empty_cache()
+
+    def add(scope, g, n, k, m, name, med, q1, q3, nbytes, floor_bytes, mode, err, config=""):
+        floor_us = floor_bytes / (copy_tbps * 1e12) * 1e6
+        row = {"model": size, "scope": scope, "gemm": g, "n": n, "k": k, "m": m, "kernel": name,
+               "us_median": round(med, 3), "us_q1": round(q1, 3), "us_q3": round(q3, 3),
+               "iqr_us": round(q3 - q1, 3), "bytes": nbytes, "tbps": round(nbytes / (med * 1e-6) / 1e12, 3),
+               "floor_us": round(floor_us, 3), "floor_over_time": round(floor_us / med, 3),
+               "timing": mode, "check_rel_err": "" if err is None else f"{err:.2e}", "config": config}
+        (rows if not name.startswith("twin-gemv[") else sweep_rows).append(row)
+
+    for (g, m, name), (med, q1, q3, mode, err) in results.items():
+        kn = next(x for x in all_kernels if x.name == name)
+        if g == "layer":
+            nb = sum(kn.bytes(*shapes[h], m, group, zp) for h in GEMMS)
+            fb = sum(int4_bytes(*shapes[h], m, group, zp) for h in GEMMS)
+            add("layer", "qkv+o+gate_up+down", "", "", m, name, med, q1, q3, nb, fb, mode, None)
+            hb = bf16_bytes(s.vocab, s.hidden, m)
+            lmed, lq1, lq3 = lm[m]
+            add("decoder", f"{s.layers}x layer + lm_head", "", "", m, name, s.layers * med + lmed,
+                s.layers * q1 + lq1, s.layers * q3 + lq3, s.layers * nb + hb, s.layers * fb + hb, mode, None)
+        else:
+            n, k = shapes[g]
+            cfg = ""
+            if isinstance(kn, Ours):
+                cfg = (kn.cfg or tk.choose_config(n, k // 8, m)).tag
+            add("gemm", g, n, k, m, name, med, q1, q3, kn.bytes(n, k, m, group, zp),
+                int4_bytes(n, k, m, group, zp), mode, err, cfg)
+    for m in ms:
+        med, q1, q3 = lm[m]
+        nb = bf16_bytes(s.vocab, s.hidden, m)
+        add("gemm", "lm_head", s.vocab, s.hidden, m, "cublas-bf16", med, q1, q3, nb, nb, "graph", None)
+
+
+def markdown(rows, sweep_rows, ms, facts) -> str:
+    out = [f"# W4A16 GEMM at decode batch sizes — {facts['gpu']}", "",
+           f"Device copy: {facts['copy_tbps']:.2f} TB/s (read + write of 1 GiB); floor = int4 bytes / that. "
+           f"Weights: {facts['flavour']}, group {facts['group']}. µs median (IQR) per call, "
+           f"{facts['repeats']} interleaved repeats of a CUDA graph; TB/s = the kernel's own bytes / time.", ""]
+    for k, v in facts.get("skipped", {}).items():
+        out.append(f"- {k} skipped: {v}")
+    out.append("")
+    for size in dict.fromkeys(r["model"] for r in rows):
+        for scope in ("decoder", "layer", "gemm"):
+            sub = [r for r in rows if r["model"] == size and r["scope"] == scope]
+            if not sub:
+                continue
+            out += [f"## {size}: {scope}", ""]
+            head = "| what | kernel | " + " | ".join(f"M={m} µs (IQR) · TB/s" for m in ms) + " |"
+            out += [head, "|" + "---|" * (2 + len(ms))]
+            keys = list(dict.fromkeys((r["gemm"], r["kernel"]) for r in sub))
+            keys.sort(key=lambda t: (t[0], KERNEL_ORDER.index(t[1]) if t[1] in KERNEL_ORDER else 99))
+            shown_floor = set()
+            for g, kname in keys:
+                if g not in shown_floor:
+                    fl = {r["m"]: r for r in sub if r["gemm"] == g}
+                    out.append(f"| {g} | *byte floor* | " + " | ".join(
+                        f"{fl[m]['floor_us']:.1f}" if m in fl else "" for m in ms) + " |")
+                    shown_floor.add(g)
+                by_m = {r["m"]: r for r in sub if r["gemm"] == g and r["kernel"] == kname}
+                cells = []
+                for m in ms:
+                    r = by_m.get(m)
+                    cells.append("" if r is None else f"{r['us_median']:.1f} ({r['iqr_us']:.1f}) · {r['tbps']:.2f}")
+                out.append(f"| {g} | {kname} | " + " | ".join(cells) + " |")
+            out.append("")
+    if sweep_rows:
+        out += ["## twin-gemv: best swept config per GEMM and M (sweep.csv has all)", "",
+                "| model | gemm | M | heuristic µs | best µs | best config |", "|---|---|---|---|---|---|"]
+        for r0 in rows:
+            if r0["kernel"] != "twin-gemv" or r0["scope"] != "gemm":
+                continue
+            cand = [r for r in sweep_rows if (r["model"], r["gemm"], r["m"]) == (r0["model"], r0["gemm"], r0["m"])]
+            if cand:
+                best = min(cand, key=lambda r: r["us_median"])
+                out.append(f"| {r0['model']} | {r0['gemm']} | {r0['m']} | {r0['us_median']:.1f} | "  # noqa: E501
+                           f"{best['us_median']:.1f} | {best['kernel'][10:-1]} |")
+        out.append("")
+    errs = [r for r in rows if r["check_rel_err"]]
+    if errs:
+        worst = {}
+        for r in errs:
+            worst[r["kernel"]] = max(worst.get(r["kernel"], 0.0), float(r["check_rel_err"]))
+        out += ["## --check: max relative error against the float32 dequantized reference", "",
+                "| kernel | max rel. error |", "|---|---|"] + [f"| {k} | {v:.2e} |" for k, v in worst.items()]
+    return "\n".join(out) + "\n"
+
+
+def dry_run(sizes, group, symmetric) -> int:
+    """CPU: the shapes, byte counts, and the reference / repack path on a slice of every GEMM."""
+    gen = torch.Generator().manual_seed(0)
+    try:
+        from vllm.scalar_type import scalar_types
+
+        from vllm_patch.cpu_int4 import dequantize_packed
+    except Exception:  # noqa: BLE001
+        dequantize_packed = None
+    print(f"{'model':5} {'gemm':8} {'N':>7} {'K':>6} {'int4 MB':>8} {'floor µs @4.27':>15}  reference")
+    for size in sizes:
+        for g, (n, k) in gemm_shapes(size).items():
+            nb = int4_bytes(n, k, 1, group, not symmetric)
+            packed, scales, zeros = random_layer(64, k, group, symmetric, "cpu", gen)
+            w = dequant_reference(packed, scales, zeros, group)
+            qw, s, z, gi = tk.repack(packed, scales, zeros, group)
+            assert torch.equal(tk.dequant_repacked(qw, s, z, gi), w), (size, g)
+            note = "repack == reference"
+            if dequantize_packed is not None:
+                wt = scalar_types.uint4b8 if symmetric else scalar_types.uint4
+                assert torch.equal(dequantize_packed(packed, scales, zeros, None, wt, group, torch.float32), w)
+                note += " == cpu_int4.dequantize_packed"
+            print(f"{size:5} {g:8} {n:7} {k:6} {nb / 1e6:8.1f} {nb / 4.27e12 * 1e6:15.1f}  {note}")
+    print("dry run: shapes and the reference path check out (timing needs CUDA)")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="32b,8b")
+    ap.add_argument("--ms", default="1,2,4,8,16")
+    ap.add_argument("--group", type=int, default=128)
+    ap.add_argument("--symmetric", action="store_true", help="uint4b8 weights (no zero points)")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--check", action="store_true", help="verify every kernel against the dequantized reference")
+    ap.add_argument("--no-sweep", action="store_true", help="time only the heuristic config of twin-gemv")
+    ap.add_argument("--kernels", default=",".join(KERNEL_ORDER))
+    ap.add_argument("--out-root", type=Path, default=REPO / "results" / "int4-gemm")
+    ap.add_argument("--dry-run", action="store_true", help="CPU: shapes and the reference path only")
+    args = ap.parse_args(argv)
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    ms = [int(v) for v in args.ms.split(",")]
+    for s in sizes:
+        if s not in SHAPES:
+            ap.error(f"unknown size {s!r} (known: {', '.join(SHAPES)})")
+    if args.dry_run:
+        return dry_run(sizes, args.group, args.symmetric)
+    if not torch.cuda.is_available():
+        print("int4_gemm: needs CUDA (no CUDA device here); --dry-run checks shapes and the reference path",
+              file=sys.stderr)
+        return 2
+    import triton
+
+    wanted = set(args.kernels.split(","))
+    kernels: list[Kernel] = [k for k in (Cublas(), Tinygemm(), Ours()) if k.name in wanted]
+    vk, skipped = vllm_kernels() if {"machete", "marlin"} & wanted else ([], {})
+    kernels += [k for k in vk if k.name in wanted]
+    kernels.sort(key=lambda k: KERNEL_ORDER.index(k.name))
+    for name, why in skipped.items():
+        print(f"{name}: skipped ({why})")
+
+    dev = torch.cuda.get_device_properties(0)
+    run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = args.out_root / f"{run_id}-{gpu_tag(dev.name)}"
+    out.mkdir(parents=True, exist_ok=False)
+    log_lines = []
+
+    def log(msg):
+        print(msg, flush=True)
+        log_lines.append(msg)
+
+    t0 = time.time()
+    copy_tbps, _ = copy_bandwidth(args.repeats)
+    log(f"{dev.name}: device copy {copy_tbps:.2f} TB/s; kernels: {', '.join(k.name for k in kernels)}")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows, sweep_rows = [], []
+    for size in sizes:
+        sweep = []
+        if not args.no_sweep and "twin-gemv" in wanted:
+            k8s = {k // 8 for _, k in gemm_shapes(size).values()}
+            cfgs = {c for m in ms for k8 in k8s for c in tk.sweep_configs(m, k8)}
+            sweep = [Ours(c) for c in sorted(cfgs, key=lambda c: c.tag)]
+            # the other scale / zero-point memory order, for the default configs
+            sweep += [Ours(c, "ng") for c in sorted({tk.choose_config(1 << 14, 1 << 10, m) for m in ms},
+                                                     key=lambda c: c.tag)]
+        log(f"{size}: {len(sweep)} swept twin-gemv configs")
+        run_size(size, kernels, sweep, ms, args.group, args.symmetric, args.repeats, args.check, gen, rows,
+                 sweep_rows, copy_tbps, log)
+        log(f"{size}: done at {time.time() - t0:.0f} s")
+    try:
+        from workbench.envcapture import capture
+
+        env = capture()
+    except Exception as e:  # noqa: BLE001
+        env = {"note": f"workbench.envcapture failed: {e}"}
+    env["benchmark"] = {"argv": sys.argv[1:], "triton": triton.__version__, "torch": torch.__version__,
+                        "gpu": dev.name, "sms": dev.multi_processor_count, "copy_tbps": copy_tbps,
+                        "skipped": skipped, "kernels": [k.name for k in kernels], "seconds": round(time.time() - t0)}
+    (out / "env.json").write_text(json.dumps(env, indent=2, default=str) + "\n")
+    for name, data in (("kernels.csv", rows), ("sweep.csv", sweep_rows)):
+        with open(out / name, "w", newline="") as fh:
+            if data:
+                w = csv.DictWriter(fh, fieldnames=list(data[0]))
+                w.writeheader()
+                w.writerows(data)
+    facts = {"gpu": dev.name, "copy_tbps": copy_tbps, "repeats": args.repeats, "group": args.group,
+             "flavour": "uint4b8 (symmetric)" if args.symmetric else "uint4 with zero points", "skipped": skipped}
+    md = markdown(rows, sweep_rows, ms, facts)
+    if log_lines:
+        md += "\n## log\n\n" + "\n".join(f"- {line}" for line in log_lines) + "\n"
+    (out / "README.md").write_text(md)
+    print(md)
+    print(f"wrote {out}")
+    return 0
+
+
+def _cfg_applies(kernel_name: str, m: int) -> bool:
+    tag = kernel_name[len("twin-gemv["):-1].split(",")[0]
+    kind, bm = tag.split("-")[0], int(tag.split("-")[1][1:])
+    return (kind == "gemv" and bm == tk._pow2_at_least(m)) or (kind == "mma" and m <= bm)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
