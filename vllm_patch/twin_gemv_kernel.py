@@ -192,9 +192,12 @@ def sweep_configs(m: int, k8: int) -> list[Config]:
     out = []
     if m <= 4:
         bm = _pow2_at_least(m)
-        for bn, bkp, waves in ((32, 64, 8), (16, 64, 8), (64, 32, 8), (32, 128, 4), (32, 32, 16), (16, 128, 8)):
-            out.append(Config("gemv", bm=bm, bn=bn if bm < 4 else max(16, bn // 2), bkp=min(bkp, bkp_cap),
-                              waves=waves))
+        for bn, bkp, waves, warps, stages, split in (
+                (32, 64, 8, 4, 2, 0), (16, 64, 8, 4, 2, 0), (64, 32, 8, 4, 2, 0), (32, 128, 4, 4, 2, 0),
+                (32, 32, 16, 4, 2, 0), (64, 64, 4, 8, 2, 0), (32, 64, 8, 4, 1, 0), (32, 64, 8, 4, 3, 0),
+                (8, 64, 0, 1, 2, 1), (16, 64, 0, 2, 2, 1)):  # the last two: no split-K, no reduce kernel
+            out.append(Config("gemv", bm=bm, bn=bn if bm < 4 else max(8, bn // 2), bkp=min(bkp, bkp_cap),
+                              warps=warps, stages=stages, split=split, waves=waves or 8))
     if m <= 16:
         for bn, bkp, waves, warps in ((64, 32, 4, 4), (64, 64, 4, 4), (32, 32, 8, 4), (128, 32, 2, 4)):
             out.append(Config("mma", bm=16, bn=bn, bkp=min(bkp, bkp_cap), waves=waves, warps=warps))
