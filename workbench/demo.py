@@ -40,12 +40,11 @@ def report(run_dir: str | Path) -> tuple[str, bool]:
     ex, acc, sp = t["exactness"].iloc[0], t["acceptance"].iloc[0], t["speedup"].iloc[0]
     pos = t["per_position_acceptance"]
     rates = [round(float(r), 2) for r in pos[pos["leg"] == acc["leg"]].sort_values("position")["rate"]]
-    from .exactness import RULE
     ok = bool(ex["rule_ok"])
     lines += [
         "",
         f"strict tier (int4 twin, gamma={int(acc['gamma'])}) vs vanilla, {ex['dtype']}: {ex['classification']}"
-        f" -> {'passes' if ok else 'FAILS'} the exactness rule ({RULE})",
+        f" -> {'passes' if ok else 'FAILS'} the exactness rule (docs/exactness.md)",
         f"acceptance: rate {acc['acceptance_rate']:.3f}, length {acc['acceptance_length']:.2f}, per position {rates}",
         f"speedup (median over prompts vs bracketing vanilla legs): {sp['speedup']:.2f}x "
         f"(IQR {sp['q25']:.2f}-{sp['q75']:.2f}); tiny models on CPU: not indicative of real checkpoints",
