@@ -160,6 +160,8 @@ FAKE_LEG = textwrap.dedent('''
     a = ap.parse_args()
     if a.config:
         c = json.load(open(a.config))
+        here = os.path.dirname(os.path.abspath(a.config))  # leg.json paths are relative to its folder
+        c["out"], c["prompts"] = (os.path.normpath(os.path.join(here, c[k])) for k in ("out", "prompts"))
         leg, out, prompts, n, spec = c["leg"], c["out"], c["prompts"], c["n"], c["draft"] is not None
         knobs, experiment, run_id = c["knobs"], c["experiment"], c["run_id"]
     else:  # score leg

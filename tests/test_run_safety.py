@@ -285,7 +285,10 @@ def test_a_failed_leg_keeps_its_partial_records_beside_failure_json(tmp_path, fa
     monkeypatch.delenv("FAKE_LEG_BAD")
     protocol.execute(rdir, runner=runner, log=lambda s: None)
     cfg = json.loads((folder / "leg.json").read_text())
-    assert cfg["resume_from"] == str(rdir / "attempts" / "strict_g6.1")
+    # stored relative to the leg folder, so a moved run still finds it
+    assert cfg["resume_from"] == "../../attempts/strict_g6.1"
+    from workbench.leg import load_leg_config
+    assert load_leg_config(folder / "leg.json").resume_from == str(rdir / "attempts" / "strict_g6.1")
     assert (rdir / "attempts" / "strict_g6.1" / "records.jsonl.partial").is_file()
 
 

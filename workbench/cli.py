@@ -8,6 +8,10 @@
     workbench export RUN_DIR [--formats png,svg,pdf,html]   tables + figures recomputed from the records
     workbench data fetch|verify ...                  prompt data sets
     workbench doctor [--json]                        what this host can run, and what to do about the rest
+
+Exit status: 0 done; 1 a leg or the analysis failed, or export left a damaged leg out; 2 bad input
+(nothing was run); 74 an I/O error of the host (a full or read-only disk), the message names the
+file; 130 / 143 the run was interrupted by SIGINT / SIGTERM (recorded; `--resume` continues it).
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from workbench.datasets.cli import add_cli as add_data_cli
 from workbench.registry import RegistryError, load_registry
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "experiment.ipynb"
+
+
+EXIT_IO = 74  # sysexits.h EX_IOERR: the host's disk failed us, not the input
 
 
 class CliError(Exception):
@@ -113,13 +120,18 @@ def run_notebook(run_dir: Path, params: dict[str, Any], notebook: Path = NOTEBOO
 
 
 def _formats(text: str) -> tuple[str, ...]:
-    """Formats this host can write; one warning when static ones are skipped for want of a browser."""
+    """Formats this host can write; one warning when static ones are skipped for want of a browser.
+
+    A BROWSER_PATH that points nowhere is refused here, before anything runs.
+    """
     from workbench import export
 
     try:
         fmts, skipped = export.usable_formats(text)
     except ValueError as exc:
         raise CliError(f"--formats: {exc}") from None
+    except export.BrowserError as exc:
+        raise CliError(f"--formats {text}: {exc}") from None
     if skipped:
         print(f"warning: {skipped}", file=sys.stderr)
     return fmts
@@ -145,24 +157,20 @@ def cmd_run(args) -> int:
     model_paths = _pairs(args.model_path, "--model-path")
     sources = _pairs(args.data_source, "--data-source")
     smoke = _smoke_flag(args)
-    from workbench import export
-    try:
-        export.parse_formats(args.formats)
-    except ValueError as exc:
-        raise CliError(f"--formats: {exc}") from None
+    # with the other pre-flight checks: a browser that is not there is found now, not after the legs
+    formats = _formats(args.formats)
     if args.resume:
         rdir = Path(args.resume)
         cfg = _read_run_json(rdir, "--resume")
         if args.experiment.upper() != cfg["experiment"]:
             raise CliError(f"--resume {rdir}: that run is {cfg['experiment']}, not {args.experiment}")
         rdir = protocol.prepare_run(cfg["experiment"], args.profile, args.param or None, smoke,
-                                    run_dir=rdir)
+                                    run_dir=rdir, model_paths=model_paths, dataset_sources=sources)
     else:
         rdir = protocol.prepare_run(args.experiment, args.profile, args.param, smoke, args.results,
                                     model_paths=model_paths, dataset_sources=sources)
     cfg = json.loads((rdir / "run.json").read_text())
     print(f"run folder: {rdir}", flush=True)
-    formats = _formats(args.formats)
     # The legs run here, as children of this process: they stop when it stops, however it stops.
     statuses = protocol.execute(rdir, stop_on_failure=args.stop_on_failure, leg_timeout=args.leg_timeout)
     failed = [k for k, v in statuses.items() if v != "complete"]
@@ -204,7 +212,17 @@ def cmd_export(args) -> int:
         print(f"{name}: " + ", ".join(p.name for p in paths))
     if removed:
         print(f"removed (their records are gone): {', '.join(str(p.relative_to(rdir)) for p in removed)}")
-    return 0
+    from workbench.runfolder import read_json
+    summary = read_json(rdir / "tables" / "summary.json")
+    damaged = summary.get("damaged") or {}
+    for leg, why in damaged.items():
+        print(f"error: leg {leg} left out, its records are damaged: {why}", file=sys.stderr)
+    if damaged:
+        print(f"  `workbench run {summary.get('experiment')} --resume {rdir}` runs the damaged leg(s) again, "
+              f"reusing their whole records", file=sys.stderr)
+    if summary.get("partial"):
+        print(f"warning: these tables are partial: {summary.get('partial_reason')}", file=sys.stderr)
+    return 1 if damaged else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -263,19 +281,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C outside a run's legs (preparing, analysing): nothing to record
+        print("interrupted", file=sys.stderr)
+        return 130
     except (RegistryError, CliError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
-        from workbench.protocol import ProtocolError
+        from workbench.protocol import ProtocolError, RunInterrupted
         from workbench.prompts import PromptError
         from workbench.runfolder import RunFolderError
+        if isinstance(exc, RunInterrupted):  # recorded in protocol.json and the leg's failure.json
+            where = f" during leg {exc.leg}" if exc.leg else ""
+            print(f"interrupted: {exc.run_dir} stopped by {exc.signal}{where}; recorded in protocol.json; "
+                  f"continue with `workbench run {args.experiment} --resume {exc.run_dir}`", file=sys.stderr)
+            return 128 + exc.signum
         if isinstance(exc, (ProtocolError, PromptError, RunFolderError, FileNotFoundError, ValueError)):
             print(f"error: {exc}", file=sys.stderr)
             return 2
         if isinstance(exc, OSError):  # a read-only or full disk: say which file, not a traceback
-            print(f"error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
-            return 2
+            print(f"error: {exc.filename or '(file not named by the system)'}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return EXIT_IO
         raise
 
 

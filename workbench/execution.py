@@ -36,11 +36,13 @@ from typing import Any, Callable, Iterable
 from workbench import childproc
 from workbench.planning import Plan, PlannedLeg, parse_overrides, plan
 from workbench.registry import DATASETS, Registry, RegistryError, load_registry, split_role
-from workbench.runfolder import (ENV_JSON, FAILURE, LEG_JSON, LEG_LOG, LEGS, PROMPTS, RECORDS, RECORDS_PARTIAL,
-                                 RUN_JSON, STATE_JSON, SUMMARY, RunFolderError, RunLock, archive_leg, leg_status,
-                                 new_run_id, process_alive, process_start_ticks, read_json, write_json_atomic)
+from workbench.runfolder import (ENV_JSON, FAILURE, LEG_JSON, LEG_LOG, LEGS, PREPARER, PREPARING_SUFFIX, PROMPTS,
+                                 RECORDS, RECORDS_PARTIAL, RUN_JSON, STATE_JSON, SUMMARY, RunFolderError, RunLock,
+                                 archive_leg, leg_status, new_run_id, process_alive, process_identity,
+                                 process_start_ticks, read_json, records_problem, remove_stale_preparing,
+                                 write_json_atomic)
 
-__all__ = ["ProtocolError", "prepare_run", "execute", "resolve_models", "leg_config", "leg_command",
+__all__ = ["ProtocolError", "RunInterrupted", "prepare_run", "execute", "resolve_models", "leg_config", "leg_command",
            "preflight_problems", "REPO_ROOT"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -220,11 +222,30 @@ def prepare_run(experiment: str, profile: str | None = None, overrides: Any = No
     can never silently mix two configurations in one run. A new run is checked in full first; its folder
     appears only when every check passed, and never reuses an existing folder.
     """
+    if run_dir is not None:
+        remove_stale_preparing(Path(run_dir).parent)  # what a preparation killed with -9 left
     if run_dir is not None and (Path(run_dir) / RUN_JSON).is_file():
         try:
             cfg = read_json(Path(run_dir) / RUN_JSON)
         except ValueError as exc:
             raise ProtocolError(f"cannot resume {run_dir}: {exc}") from None
+        # A resumed run keeps the checkpoints and prompts it was prepared with: a leg decoded with
+        # other weights or prompts would sit beside the old ones as if they were comparable.
+        models, sources = cfg.get("models") or {}, (cfg.get("dataset") or {}).get("source")
+        for ref, path in (model_paths or {}).items():
+            had = models.get(ref, (cfg.get("model_paths") or {}).get(ref))
+            if had is None:
+                raise ProtocolError(f"cannot resume {run_dir} with --model-path {ref}={path}: the run has no "
+                                    f"role {ref!r} (roles: {', '.join(models) or 'none'})")
+            if str(path) != str(had):
+                raise ProtocolError(f"cannot resume {run_dir} with --model-path {ref}={path}: the run was prepared "
+                                    f"with {ref}={had}; a resumed run keeps its checkpoints (start a new run "
+                                    f"for other weights)")
+        for name, src in (dataset_sources or {}).items():
+            resolved = (cfg.get("dataset") or {}).get("resolved")
+            if name != resolved or str(src) != str(sources):
+                raise ProtocolError(f"cannot resume {run_dir} with --data-source {name}={src}: the run's prompts "
+                                    f"were prepared from {resolved}={sources}; a resumed run keeps its prompts")
         asked = {"experiment": experiment.upper() if isinstance(experiment, str) else experiment,
                  "profile": profile, "smoke": smoke}
         if overrides:
@@ -243,6 +264,7 @@ def prepare_run(experiment: str, profile: str | None = None, overrides: Any = No
     p = plan(experiment, profile, overrides, smoke, registry=reg)
     run_id = Path(run_dir).name if run_dir is not None else new_run_id()
     rdir = Path(run_dir) if run_dir is not None else Path(results_root) / p.experiment.id / run_id
+    remove_stale_preparing(rdir.parent)
 
     problems: list[str] = []
     if rdir.exists():
@@ -286,10 +308,12 @@ def prepare_run(experiment: str, profile: str | None = None, overrides: Any = No
                             + "\n".join(f"  - {q}" for q in problems))
 
     # Built beside its final name and renamed in one step: a run folder is complete or absent.
-    staging = rdir.parent / f".{rdir.name}.preparing"
+    staging = rdir.parent / f".{rdir.name}{PREPARING_SUFFIX}"
     try:
         shutil.rmtree(staging, ignore_errors=True)  # left by a preparation that was killed
         staging.mkdir(parents=True)
+        # who builds it: a later prepare, resume or listing removes it if this process dies meanwhile
+        write_json_atomic(staging / PREPARER, process_identity())
         from workbench import envcapture
         from workbench.prompts import save_prompts
         if prompts is not None:
@@ -299,12 +323,14 @@ def prepare_run(experiment: str, profile: str | None = None, overrides: Any = No
         cfg.update(run_id=run_id, created=_now(), models=models, model_paths=dict(model_paths or {}),
                    dataset=dinfo, prompts_file=PROMPTS if prompts is not None else None)
         write_json_atomic(staging / RUN_JSON, cfg)
+        (staging / PREPARER).unlink()
         os.rename(staging, rdir)  # refuses when rdir appeared meanwhile
     except OSError as exc:
         shutil.rmtree(staging, ignore_errors=True)
         if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
             raise ProtocolError(f"run folder {rdir} already exists; a run never reuses a folder") from None
-        raise ProtocolError(f"cannot create run folder {rdir}: {exc.strerror or exc}") from None
+        raise ProtocolError(f"cannot create run folder {rdir}: {exc.filename + ': ' if exc.filename else ''}"
+                            f"{exc.strerror or exc}") from None
     return rdir
 
 
@@ -493,11 +519,23 @@ def _execute_locked(rdir, cfg, legs, wanted, lock, stop_on_failure, leg_timeout,
     env[PARENT_ENV] = str(os.getpid())
     (rdir / LEGS).mkdir(exist_ok=True)
     statuses = {l.name: leg_status(rdir / LEGS / l.name) for l in legs}
+    # A leg that says it is complete is trusted only once its records read back whole: a torn line
+    # (a crash, a full disk) would otherwise pass here and fail every analysis after. Such a leg is
+    # run again; the attempt is kept and its whole records are reused (``leg.json`` resume_from).
+    damaged = {}
+    for l in legs:
+        if statuses[l.name] == "complete" and (wanted is None or l.name in wanted):
+            why = records_problem(rdir / LEGS / l.name)
+            if why:
+                damaged[l.name] = why
+                statuses[l.name] = "damaged"
     todo = [l for l in legs if statuses[l.name] != "complete" and (wanted is None or l.name in wanted)]
     history = list(old_state.get("history", []))
-    if old_state:
+    if old_state or damaged:
         found = {"at": _now(), "previous_state": old_state.get("state"),
                  "legs_found": dict(statuses), "to_run": [l.name for l in todo]}
+        if damaged:
+            found["damaged_legs"] = damaged
         if old_state.get("state") == "running":
             found["note"] = "the previous run stopped without finishing (killed or crashed)"
         if lock.previous:
@@ -509,7 +547,99 @@ def _execute_locked(rdir, cfg, legs, wanted, lock, stop_on_failure, leg_timeout,
              "leg_process": None}
     write_json_atomic(rdir / STATE_JSON, state)
     emit(f"{cfg['experiment']} {cfg['run_id']}: {len(legs)} legs, {len(legs) - len(todo)} already complete, "
-         f"{len(todo)} to run" + ("" if not history else f" (resumed; {STATE_JSON} records what was found)"))
+         f"{len(todo)} to run" + (f", {len(damaged)} damaged ({', '.join(damaged)}: records unreadable, run "
+                                  f"again)" if damaged else "")
+         + ("" if not history else f" (resumed; {STATE_JSON} records what was found)"))
+    for name, why in damaged.items():
+        emit(f"  damaged: {why}")
+    try:
+        with _signals_as_exceptions():
+            return _run_legs(rdir, cfg, legs, todo, statuses, state, stop_on_failure, leg_timeout, env, python,
+                             runner, emit)
+    except RunInterrupted:
+        raise  # recorded where it happened
+    except BaseException as exc:
+        _record_stop(rdir, state, statuses, exc)
+        sig = _signum(exc)
+        if sig is not None:
+            raise RunInterrupted(sig, rdir) from None
+        raise
+
+
+def _signum(exc: BaseException) -> int | None:
+    """The signal behind an exception: ours, or Python's own KeyboardInterrupt (SIGINT off the main thread)."""
+    if isinstance(exc, _Signalled):
+        return exc.signum
+    if isinstance(exc, KeyboardInterrupt):
+        return int(signal.SIGINT)
+    return None
+
+
+class RunInterrupted(Exception):
+    """The run was stopped by SIGINT or SIGTERM; the state and the leg in flight are recorded."""
+
+    def __init__(self, signum: int, run_dir: Path, leg: str | None = None):
+        self.signum, self.run_dir, self.leg = signum, run_dir, leg
+        self.signal = signal.Signals(signum).name
+        super().__init__(f"{self.signal} received")
+
+
+class _Signalled(BaseException):
+    # raised from the signal handler: a BaseException, so no ``except Exception`` on the way swallows it
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _signals_as_exceptions:
+    """SIGINT and SIGTERM become an exception in the main thread while legs run, so the run records
+    the stop (and its leg's process group is taken down) instead of dying with a raw traceback or
+    without a word. Off the main thread (a notebook's worker) signals cannot be caught: no change.
+    A SIGINT that was ignored when this started (a background job) stays ignored."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __enter__(self):
+        self.old = {}
+        import threading
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for sig in self.SIGNALS:
+            prev = signal.getsignal(sig)
+            if prev == signal.SIG_IGN:
+                continue
+            self.old[sig] = prev
+            signal.signal(sig, self._raise)
+        return self
+
+    def _raise(self, signum, frame):
+        # A second Ctrl-C while the leg's processes are being stopped must not cut that short.
+        for sig in self.old:
+            signal.signal(sig, signal.SIG_IGN)
+        raise _Signalled(signum)
+
+    def __exit__(self, *exc):
+        for sig, prev in self.old.items():
+            signal.signal(sig, prev)
+
+
+def _record_stop(rdir: Path, state: dict[str, Any], statuses: dict[str, str], exc: BaseException) -> None:
+    """The run stopped by a signal or an error (a full disk): say so in protocol.json where the disk lets us."""
+    inflight = state.get("leg_process") or {}
+    sig = _signum(exc)
+    if sig is not None:
+        state.update(state="interrupted", interrupted={"signal": signal.Signals(sig).name, "at": _now(),
+                                                       "leg": inflight.get("leg")})
+    else:
+        state.update(state="error", error=f"{type(exc).__name__}: {exc}", at=_now())
+    state.update(legs=statuses, leg_process=None, finished=_now())
+    try:
+        write_json_atomic(rdir / STATE_JSON, state)
+    except OSError:
+        pass  # the disk is still full: the error itself is reported by the caller
+
+
+def _run_legs(rdir, cfg, legs, todo, statuses, state, stop_on_failure, leg_timeout, env, python, runner, emit):
     t_run = time.monotonic()
     durations: list[float] = []
     stopped = False
@@ -522,7 +652,7 @@ def _execute_locked(rdir, cfg, legs, wanted, lock, stop_on_failure, leg_timeout,
             write_json_atomic(folder / LEG_JSON, ladder_engine.leg_config(leg, cfg, rdir))
         elif leg.kind != "score":
             reuse = earlier if earlier is not None and (earlier / LEG_JSON).is_file() else None
-            write_json_atomic(folder / LEG_JSON, leg_config(leg, cfg, rdir, reuse).to_dict())
+            write_json_atomic(folder / LEG_JSON, leg_config(leg, cfg, rdir, reuse).to_file_dict(folder))
         cmd = leg_command(leg, cfg, rdir, python, runner)
         t0 = time.monotonic()
 
@@ -531,7 +661,21 @@ def _execute_locked(rdir, cfg, legs, wanted, lock, stop_on_failure, leg_timeout,
                                     "started": _now()}
             write_json_atomic(rdir / STATE_JSON, state)
 
-        rc, why = _run_one(cmd, folder, leg_timeout, env, started)
+        try:
+            rc, why = _run_one(cmd, folder, leg_timeout, env, started)
+        except BaseException as exc:
+            # the leg's process group is gone (_run_one); its folder gets a failure record
+            sig = _signum(exc)
+            why = (f"interrupted by {signal.Signals(sig).name} while the leg ran" if sig is not None
+                   else f"the run stopped while the leg ran: {type(exc).__name__}: {exc}")
+            try:
+                statuses[leg.name] = _finalise(folder, leg, None, why)
+            except OSError:
+                pass  # a full disk: the run's own error says so
+            if sig is not None:
+                _record_stop(rdir, state, statuses, exc)
+                raise RunInterrupted(sig, rdir, leg.name) from None
+            raise
         dt = time.monotonic() - t0
         durations.append(dt)
         status = _finalise(folder, leg, rc, why)

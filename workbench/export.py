@@ -25,13 +25,20 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from typing import Any
+
 from . import analyses
 from .results import Run, load_run
+from .runfolder import RUN_JSON, lock_holder, read_json, write_json_atomic
 
 STATIC_FORMATS = ("png", "svg", "pdf")
 FORMATS = STATIC_FORMATS + ("html",)
 BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 _FIG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class BrowserError(RuntimeError):
+    """Static export was asked for and the browser it needs is not usable (a bad BROWSER_PATH, none found)."""
 
 
 class MissingBrowserWarning(UserWarning):
@@ -47,13 +54,14 @@ def find_browser() -> str:
     env = os.environ.get("BROWSER_PATH")
     if env:
         if not (os.path.isfile(env) and os.access(env, os.X_OK)):
-            raise RuntimeError(f"BROWSER_PATH={env!r} is not an executable file")
+            raise BrowserError(f"BROWSER_PATH={env!r} is not an executable file; png/svg/pdf export needs it to "
+                               f"point at a Chromium-family browser (or unset it to write html only)")
         return env
     for name in BROWSER_NAMES:
         path = shutil.which(name)
         if path:
             return path
-    raise RuntimeError("static figure export (png/svg/pdf) needs a Chromium-family browser and none was found: "
+    raise BrowserError("static figure export (png/svg/pdf) needs a Chromium-family browser and none was found: "
                        + INSTALL_BROWSER)
 
 
@@ -76,11 +84,14 @@ def usable_formats(formats: Iterable[str] | str) -> tuple[tuple[str, ...], str |
     """
     fmts = parse_formats(formats)
     static = [f for f in fmts if f in STATIC_FORMATS]
-    if not static or os.environ.get("BROWSER_PATH"):
+    if not static:
+        return fmts, None
+    if os.environ.get("BROWSER_PATH"):
+        find_browser()  # set but wrong is an error now, not after hours of legs
         return fmts, None
     try:
         find_browser()
-    except RuntimeError:
+    except BrowserError:
         kept = tuple(f for f in fmts if f not in STATIC_FORMATS)
         return kept, (f"{'/'.join(static)} figures skipped (no Chromium-family browser found); "
                       f"{'/'.join(kept) or 'no other'} figures written. To get them: {INSTALL_BROWSER}")
@@ -102,7 +113,8 @@ def export_figures(
     Without a Chromium-family browser, png/svg/pdf are skipped with one
     ``MissingBrowserWarning`` naming what to install; HTML is still written.
     """
-    formats = parse_formats(formats)
+    # no format at all: what is left of png-only on a host without a browser; nothing to write
+    formats = parse_formats(formats) if (isinstance(formats, str) or tuple(formats)) else ()
     for name, fig in figs.items():
         if not isinstance(name, str) or not _FIG_NAME.match(name):
             raise ValueError(f"figure name {name!r} is not a plain file name")
@@ -110,7 +122,7 @@ def export_figures(
             raise TypeError(f"figure {name!r} is a {type(fig).__name__}, not a plotly Figure")
     if int(width) <= 0 or int(height) <= 0 or scale <= 0:
         raise ValueError(f"width, height and scale must be positive (got {width}, {height}, {scale})")
-    if figs:
+    if figs and formats:
         formats, skipped = usable_formats(formats)
         if skipped:
             warnings.warn(skipped, MissingBrowserWarning, stacklevel=2)
@@ -120,8 +132,8 @@ def export_figures(
     browser = find_browser() if static and figs else None
 
     staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
+    written: dict[str, list[Path]] = {name: [] for name in figs}
     try:
-        written: dict[str, list[Path]] = {name: [] for name in figs}
         if static and figs:
             import kaleido  # imported late: only static export needs it
 
@@ -149,6 +161,46 @@ def export_figures(
         return written
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        # <run>/figures of a run folder: its summary lists what this export wrote, not what was drawn
+        if (out.parent / RUN_JSON).is_file() and out.name == "figures":
+            record_figures(out.parent, written)
+
+
+def record_figures(run_dir: str | Path, written: Mapping[str, list[Path]]) -> None:
+    """``tables/summary.json`` ``figures``: the figures written (with their files), and whether the
+    run was still going or lacked legs when its tables were made (``partial``)."""
+    path = Path(run_dir) / "tables" / analyses.SUMMARY_JSON
+    if not path.is_file():
+        return
+    try:
+        summary = read_json(path)
+    except (OSError, ValueError):
+        return
+    if not isinstance(summary, dict):
+        return
+    summary["figures"] = [name for name, files in written.items() if files]
+    summary["figure_files"] = {name: [p.name for p in files] for name, files in written.items() if files}
+    not_written = sorted(name for name, files in written.items() if not files)
+    if not_written:
+        summary["figures_not_written"] = not_written
+    else:
+        summary.pop("figures_not_written", None)
+    summary.update(partial_state(run_dir, summary.get("legs") or {}))
+    write_json_atomic(path, summary)
+
+
+def partial_state(run_dir: str | Path, legs: Mapping[str, str]) -> dict[str, Any]:
+    """``{"partial": bool, "partial_reason": str | None}``: tables made while the run still runs, or with
+    planned legs that are not complete, are partial and must say so."""
+    holder = lock_holder(run_dir)
+    reasons = []
+    if holder is not None:
+        reasons.append(f"the run is still running (PID {holder.get('pid')}, started {holder.get('started')})")
+    missing = {k: v for k, v in legs.items() if v != "complete"}
+    if missing:
+        reasons.append(f"{len(legs) - len(missing)}/{len(legs)} legs complete; not complete: "
+                       + ", ".join(f"{k} ({v})" for k, v in missing.items()))
+    return {"partial": bool(reasons), "partial_reason": "; ".join(reasons) or None}
 
 
 # --------------------------------------------------------------------------- a run's standard set
@@ -174,7 +226,8 @@ def export_run(
     files whose inputs are gone (``written["removed"]``). Raises if the run has
     no finished leg.
     """
-    run = load_run(run_dir)
+    # a leg whose records are damaged is left out and named (not a reason to export nothing)
+    run = load_run(run_dir, damaged="mark")
     t = analyses.RunTables(run)
     if run.records.empty and not t.available():  # a cost-ladder run has tables without prompt records
         removed = remove_stale(run.path, set(), set()) if tables else []
@@ -187,6 +240,11 @@ def export_run(
         for name, path in analyses.write_tables(t).items():
             written[f"table:{name}"] = [path]
         analyses.write_summary(t, list(figs))
+        damaged = {r.leg: r.error for r in run.legs.itertuples() if r.status == "damaged"}
+        record_figures(run.path, {name: written.get(name, []) for name in figs})
+        if damaged:  # the summary names which file and line kept a leg out
+            spath = run.path / "tables" / analyses.SUMMARY_JSON
+            write_json_atomic(spath, dict(read_json(spath), damaged=damaged))
         written["table:summary"] = [run.path / "tables" / analyses.SUMMARY_JSON]
         removed = remove_stale(run.path, set(t.available()), set(figs))
         if removed:

@@ -37,7 +37,7 @@ from .childproc import set_parent_death_signal
 from .knobs import KNOBS, Knobs
 from .metrics import acceptance_length, acceptance_rate
 from .runfolder import (FAILURE, LEG_JSON, RECORDS, RECORDS_PARTIAL, SUMMARY, append_jsonl, archive_leg,
-                        leg_status, read_json, read_jsonl, write_json_atomic)
+                        leg_status, read_json, read_jsonl, read_jsonl_salvage, run_dir_of_leg, write_json_atomic)
 
 # Set by the protocol for the legs it starts: the leg stops when that process dies.
 PARENT_ENV = "WORKBENCH_PARENT_PID"
@@ -130,9 +130,41 @@ class LegConfig:
             raise LegError(f"{where}: knobs: {exc}") from None
         return cls(**kw)
 
+    # Paths that leg.json stores relative to its own folder when they lie in the same run folder, so a
+    # copied or moved run folder still names its own prompts and attempts (and can reuse them).
+    _RUN_PATHS = ("prompts", "out", "resume_from")
+
+    def to_file_dict(self, folder: str | Path) -> dict[str, Any]:
+        """``to_dict`` as leg.json in ``folder`` stores it: paths inside the run folder made relative."""
+        d = self.to_dict()
+        folder = Path(folder).resolve()
+        rdir = run_dir_of_leg(folder)
+        if rdir is None:
+            return d
+        for key in self._RUN_PATHS:
+            value = d.get(key)
+            if value:
+                p = Path(value).resolve()
+                if p == rdir or rdir in p.parents:
+                    d[key] = os.path.relpath(p, folder)
+        return d
+
     def engine_settings(self) -> dict[str, Any]:
         """What must match for records of two attempts to belong in one leg."""
         return {k: v for k, v in self.to_dict().items() if k not in self._NOT_ENGINE}
+
+
+def load_leg_config(path: str | Path) -> LegConfig:
+    """A leg.json: relative paths in it are relative to its own folder (see ``LegConfig.to_file_dict``)."""
+    path = Path(path)
+    d = read_json(path)
+    if isinstance(d, dict):
+        d = dict(d)
+        for key in LegConfig._RUN_PATHS:
+            value = d.get(key)
+            if isinstance(value, str) and value and not os.path.isabs(value):
+                d[key] = os.path.normpath(path.parent.resolve() / value)
+    return LegConfig.from_dict(d, str(path))
 
 
 # --------------------------------------------------------------------------- #
@@ -525,7 +557,7 @@ def _resumable_records(cfg: LegConfig, wanted: list[str]) -> tuple[list[dict], s
         return [], None
     prev = Path(cfg.resume_from)
     try:
-        old = LegConfig.from_dict(read_json(prev / LEG_JSON), str(prev / LEG_JSON))
+        old = load_leg_config(prev / LEG_JSON)
     except (OSError, ValueError) as exc:
         return [], f"not reused: {prev / LEG_JSON} unreadable ({exc})"
     if old.engine_settings() != cfg.engine_settings():
@@ -535,10 +567,21 @@ def _resumable_records(cfg: LegConfig, wanted: list[str]) -> tuple[list[dict], s
     if not src.is_file():
         return [], "not reused: no records"
     want = set(wanted)
-    recs = [r for r in read_jsonl(src, tolerate_torn_tail=True) if r.get("pid") in want]
+    # A torn last line (the prompt being written when the leg died) or a damaged line elsewhere: the
+    # whole records are reused and those prompts are decoded again.
+    good, bad = read_jsonl_salvage(src)
+    seen: set[str] = set()
+    recs = []
+    for r in good:
+        if r.get("pid") in want and r["pid"] not in seen:
+            seen.add(r["pid"])
+            recs.append(r)
     for r in recs:
         r["resumed_from"] = str(prev)
-    return recs, f"reused {len(recs)} prompt(s) from {prev}"
+    note = f"reused {len(recs)} prompt(s) from {prev}"
+    if bad:
+        note += f"; {len(bad)} damaged line(s) in {src.name} (line {', '.join(map(str, bad[:5]))}) decoded again"
+    return recs, note
 
 
 def run_leg(cfg: LegConfig) -> dict:
@@ -555,7 +598,7 @@ def run_leg(cfg: LegConfig) -> dict:
         if cfg.resume_from and Path(cfg.resume_from).resolve() == out.resolve():
             cfg.resume_from = str(archived)  # "resume this folder": its earlier attempt is now there
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / LEG_JSON, dict(cfg.to_dict(), force=False))
+    write_json_atomic(out / LEG_JSON, dict(cfg.to_file_dict(out), force=False))
 
     carried, resume_note = _resumable_records(cfg, [p.pid for p in prompts])
     done = {r["pid"] for r in carried}
@@ -652,22 +695,38 @@ def run_leg(cfg: LegConfig) -> dict:
             print(f"[leg {cfg.leg or cfg.mode}] {j + 1}/{len(todo)} {prompts[i].pid}: "
                   f"{len(res.outputs[0].token_ids)} tokens in {t:.2f}s", file=sys.stderr, flush=True)
     elif inputs:
+        # Several requests at once: they are queued together and the engine is stepped here (what
+        # LLM.generate does inside), so each prompt's record is appended the moment its request
+        # finishes. A leg killed half-way keeps the finished prompts for resume, as at concurrency 1.
         ts = time.perf_counter()
-        results = llm.generate(inputs, sp, use_tqdm=False)
-        wall = time.perf_counter() - ts
-        collect_trace()
-        rows = []
-        for i, res in zip(todo, results):
-            # Engine-core timestamps (one monotonic clock): the request's service
-            # time from first scheduled to last token; waiting for a free slot
-            # under the concurrency limit is kept apart (t_queue).
-            m = getattr(res, "metrics", None)
-            sched, last, queued = (getattr(m, k, 0.0) or 0.0 for k in ("scheduled_ts", "last_token_ts", "queued_ts"))
-            if sched > 0 and last > sched:
-                rows.append(record(prompts[i], res, last - sched, max(sched - queued, 0.0) if queued > 0 else None))
-            else:
-                rows.append(record(prompts[i], res, wall, None))
-        append_jsonl(partial, rows)
+        rids = llm.enqueue(inputs, sp, use_tqdm=False)
+        # enqueue may hand back vLLM's internal ids ("<ours>-<suffix>"); outputs carry ours
+        index_of = {_external_id(str(rid)): i for rid, i in zip(rids, todo)}
+        n_done = 0
+        engine = llm.llm_engine
+        while engine.has_unfinished_requests():
+            finished = [o for o in engine.step() if getattr(o, "finished", False)]
+            if not finished:
+                continue
+            # One trace flush per engine step that finishes requests (at most one per prompt, as at
+            # concurrency 1): their per-step acceptance must be on disk before their records are.
+            collect_trace()
+            rows = []
+            for res in finished:
+                i = index_of[_external_id(str(res.request_id))]
+                # Engine-core timestamps (one monotonic clock): the request's service
+                # time from first scheduled to last token; waiting for a free slot
+                # under the concurrency limit is kept apart (t_queue).
+                m = getattr(res, "metrics", None)
+                sched, last, queued = (getattr(m, k, 0.0) or 0.0 for k in ("scheduled_ts", "last_token_ts", "queued_ts"))
+                if sched > 0 and last > sched:
+                    rows.append(record(prompts[i], res, last - sched, max(sched - queued, 0.0) if queued > 0 else None))
+                else:
+                    rows.append(record(prompts[i], res, time.perf_counter() - ts, None))
+            append_jsonl(partial, rows)
+            n_done += len(rows)
+            print(f"[leg {cfg.leg or cfg.mode}] {n_done}/{len(todo)} done "
+                  f"({', '.join(r['pid'] for r in rows)})", file=sys.stderr, flush=True)
     wall_s = time.perf_counter() - t_run
     counters = _counter_delta(spec_counters(llm), before)
 
@@ -821,7 +880,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> LegConfig:
     if args.config:
-        cfg = LegConfig.from_dict(read_json(args.config), args.config)
+        cfg = load_leg_config(args.config)
         if args.force:
             cfg.force = True
         return cfg
@@ -866,7 +925,8 @@ def _out_of(args: argparse.Namespace) -> Path | None:
         return Path(args.out)
     if args.config:
         try:
-            return Path(read_json(args.config)["out"])
+            # read raw: a config that fails its checks still names the folder its failure goes to
+            return Path(args.config).parent / read_json(args.config)["out"]
         except (OSError, ValueError, KeyError, TypeError):
             return Path(args.config).parent
     return None

@@ -12,13 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workbench.execution import (REPO_ROOT, ProtocolError, execute, leg_command, leg_config, prepare_run,
-                                 resolve_models)
+from workbench.execution import (REPO_ROOT, ProtocolError, RunInterrupted, execute, leg_command, leg_config,
+                                 prepare_run, resolve_models)
 from workbench.planning import ENGINE_SHAPE, SPEC_ONLY, Plan, PlannedLeg, parse_overrides, plan, template_fields
 from workbench.runfolder import ENV_JSON, PROMPTS, RUN_JSON, STATE_JSON, leg_status
 
 __all__ = [
-    "ProtocolError", "PlannedLeg", "Plan", "parse_overrides", "plan", "prepare_run", "execute",
+    "ProtocolError", "RunInterrupted", "require_run", "PlannedLeg", "Plan", "parse_overrides", "plan", "prepare_run", "execute",
     "leg_status", "leg_command", "leg_config", "resolve_models", "analyze_run", "REPO_ROOT",
     "ENGINE_SHAPE", "SPEC_ONLY", "template_fields", "RUN_JSON", "ENV_JSON", "STATE_JSON", "PROMPTS",
 ]
@@ -29,3 +29,17 @@ def analyze_run(run_dir: str | Path, figures: bool = True) -> dict[str, Any]:
     from workbench.analyses import analyze_run as analyze
     return analyze(run_dir, figures)
 
+
+def require_run(run_dir: str | Path | None, why: str = "") -> Path:
+    """``run_dir`` if it is a prepared run folder; else a ProtocolError naming it (nothing is created).
+
+    For callers that only read a run (the notebook with ``run_legs=False``): a mistyped folder must
+    be an error, not a fresh empty run prepared there.
+    """
+    if run_dir is None:
+        raise ProtocolError(f"no run_dir given{why}")
+    rdir = Path(run_dir)
+    if not (rdir / RUN_JSON).is_file():
+        what = "does not exist" if not rdir.exists() else f"has no {RUN_JSON}"
+        raise ProtocolError(f"{rdir} is not a run folder ({what}){why}")
+    return rdir

@@ -14,6 +14,7 @@ Public API:
 
 from __future__ import annotations
 
+import functools
 import re
 import string
 from dataclasses import dataclass, field
@@ -471,11 +472,10 @@ def _load_experiment(exp_id: str, raw: Any, defaults: dict, profiles: dict[str, 
     analyses = raw.get("analyses", [])
     if not isinstance(analyses, list) or not all(isinstance(a, str) and a for a in analyses):
         raise RegistryError(f"{w}.analyses: expected a list of analysis names, got {analyses!r}")
-    from workbench.analyses import check_names
-    try:
-        check_names(analyses, f"{w}.analyses")
-    except ValueError as exc:
-        raise RegistryError(str(exc)) from None
+    known = analysis_names()
+    unknown = [a for a in analyses if a not in known]
+    if unknown:
+        raise RegistryError(f"{w}.analyses: unknown analysis {unknown[0]!r}; analyses: {', '.join(known)}")
     profs = raw.get("profiles", [])
     if not isinstance(profs, list):
         raise RegistryError(f"{w}.profiles: expected a list of profile names, got {profs!r}")
@@ -534,6 +534,39 @@ def _read_yaml(path: Path) -> Any:
         raise RegistryError(f"registry file not found: {path}") from None
     except yaml.YAMLError as exc:
         raise RegistryError(f"{path}: not valid YAML ({exc})") from None
+
+
+_ANALYSES_PY = Path(__file__).resolve().parent / "analyses.py"
+
+
+@functools.lru_cache(maxsize=1)
+def analysis_names() -> tuple[str, ...]:
+    """The names of ``workbench.analyses.ANALYSES``, read from its source without importing it.
+
+    The catalogue (``workbench list|show|legs``, ``doctor``) must load on a host without pandas and
+    plotly, which importing the analysis registry needs; the names are the first argument of each
+    ``Analysis(...)`` in the ``ANALYSES`` table. A test checks they equal the imported table's keys.
+    """
+    import ast
+
+    tree = ast.parse(_ANALYSES_PY.read_text(encoding="utf-8"), str(_ANALYSES_PY))
+    names: list[str] = []
+    for node in ast.walk(tree):
+        value = None
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "ANALYSES" for t in node.targets):
+            value = node.value
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "ANALYSES":
+            value = node.value
+        if value is None:
+            continue
+        for call in ast.walk(value):
+            if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "Analysis":
+                arg = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "name"), None)
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    names.append(arg.value)
+    if not names:
+        raise RegistryError(f"{_ANALYSES_PY}: no Analysis(...) entries found in ANALYSES")
+    return tuple(names)
 
 
 def load_registry(experiments_path: str | Path | None = None,

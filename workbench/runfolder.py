@@ -405,6 +405,30 @@ class RunLock:
         self.release()
 
 
+def lock_holder(run_dir: str | Path) -> dict[str, Any] | None:
+    """Who holds the run's lock now (a run in progress), or None; changes nothing.
+
+    Probes with a shared, non-blocking flock on a read-only descriptor: unlike taking the lock, this
+    leaves the file (and what it says about a killed holder, which resume records) as it is.
+    """
+    path = Path(run_dir) / LOCK
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                return _read_lock(fd) or {"pid": None}
+            return None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 def _read_lock(fd: int) -> dict[str, Any] | None:
     try:
         raw = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
