@@ -222,7 +222,7 @@ def test_analysis_derives_c_and_speedup_from_the_rows(tmp_path):
     tables = ladder.write_tables(bench)
     pd.testing.assert_frame_equal(tables["cost_ratio"].reset_index(drop=True), ratios.reset_index(drop=True),
                                   check_dtype=False)
-    assert "| 8b | 1 | 4 | 10.00 | 12.00 | 3.00 / 6.00 | 0.25 / 0.50 | 2.50 | 2.00 / 1.25 |" in \
+    assert "| 8b | 1 | 4 | 10.00 | 12.00 | 3.00 / 6.00 | 2.00 / 5.00 | 0.25 / 0.50 | 2.50 | 2.00 / 1.25 |" in \
         ladder.summary_markdown(bench)
 
 
