@@ -129,10 +129,10 @@ class Cublas(Kernel):
 class Ours(Kernel):
     name = "twin-gemv"
 
-    def __init__(self, cfg=None, layout="gn"):
+    def __init__(self, cfg=None, layout="ng"):
         self.cfg, self.layout = cfg, layout
         if cfg is not None:
-            self.name = f"twin-gemv[{cfg.tag}{',ng' if layout == 'ng' else ''}]"
+            self.name = f"twin-gemv[{cfg.tag}{',' + layout if layout != 'ng' else ''}]"
 
     def prepare(self, packed, scales, zeros, group, dense_bf16):
         return tk.repack(packed, scales, zeros, group, scale_layout=self.layout)
@@ -336,7 +336,7 @@ def run_size(size, kernels, sweep, ms, group, symmetric, repeats, check, gen, ro
             del packed, scales, zeros, dense
         for sw in sweep:  # the swept configs run on twin-gemv's repacked copies
             base = states[g].get("twin-gemv")
-            states[g][sw.name] = base if not base or sw.layout == "gn" else [Ours.relayout(b, sw.layout) for b in base]
+            states[g][sw.name] = base if not base or sw.layout == "ng" else [Ours.relayout(b, sw.layout) for b in base]
         torch.cuda.empty_cache()
     all_kernels = list(active.values()) + list(sweep)
     xs = {}
@@ -565,7 +565,7 @@ def main(argv=None) -> int:
             cfgs = {c for m in ms for k8 in k8s for c in tk.sweep_configs(m, k8)}
             sweep = [Ours(c) for c in sorted(cfgs, key=lambda c: c.tag)]
             # the other scale / zero-point memory order, for the default configs
-            sweep += [Ours(c, "ng") for c in sorted({tk.choose_config(1 << 14, 1 << 10, m) for m in ms},
+            sweep += [Ours(c, "gn") for c in sorted({tk.choose_config(1 << 14, 1 << 10, m) for m in ms},
                                                      key=lambda c: c.tag)]
         log(f"{size}: {len(sweep)} swept twin-gemv configs")
         run_size(size, kernels, sweep, ms, args.group, args.symmetric, args.repeats, args.check, gen, rows,

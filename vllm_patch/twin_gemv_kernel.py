@@ -13,8 +13,8 @@ Layout, repacked once at load time (``repack``):
   values that nibble ``j`` of four consecutive ints multiply are four
   consecutive elements of ``x``.
 - ``scales`` ``[K/G, N]`` (activation dtype) and ``zeros`` ``[K/G, N]`` uint8
-  (absent for symmetric weights: zero point 8), transposed so that one group's
-  values for consecutive outputs are contiguous.
+  (absent for symmetric weights: zero point 8), by default transposed views of
+  ``[N, K/G]`` memory (``repack``'s ``scale_layout``).
 
 Dequantization avoids integer-to-float conversions (a quarter-rate
 instruction on Hopper): a nibble masked in place and OR-ed into the bits of
@@ -27,8 +27,10 @@ Two kernels:
 
 - ``gemv`` (M <= 4): CUDA-core FMAs, one fp32 accumulator tile per CTA, split-K;
 - ``mma`` (any M, tiles of 16..128 rows): the dequantized tile ``(q - z) * s``
-  (fp32) times ``x`` on the tensor cores (tf32, exact for bf16/fp16
-  activations; ``(q - z) * s`` is kept to tf32's 11 significant bits).
+  (exact in fp32) rounded once to the activation dtype, times ``x`` on the
+  tensor cores with fp32 accumulation: what a matmul with the dequantized
+  checkpoint computes (``Config.lowp=False``: fp32 operands as tf32 instead,
+  ``(q - z) * s`` kept to tf32's 11 significant bits).
 
 Split-K partial sums go to an fp32 workspace and a second small kernel adds
 them in a fixed order (deterministic) and casts to the output dtype.
@@ -99,13 +101,14 @@ def unrepack_qweight(qweight: torch.Tensor) -> torch.Tensor:
     return q.permute(0, 1, 3, 2).reshape(n, 8 * k8)
 
 
-def repack(weight_packed, weight_scale, weight_zero_point, group_size: int, scale_layout: str = "gn"):
+def repack(weight_packed, weight_scale, weight_zero_point, group_size: int, scale_layout: str = "ng"):
     """compressed-tensors tensors -> ``(qweight, scales [G, N], zeros [G, N] uint8 or None, group_ints)``.
 
-    ``scale_layout`` is the memory order of scales and zeros: ``gn`` (one group's
-    outputs contiguous) or ``ng`` (one output's groups contiguous, as in the
-    checkpoint); the tensors are ``[G, N]``-shaped either way (the kernel reads
-    the strides).
+    ``scale_layout`` is the memory order of scales and zeros: ``ng`` (one
+    output's groups contiguous, as in the checkpoint; the default: the scale
+    pointers then have no contiguous dimension, so Triton gives their loads the
+    weight tile's register layout) or ``gn`` (one group's outputs contiguous);
+    the tensors are ``[G, N]``-shaped either way (the kernel reads the strides).
     """
     n, k8 = weight_packed.shape
     k = 8 * k8
@@ -116,19 +119,18 @@ def repack(weight_packed, weight_scale, weight_zero_point, group_size: int, scal
     n_groups = k // g
     if weight_scale.shape != (n, n_groups):
         raise ValueError(f"scales {tuple(weight_scale.shape)} do not match ({n}, {n_groups})")
+    if scale_layout not in ("ng", "gn"):
+        raise ValueError(f"scale_layout {scale_layout!r} is not 'gn' or 'ng'")
     qweight = repack_qweight(weight_packed)
-    scales = weight_scale.t().contiguous()
+    scales = weight_scale.contiguous()  # [N, G]
     zeros = None
     if weight_zero_point is not None:
         zeros = unpack_int4_rows(weight_zero_point, n)
         if zeros.shape != (n, n_groups):
             raise ValueError(f"zero points unpack to {tuple(zeros.shape)}, expected ({n}, {n_groups})")
-        zeros = zeros.t().contiguous()
-    if scale_layout == "ng":
-        scales = scales.t().contiguous().t()
-        zeros = None if zeros is None else zeros.t().contiguous().t()
-    elif scale_layout != "gn":
-        raise ValueError(f"scale_layout {scale_layout!r} is not 'gn' or 'ng'")
+    scales = scales.t() if scale_layout == "ng" else scales.t().contiguous()
+    if zeros is not None:
+        zeros = zeros.t() if scale_layout == "ng" else zeros.t().contiguous()
     return qweight, scales, zeros, g // 8
 
 
@@ -150,13 +152,15 @@ class Config:
     bkp: int  # packed ints along K per iteration (8 * bkp input columns)
     warps: int = 4
     stages: int = 2
+    lowp: bool = True  # mma: operands in the activation dtype (else fp32 / tf32)
     split: int = 0  # split-K factor; 0 = from the CTA target
     waves: int = 8  # CTAs per SM to aim for when split == 0
 
     @property
     def tag(self) -> str:
         s = f"s{self.split}" if self.split else f"w{self.waves}"
-        return f"{self.kind}-m{self.bm}-n{self.bn}-k{8 * self.bkp}-{s}-nw{self.warps}-st{self.stages}"
+        tf32 = "-tf32" if self.kind == "mma" and not self.lowp else ""
+        return f"{self.kind}-m{self.bm}-n{self.bn}-k{8 * self.bkp}-{s}-nw{self.warps}-st{self.stages}{tf32}"
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -199,8 +203,9 @@ def sweep_configs(m: int, k8: int) -> list[Config]:
             out.append(Config("gemv", bm=bm, bn=bn if bm < 4 else max(8, bn // 2), bkp=min(bkp, bkp_cap),
                               warps=warps, stages=stages, split=split, waves=waves or 8))
     if m <= 16:
-        for bn, bkp, waves, warps in ((64, 32, 4, 4), (64, 64, 4, 4), (32, 32, 8, 4), (128, 32, 2, 4)):
-            out.append(Config("mma", bm=16, bn=bn, bkp=min(bkp, bkp_cap), waves=waves, warps=warps))
+        for bn, bkp, waves, warps, lowp in ((64, 32, 4, 4, True), (64, 64, 4, 4, True), (32, 32, 8, 4, True),
+                                            (128, 32, 2, 4, True), (64, 32, 4, 4, False), (64, 64, 4, 4, False)):
+            out.append(Config("mma", bm=16, bn=bn, bkp=min(bkp, bkp_cap), waves=waves, warps=warps, lowp=lowp))
     return list(dict.fromkeys(out))
 
 
@@ -283,7 +288,8 @@ if HAVE_TRITON:
     @triton.jit
     def _w4_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K8, stride_xm, stride_om, stride_split,
                        iters, stride_sg, stride_sn, GROUP_INTS: tl.constexpr, HAS_Z: tl.constexpr,
-                       BM: tl.constexpr, BN: tl.constexpr, BKP: tl.constexpr, PREC: tl.constexpr):
+                       BM: tl.constexpr, BN: tl.constexpr, BKP: tl.constexpr, LOWP: tl.constexpr,
+                       PREC: tl.constexpr, EMULATE: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         pid_m = tl.program_id(2)
@@ -309,8 +315,14 @@ if HAVE_TRITON:
                 f = (((w >> (4 * j)) & 15) | MAGIC).to(tl.float32, bitcast=True)  # 2^23 + q
                 wd = (f - zc) * sc
                 xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + (kb + 4 * j)[:, None],
-                             mask=c_ok[:, None] & m_ok[None, :], other=0.0).to(tl.float32)
-                acc += tl.dot(wd, xt, input_precision=PREC)
+                             mask=c_ok[:, None] & m_ok[None, :], other=0.0)
+                if LOWP and EMULATE:  # Triton's interpreter: the same products in fp32 (its bf16 dot is broken)
+                    acc += tl.dot(wd.to(x_ptr.dtype.element_ty).to(tl.float32), xt.to(tl.float32),
+                                  input_precision="ieee")
+                elif LOWP:  # the dequantized weight rounded once to x's dtype, as a dequantized checkpoint
+                    acc += tl.dot(wd.to(x_ptr.dtype.element_ty), xt)
+                else:
+                    acc += tl.dot(wd, xt.to(tl.float32), input_precision=PREC)
         ptrs = out_ptr + pid_k * stride_split + offs_m[None, :] * stride_om + offs_n[:, None]
         tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
 
@@ -359,7 +371,9 @@ def w4a16_mm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros
                               num_warps=cfg.warps, num_stages=cfg.stages)
     else:
         prec = "ieee" if x.dtype == torch.float32 else "tf32"
-        _w4_mma_kernel[grid](*common, GROUP_INTS=group_ints, HAS_Z=has_z, BM=cfg.bm, BN=cfg.bn, BKP=cfg.bkp, PREC=prec,
+        _w4_mma_kernel[grid](*common, GROUP_INTS=group_ints, HAS_Z=has_z, BM=cfg.bm, BN=cfg.bn, BKP=cfg.bkp,
+                             LOWP=cfg.lowp and x.dtype != torch.float32, PREC=prec,
+                             EMULATE=type(_w4_mma_kernel).__name__ == "InterpretedFunction",
                              num_warps=cfg.warps, num_stages=cfg.stages)
     if split > 1:
         total = m * n
