@@ -51,3 +51,32 @@ def test_records_stream_and_a_resumed_leg_reuses_finished_prompts(tiny_models, t
                             str(TINY_PROMPTS), "--n", "1", "--max-tokens", "8", "--dtype", "bfloat16",
                             "--resume-from", str(out / "attempts" / "1")).ok()
     assert other.summary["n_resumed"] == 0 and "engine settings differ (ignore_eos, max_tokens)" in other.summary["resume"]
+
+
+def test_records_stream_at_concurrency_above_one_and_a_killed_leg_resumes(tiny_models, tmp_path):
+    """At max_num_seqs > 1 each request's record is appended as it finishes, not when the batch does (#19)."""
+    out = tmp_path / "leg"
+    args = ["--target", str(tiny_models["target"]), "--prompts", str(TINY_PROMPTS), "--n", "4",
+            "--max-num-seqs", "2", "--max-tokens", "1500", "--ignore-eos", "--dtype", "bfloat16"]
+    proc = subprocess.Popen([sys.executable, "-m", "workbench.leg", "--out", str(out), *args], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    partial = out / "records.jsonl.partial"
+    try:
+        deadline = time.monotonic() + 300
+        while not (partial.is_file() and partial.read_text().count("\n") >= 1):
+            assert proc.poll() is None and time.monotonic() < deadline, "no record streamed before the leg ended"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    streamed = [json.loads(l) for l in partial.read_text().splitlines() if l.strip()]
+    assert 1 <= len(streamed) < 4 and not (out / "records.jsonl").exists()
+    assert all(r["gen_len"] == 1500 for r in streamed)
+
+    res = run_leg_process(out, *args, "--resume-from", str(out)).ok()
+    assert res.summary["n_resumed"] == len(streamed) and res.summary["n_prompts"] == 4
+    assert [r["pid"] for r in res.records] == ["tiny-001", "tiny-002", "tiny-003", "tiny-004"]
+    by_pid = {r["pid"]: r for r in res.records}
+    assert all(by_pid[r["pid"]]["gen_ids"] == r["gen_ids"] for r in streamed)
