@@ -224,20 +224,25 @@ def resolve_split(cfg: Config, n: int, k8: int, m: int, sms: int) -> tuple[int, 
 if HAVE_TRITON:
 
     @triton.jit
+    def _gemv_row(x_row, row_ok, f, kb, j: tl.constexpr, c_ok, t, xsum):
+        """One activation row's share of nibble j: ``t += q * x``, ``xsum += x`` (x scaled by 16^-(j%4))."""
+        xv = tl.load(x_row + kb + 4 * j, mask=c_ok & row_ok, other=0.0).to(tl.float32)
+        return t + f * (xv * (1.0 / (1 << (4 * (j % 4)))))[None, :], xsum + xv
+
+    @triton.jit
     def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K8, stride_xm, stride_om, stride_split,
                         iters, stride_sg, stride_sn, GROUP_INTS: tl.constexpr, HAS_Z: tl.constexpr,
                         BM: tl.constexpr, BN: tl.constexpr, BKP: tl.constexpr):
+        # Rows of x are unrolled (BM in 1, 2, 4), so every tensor keeps the weight tile's 2-D layout.
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         offs_n = pid_n * BN + tl.arange(0, BN)
         n_ok = offs_n < N
-        offs_m = tl.arange(0, BM)
-        m_ok = offs_m < M
         c0 = pid_k * iters * BKP
-        if BM == 1:
-            acc = tl.zeros((BN, BKP), dtype=tl.float32)
-        else:
-            acc = tl.zeros((BM, BN, BKP), dtype=tl.float32)
+        acc0 = tl.zeros((BN, BKP), dtype=tl.float32)
+        acc1 = tl.zeros((BN, BKP), dtype=tl.float32)
+        acc2 = tl.zeros((BN, BKP), dtype=tl.float32)
+        acc3 = tl.zeros((BN, BKP), dtype=tl.float32)
         for it in range(iters):
             cols = c0 + it * BKP + tl.arange(0, BKP)
             c_ok = cols < K8
@@ -251,12 +256,14 @@ if HAVE_TRITON:
                 zp = tl.full((BN, BKP), 8.0, dtype=tl.float32)
             kb = (cols // 4) * 32 + (cols % 4)
             hi = w >> 16
-            if BM == 1:
-                t = tl.zeros((BN, BKP), dtype=tl.float32)
-                xsum = tl.zeros((BKP,), dtype=tl.float32)
-            else:
-                t = tl.zeros((BM, BN, BKP), dtype=tl.float32)
-                xsum = tl.zeros((BM, BKP), dtype=tl.float32)
+            t0 = tl.zeros((BN, BKP), dtype=tl.float32)
+            t1 = tl.zeros((BN, BKP), dtype=tl.float32)
+            t2 = tl.zeros((BN, BKP), dtype=tl.float32)
+            t3 = tl.zeros((BN, BKP), dtype=tl.float32)
+            s0 = tl.zeros((BKP,), dtype=tl.float32)
+            s1 = tl.zeros((BKP,), dtype=tl.float32)
+            s2 = tl.zeros((BKP,), dtype=tl.float32)
+            s3 = tl.zeros((BKP,), dtype=tl.float32)
             for j in tl.static_range(8):
                 if j < 4:
                     src = w
@@ -264,26 +271,25 @@ if HAVE_TRITON:
                     src = hi
                 # nibble masked in place: the float 2^23 + q * 16^(j%4), minus 2^23
                 f = ((src & (15 << (4 * (j % 4)))) | MAGIC).to(tl.float32, bitcast=True) - 8388608.0
-                if BM == 1:
-                    xv = tl.load(x_ptr + kb + 4 * j, mask=c_ok, other=0.0).to(tl.float32)
-                    xsum += xv
-                    t += f * (xv * (1.0 / (1 << (4 * (j % 4)))))[None, :]
-                else:
-                    xv = tl.load(x_ptr + offs_m[:, None] * stride_xm + (kb + 4 * j)[None, :],
-                                 mask=m_ok[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
-                    xsum += xv
-                    t += f[None, :, :] * (xv * (1.0 / (1 << (4 * (j % 4)))))[:, None, :]
-            if BM == 1:
-                acc += (t - zp * xsum[None, :]) * sc
-            else:
-                acc += (t - zp[None, :, :] * xsum[:, None, :]) * sc[None, :, :]
-        if BM == 1:
-            y = tl.sum(acc, axis=1)
-            tl.store(out_ptr + pid_k * stride_split + offs_n, y.to(out_ptr.dtype.element_ty), mask=n_ok)
-        else:
-            y = tl.sum(acc, axis=2)
-            ptrs = out_ptr + pid_k * stride_split + offs_m[:, None] * stride_om + offs_n[None, :]
-            tl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+                t0, s0 = _gemv_row(x_ptr, M > 0, f, kb, j, c_ok, t0, s0)
+                if BM > 1:
+                    t1, s1 = _gemv_row(x_ptr + stride_xm, M > 1, f, kb, j, c_ok, t1, s1)
+                if BM > 2:
+                    t2, s2 = _gemv_row(x_ptr + 2 * stride_xm, M > 2, f, kb, j, c_ok, t2, s2)
+                    t3, s3 = _gemv_row(x_ptr + 3 * stride_xm, M > 3, f, kb, j, c_ok, t3, s3)
+            acc0 += (t0 - zp * s0[None, :]) * sc
+            if BM > 1:
+                acc1 += (t1 - zp * s1[None, :]) * sc
+            if BM > 2:
+                acc2 += (t2 - zp * s2[None, :]) * sc
+                acc3 += (t3 - zp * s3[None, :]) * sc
+        out = out_ptr + pid_k * stride_split + offs_n
+        tl.store(out, tl.sum(acc0, axis=1).to(out_ptr.dtype.element_ty), mask=n_ok)
+        if BM > 1:
+            tl.store(out + stride_om, tl.sum(acc1, axis=1).to(out_ptr.dtype.element_ty), mask=n_ok & (M > 1))
+        if BM > 2:
+            tl.store(out + 2 * stride_om, tl.sum(acc2, axis=1).to(out_ptr.dtype.element_ty), mask=n_ok & (M > 2))
+            tl.store(out + 3 * stride_om, tl.sum(acc3, axis=1).to(out_ptr.dtype.element_ty), mask=n_ok & (M > 3))
 
     @triton.jit
     def _w4_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K8, stride_xm, stride_om, stride_split,
