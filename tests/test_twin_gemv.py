@@ -164,6 +164,12 @@ def test_split_heuristic_fills_the_gpu():
     assert tk.choose_config(5120, 640, 1).kind == "gemv"
     assert tk.choose_config(5120, 640, 16).kind == "mma"
     assert tk.choose_config(5120, 640, 300).bm == 128  # prefill: big M tiles, still correct
+    tuned = tk.Config("gemv", bm=4, bn=16, bkp=64, split=2)
+    tk.TUNED[(5120, 640, 4)] = tuned  # measured overrides come first, by M bucket
+    try:
+        assert tk.choose_config(5120, 640, 3) == tuned and tk.choose_config(5120, 640, 5).kind == "mma"
+    finally:
+        del tk.TUNED[(5120, 640, 4)]
 
 
 def test_can_implement_rules():

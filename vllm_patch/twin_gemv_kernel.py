@@ -179,8 +179,20 @@ def _pow2_at_least(v: int) -> int:
     return 1 << max(0, (int(v) - 1).bit_length())
 
 
+# Measured overrides, (N, K/8, M bucket) -> Config: the README of a benchmarks/int4_gemm.py run
+# lists the swept configs that beat the heuristic, in this form.
+TUNED: dict[tuple[int, int, int], Config] = {}
+
+
+def m_bucket(m: int) -> int:
+    return _pow2_at_least(m) if m <= 16 else 0
+
+
 def choose_config(n: int, k8: int, m: int) -> Config:
-    """Heuristic tile table keyed by (N, K, M); split-K is resolved in ``resolve_split``."""
+    """Tile table keyed by (N, K, M): ``TUNED`` first, else the heuristic; split-K in ``resolve_split``."""
+    tuned = TUNED.get((n, k8, m_bucket(m)))
+    if tuned is not None:
+        return tuned
     bkp_cap = max(16, _pow2_at_least(k8))
     if m <= 2:
         return Config("gemv", bm=_pow2_at_least(m), bn=32, bkp=min(64, bkp_cap), waves=8)
