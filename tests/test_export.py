@@ -123,7 +123,7 @@ def test_notebook_and_export_write_one_file_per_table(tmp_path):
     assert list(res["_figures"]) == ["exactness_table", "speedup_vs_gamma"]
     export_run(rdir, formats=("html",))
     tables = sorted(p.name for p in (rdir / "tables").iterdir())
-    assert tables == sorted(["speedup.csv", "prompt_speedups.csv", "acceptance.csv", "exactness.csv",
+    assert tables == sorted(["speedup.csv", "prompt_speedups.csv", "acceptance.csv", "exactness.csv", "divergences.csv",
                              "per_position_acceptance.csv", "acceptance_over_position.csv",
                              "counterfactual_acceptance.csv", "legs_throughput.csv", "summary.json"])
     figures = sorted(p.stem for p in (rdir / "figures").glob("*.html"))
