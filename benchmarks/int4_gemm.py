@@ -136,6 +136,7 @@ class Ours(Kernel):
             self.name = f"twin-gemv[{cfg.tag}{',' + layout if layout != 'ng' else ''}]"
 
     def prepare(self, packed, scales, zeros, group, dense_bf16):
+        tk.counters(packed.device)  # before any graph capture
         return tk.repack(packed, scales, zeros, group, scale_layout=self.layout)
 
     @staticmethod

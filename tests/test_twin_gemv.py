@@ -116,6 +116,7 @@ def test_interpreted_kernel_matches_reference(ik, n, k, group, symmetric, m):
     configs = [ik.choose_config(n, k // 8, m)]
     if m <= 4:  # both kernels where both apply; split-K on and off
         configs += [ik.Config("gemv", bm=ik._pow2_at_least(m), bn=16, bkp=16, split=3),
+                    ik.Config("gemv", bm=ik._pow2_at_least(m), bn=16, bkp=16, split=3, fused=True),
                     ik.Config("mma", bm=16, bn=16, bkp=16, split=1)]
     # the mma kernel rounds the dequantized weight once to x's dtype: a matmul with the dequantized checkpoint
     ref_rounded = x.float() @ w.to(torch.bfloat16).float().T
@@ -127,6 +128,7 @@ def test_interpreted_kernel_matches_reference(ik, n, k, group, symmetric, m):
             assert rel_err(y, ref_rounded) < 1e-2, cfg
         else:
             assert rel_err(y, ref) < 1e-5, cfg
+    assert int(ik.counters(torch.device("cpu")).abs().sum()) == 0  # the fused reduction leaves them zero
     y = ik.w4a16_mm(x, qw, s, z, gi)  # bf16 out, the layer's path
     assert y.dtype == torch.bfloat16 and rel_err(y, ref) < 1e-2
     # scales / zeros with one group's outputs contiguous (the default is the checkpoint's order)

@@ -151,6 +151,8 @@ def _build_class():
                 replace_parameter(layer, self.w_zp_name, zeros)
             self.group_ints = group_ints
             layer.twin_gemv_group_ints = group_ints
+            if qweight.is_cuda:
+                _k.counters(qweight.device)  # the fused split-K's counters exist before graph capture
 
         def apply_weights(self, layer: torch.nn.Module, x: torch.Tensor,
                           bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -153,6 +153,7 @@ class Config:
     warps: int = 4
     stages: int = 2
     lowp: bool = True  # mma: operands in the activation dtype (else fp32 / tf32)
+    fused: bool = False  # gemv split-K: the last CTA of a tile adds the partials (no second kernel)
     split: int = 0  # split-K factor; 0 = from the CTA target
     waves: int = 8  # CTAs per SM to aim for when split == 0
 
@@ -160,7 +161,8 @@ class Config:
     def tag(self) -> str:
         s = f"s{self.split}" if self.split else f"w{self.waves}"
         tf32 = "-tf32" if self.kind == "mma" and not self.lowp else ""
-        return f"{self.kind}-m{self.bm}-n{self.bn}-k{8 * self.bkp}-{s}-nw{self.warps}-st{self.stages}{tf32}"
+        fused = "-fused" if self.kind == "gemv" and self.fused else ""
+        return f"{self.kind}-m{self.bm}-n{self.bn}-k{8 * self.bkp}-{s}-nw{self.warps}-st{self.stages}{tf32}{fused}"
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -214,6 +216,9 @@ def sweep_configs(m: int, k8: int) -> list[Config]:
                 (8, 64, 0, 1, 2, 1), (16, 64, 0, 2, 2, 1)):  # the last two: no split-K, no reduce kernel
             out.append(Config("gemv", bm=bm, bn=bn if bm < 4 else max(8, bn // 2), bkp=min(bkp, bkp_cap),
                               warps=warps, stages=stages, split=split, waves=waves or 8))
+        for bn, bkp, waves in ((32, 64, 8), (16, 64, 8)):  # split-K reduced by the last CTA
+            out.append(Config("gemv", bm=bm, bn=bn if bm < 4 else max(8, bn // 2), bkp=min(bkp, bkp_cap),
+                              waves=waves, fused=True))
     if m <= 16:
         for bn, bkp, waves, warps, lowp in ((64, 32, 4, 4, True), (64, 64, 4, 4, True), (32, 32, 8, 4, True),
                                             (128, 32, 2, 4, True), (64, 32, 4, 4, False), (64, 64, 4, 4, False)):
@@ -243,8 +248,9 @@ if HAVE_TRITON:
 
     @triton.jit
     def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K8, stride_xm, stride_om, stride_split,
-                        iters, stride_sg, stride_sn, GROUP_INTS: tl.constexpr, HAS_Z: tl.constexpr,
-                        BM: tl.constexpr, BN: tl.constexpr, BKP: tl.constexpr):
+                        iters, stride_sg, stride_sn, fin_ptr, cnt_ptr, split, GROUP_INTS: tl.constexpr,
+                        HAS_Z: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BKP: tl.constexpr,
+                        FUSED: tl.constexpr):
         # Rows of x are unrolled (BM in 1, 2, 4), so every tensor keeps the weight tile's 2-D layout.
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -302,6 +308,17 @@ if HAVE_TRITON:
         if BM > 2:
             tl.store(out + 2 * stride_om, tl.sum(acc2, axis=1).to(out_ptr.dtype.element_ty), mask=n_ok & (M > 2))
             tl.store(out + 3 * stride_om, tl.sum(acc3, axis=1).to(out_ptr.dtype.element_ty), mask=n_ok & (M > 3))
+        if FUSED:  # out_ptr holds fp32 partials; the tile's last CTA to arrive sums them into fin_ptr
+            tl.debug_barrier()  # every thread's partial is stored before the arrival is counted
+            arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == split - 1:
+                for r in tl.static_range(BM):
+                    tot = tl.zeros((BN,), dtype=tl.float32)
+                    for sp in range(split):  # fixed order: deterministic
+                        tot += tl.load(out_ptr + sp * stride_split + r * stride_om + offs_n, mask=n_ok & (M > r),
+                                       other=0.0, cache_modifier=".cg")
+                    tl.store(fin_ptr + r * stride_om + offs_n, tot.to(fin_ptr.dtype.element_ty), mask=n_ok & (M > r))
+                tl.atomic_xchg(cnt_ptr + pid_n, 0)  # ready for the next call (and graph replay)
 
     @triton.jit
     def _w4_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K8, stride_xm, stride_om, stride_split,
@@ -354,6 +371,27 @@ if HAVE_TRITON:
         tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+COUNTER_SLOTS = 1 << 16
+
+
+def counters(device: torch.device, tiles: int = 0) -> torch.Tensor:
+    """Arrival counters of the fused split-K reduction, one zeroed buffer per device.
+
+    Every call leaves them zero again, and calls on one stream run one after
+    another, so all layers share it. Create it before CUDA-graph capture
+    (``TwinGemvLinearKernel.process_weights_after_loading`` does).
+    """
+    if tiles > COUNTER_SLOTS:
+        raise ValueError(f"{tiles} output tiles > {COUNTER_SLOTS} counters")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device not in _COUNTERS:
+        _COUNTERS[device] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
+    return _COUNTERS[device]
+
+
 def w4a16_mm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
              group_ints: int, cfg: Config | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """``x [M, K] @ dequant(W)^T -> [M, N]`` with the repacked tensors of ``repack``."""
@@ -384,16 +422,18 @@ def w4a16_mm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros
         raise ValueError("scales (and zeros) must be [K / group, N] with one layout")
     common = (x, qweight, scales, zarg, dest, m, n, k8, x.stride(0), n, m * n, iters, scales.stride(0),
               scales.stride(1))
+    fused = cfg.kind == "gemv" and cfg.fused and split > 1
     if cfg.kind == "gemv":
-        _w4_gemv_kernel[grid](*common, GROUP_INTS=group_ints, HAS_Z=has_z, BM=cfg.bm, BN=cfg.bn, BKP=cfg.bkp,
-                              num_warps=cfg.warps, num_stages=cfg.stages)
+        cnt = counters(x.device, grid[0]) if fused else qweight
+        _w4_gemv_kernel[grid](*common, out, cnt, split, GROUP_INTS=group_ints, HAS_Z=has_z, BM=cfg.bm, BN=cfg.bn,
+                              BKP=cfg.bkp, FUSED=fused, num_warps=cfg.warps, num_stages=cfg.stages)
     else:
         prec = "ieee" if x.dtype == torch.float32 else "tf32"
         _w4_mma_kernel[grid](*common, GROUP_INTS=group_ints, HAS_Z=has_z, BM=cfg.bm, BN=cfg.bn, BKP=cfg.bkp,
                              LOWP=cfg.lowp and x.dtype != torch.float32, PREC=prec,
                              EMULATE=type(_w4_mma_kernel).__name__ == "InterpretedFunction",
                              num_warps=cfg.warps, num_stages=cfg.stages)
-    if split > 1:
+    if split > 1 and not fused:
         total = m * n
         _split_reduce_kernel[(-(-total // 1024),)](dest, out, total, split, BLOCK=1024, num_warps=4)
     return out
