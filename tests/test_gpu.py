@@ -319,17 +319,19 @@ def test_invalid_draft_ids_on_cuda_tensors(tmp_path, monkeypatch):
 
     from vllm.v1.sample import rejection_sampler as rs
 
-    from vllm_patch import engine_patches as ep
+    from vllm_patch import relaxed_gate
+    from vllm_patch.engine_state import EngineState
     from vllm_patch.knobs import EngineKnobs
+    from vllm_patch.telemetry import TraceWriter
 
     monkeypatch.setattr(rs, "rejection_sample", rs.rejection_sample)
-    ep._patch_rejection_sampler(EngineKnobs(relax_logtau=0.7))
-    monkeypatch.setattr(ep.G, "trace", ep.TraceWriter(str(tmp_path)))
+    G = EngineState(EngineKnobs(relax_logtau=0.7), trace=TraceWriter(str(tmp_path)))
+    relaxed_gate.install(G)
     logits = torch.zeros(5, 16, device="cuda")
     for i, a in enumerate([1, 2, 6, 9, 11]):
         logits[i, a] = 5.0
     logits[0, 3] = 4.5
-    ep.G.batch_req_ids = ["a", "b"]
+    G.batch_req_ids = ["a", "b"]
     try:
         out = rs.rejection_sample(torch.tensor([3, 2, -1, 9, 10_000], dtype=torch.int32, device="cuda"), [3, 2], 3,
                                   torch.tensor([3, 5], dtype=torch.int32, device="cuda"), None, logits,
@@ -337,9 +339,9 @@ def test_invalid_draft_ids_on_cuda_tensors(tmp_path, monkeypatch):
                                   SimpleNamespace(all_greedy=True, all_random=False, temperature=None))
         torch.cuda.synchronize()
     finally:
-        ep.G.batch_req_ids = None
+        G.batch_req_ids = None
     assert out[0].tolist() == [3, 2, 6, -1] and out[1].tolist()[:2] == [9, 11]
-    ep.G.trace.flush()
+    G.trace.flush()
     line = json.loads(next(tmp_path.glob("trace-*.jsonl")).read_text().splitlines()[0])
     assert line["invalid"] == {"a": 1, "b": 1}
 

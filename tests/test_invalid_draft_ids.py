@@ -23,16 +23,19 @@ def patched(tmp_path, monkeypatch):
     import vllm.utils.cpu_triton_utils as cpu_tl
     from vllm.v1.sample import rejection_sampler as rs
 
-    from vllm_patch import engine_patches as ep
+    from vllm_patch import relaxed_gate
+    from vllm_patch.engine_state import EngineState
     from vllm_patch.knobs import EngineKnobs
+    from vllm_patch.telemetry import TraceWriter
 
     monkeypatch.setattr(rs, "rejection_greedy_sample_kernel", cpu_tl.rejection_greedy_sample_kernel)
     monkeypatch.setattr(rs, "rejection_sample", rs.rejection_sample)
 
     def install(relax_logtau: float, trace: bool = True):
-        ep._patch_rejection_sampler(EngineKnobs(relax_logtau=relax_logtau))
-        monkeypatch.setattr(ep.G, "trace", ep.TraceWriter(str(tmp_path), batch_steps=2) if trace else None)
-        return rs.rejection_sample, ep.G
+        state = EngineState(EngineKnobs(relax_logtau=relax_logtau),
+                            trace=TraceWriter(str(tmp_path), batch_steps=2) if trace else None)
+        relaxed_gate.install(state)
+        return rs.rejection_sample, state
 
     return install
 

@@ -4,7 +4,8 @@
 installs it where vLLM's GPU model runner constructs its drafter (the ``DraftModelProposer`` name in
 ``vllm.v1.worker.gpu_model_runner``), so no vLLM class is changed and every other proposer is
 vLLM's own. What each hook changes, and why, is in the docstring of ``engine_patches``; state of one
-proposer lives on it (``self._twin``), not in a module global.
+proposer lives on it (``self._twin``), and the engine's state it shares with the other patches (knobs,
+report, step timer) is the installed ``EngineState``, kept as ``self._twin_engine``: no module global.
 
 The γ−1 single-token draft steps advance positions, slot mapping and M-RoPE positions with tensor
 operations on the device only (no ``.item()``, no host copy, no Python loop over requests), so the
@@ -24,7 +25,7 @@ from vllm.v1.spec_decode.draft_model import DraftModelProposer
 from vllm.v1.spec_decode.utils import PADDING_SLOT_ID
 
 from . import draft_kernels
-from .engine_patches import G
+from . import engine_state
 
 GRAPH_MODES = ("none", "piecewise", "full")
 # FULL decode graphs of the drafter are written but not yet verified on a GPU (tests/test_gpu.py,
@@ -75,8 +76,12 @@ class TwinDraftProposer(DraftModelProposer):
     def __init__(self, vllm_config, device, runner=None):
         # set before the base __init__: it calls the _warn/_raise hooks below
         self._twin = None
+        self._twin_engine = engine_state.current()
+        if self._twin_engine is None:
+            raise RuntimeError("TwinDraftProposer needs the twin-spec plugin installed "
+                               "(vllm_patch.engine_patches.apply)")
         super().__init__(vllm_config=vllm_config, device=device, runner=runner)
-        knobs = G.knobs
+        knobs = self._twin_engine.knobs
         self._twin_graphs_off = False      # run-time switch: dispatch forced to eager (cost ladder)
         self._twin_calls = 0               # dispatches in this propose: the first is the first pass
         self._twin_full = None             # FULL decode graph state (see initialize_cudagraph_keys)
@@ -110,7 +115,7 @@ class TwinDraftProposer(DraftModelProposer):
                       "seq_pos": None, "delta": None}
         self._twin_kernel = draft_kernels.resolve(knobs.draft_linear_kernel, on_gpu)
         sched = vllm_config.scheduler_config
-        G.report.update(
+        self._twin_engine.report.update(
             drafter="draft_model",
             proposer=type(self).__name__,
             draft_model=str(self.draft_model_config.model),
@@ -164,7 +169,7 @@ class TwinDraftProposer(DraftModelProposer):
             return super().load_model(target_model)
         with draft_kernels.prefer(self._twin_kernel[0]):
             super().load_model(target_model)
-        G.report.update(**draft_kernels.report(self.model, self._twin_kernel[0]))
+        self._twin_engine.report.update(**draft_kernels.report(self.model, self._twin_kernel[0]))
         if self._twin_graph_mode == "full":
             from vllm.compilation.cuda_graph import CUDAGraphWrapper
 
@@ -183,8 +188,8 @@ class TwinDraftProposer(DraftModelProposer):
             ok, why = False, "FULL drafter graphs are not written for data parallelism"
         if not ok:
             self._twin_graph_mode = "piecewise"
-            G.report.update(draft_cudagraph_mode_planned="piecewise",
-                            draft_cudagraph_mode_reason=f"full refused: {why}; piecewise instead")
+            self._twin_engine.report.update(draft_cudagraph_mode_planned="piecewise",
+                                            draft_cudagraph_mode_reason=f"full refused: {why}; piecewise instead")
             return super().initialize_cudagraph_keys(cudagraph_mode)
         dispatcher = self.cudagraph_dispatcher
         # The drafter's decode steps carry one token per request (the target's carry 1 + gamma).
@@ -222,7 +227,8 @@ class TwinDraftProposer(DraftModelProposer):
             return
         self._twin_dispatched[mode] += 1
         if self._twin_dispatched[mode] == 1:  # one report write per mode, not per step
-            G.report.update(draft_single_step_modes_ran=[m for m in GRAPH_MODES if self._twin_dispatched[m]])
+            ran = [m for m in GRAPH_MODES if self._twin_dispatched[m]]
+            self._twin_engine.report.update(draft_single_step_modes_ran=ran)
 
     def dummy_run(self, num_tokens, use_cudagraphs=True, is_graph_capturing=False, slot_mappings=None):
         self._twin_calls = 0
@@ -281,8 +287,8 @@ class TwinDraftProposer(DraftModelProposer):
             out = super().propose(*args, **kwargs)
         finally:
             self._twin_in_propose = False
-        if self._twin_loop_t0 and G.steps is not None:
-            G.steps.stamp("draft_loop_t1")  # end of the gamma-1 single-token steps
+        if self._twin_loop_t0 and self._twin_engine.steps is not None:
+            self._twin_engine.steps.stamp("draft_loop_t1")  # end of the gamma-1 single-token steps
         return out
 
     def set_inputs_first_pass(self, target_token_ids, next_token_ids, target_positions, target_hidden_states,
@@ -325,7 +331,7 @@ class TwinDraftProposer(DraftModelProposer):
     def build_model_inputs_first_pass(self, num_tokens, num_input_tokens, mm_embed_inputs):
         tw = self._twin
         if tw is not None and self.supports_mm_inputs:
-            if G.knobs.blind_mm or mm_embed_inputs is None:
+            if self._twin_engine.knobs.blind_mm or mm_embed_inputs is None:
                 mm_embed_inputs = None
             else:
                 mm_embeds, is_mm = mm_embed_inputs
@@ -342,8 +348,8 @@ class TwinDraftProposer(DraftModelProposer):
         tw = self._twin
         if tw is not None and not self._twin_loop_t0:
             self._twin_loop_t0 = True
-            if G.steps is not None:
-                G.steps.stamp("draft_loop_t0")
+            if self._twin_engine.steps is not None:
+                self._twin_engine.steps.stamp("draft_loop_t0")
             full = self._twin_full
             if full is not None and input_batch_size in full["captured"]:
                 # A FULL graph reads the sequence lengths it was captured with: move them into

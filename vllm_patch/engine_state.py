@@ -1,0 +1,100 @@
+"""Per-engine state: the knobs read, the report, the trace and step timer, the batch being verified.
+
+One :class:`EngineState` per engine process, created by ``engine_patches.apply`` and handed to
+every installer there; the hooks close over it (``runner_hooks``, ``relaxed_gate``,
+``worker_rpc``) or keep it on the object vLLM builds (the twin proposer keeps it as
+``self._twin_engine``). No plugin module holds it in a global of its own.
+
+The one process-wide fact is *that* the plugin is installed and with which state: vLLM loads its
+general plugins more than once per process (front end, engine core, workers, each ``LLM``), the
+patches must go in once, and the front end of an in-process engine (the cost ladder's step rows)
+has no other handle on the state than the process. It is kept in one place, set once at install:
+an attribute of the ``vllm`` module, the object the patches change, so it also survives a
+re-import of this package (:func:`current`, :func:`publish`).
+"""
+
+from __future__ import annotations
+
+import os
+
+from .engine_report import EngineReport
+from .knobs import EngineKnobs, KnobError
+from .telemetry import StepTimer, TraceWriter
+
+STATE_ATTR = "_twin_spec_state"  # on the vllm module: the installed EngineState
+
+
+class EngineState:
+    """What one engine's patches share.
+
+    ``batch_req_ids`` is set by the runner's ``_sample`` hook around the rejection sampler call and
+    read by the relaxed gate (vLLM calls the sampler without the runner): which requests the rows
+    of the batch being verified belong to. ``trace_parked`` keeps the trace writer while tracing is
+    switched off at run time (trace-cost benchmark: on and off side by side in one engine).
+    """
+
+    def __init__(self, knobs: EngineKnobs | None = None, report: EngineReport | None = None,
+                 trace: TraceWriter | None = None, steps: StepTimer | None = None):
+        self.knobs = knobs
+        self.report = report
+        self.trace = trace
+        self.trace_parked: TraceWriter | None = None
+        self.steps = steps
+        self.batch_req_ids: list[str] | None = None
+        self.draft_vision_calls = 0
+
+    @classmethod
+    def create(cls, knobs: EngineKnobs, env=None) -> EngineState:
+        """The state of an engine started with ``knobs``; writes the first engine report."""
+        env = os.environ if env is None else env
+        report = EngineReport(knobs)
+        report.update()
+        trace = TraceWriter(knobs.report_dir) if knobs.trace and knobs.report_dir else None
+        steps = None
+        if StepTimer.SWITCH.read_env(env):
+            if not knobs.report_dir:
+                raise KnobError(f"{StepTimer.SWITCH.env}=1 needs VLLM_SPEC_REPORT_DIR: the folder step timings go to")
+            steps = StepTimer(knobs.report_dir)
+        return cls(knobs, report, trace, steps)
+
+    # -- what the worker RPC asks (see worker_rpc) ----------------------------------------------- #
+    def flush_trace(self) -> int:
+        """Write out every traced step of this process; the number of steps traced."""
+        return self.trace.flush() if self.trace is not None else 0
+
+    def set_trace(self, on: bool) -> bool:
+        """Switch tracing off/on in a running engine; whether it is on."""
+        if on and self.trace is None and self.trace_parked is not None:
+            self.trace, self.trace_parked = self.trace_parked, None
+        elif not on and self.trace is not None:
+            self.trace.flush()
+            self.trace, self.trace_parked = None, self.trace
+        return self.trace is not None
+
+    def trace_stats(self) -> dict:
+        """Steps traced and the host time the trace spent on the decode path, this process."""
+        t = self.trace or self.trace_parked
+        return {"steps": t.step, "host_ms": t.host_ns / 1e6} if t is not None else {"steps": 0, "host_ms": 0.0}
+
+    def flush_steps(self) -> str | None:
+        """Write out the step timer's rows; its file (None: no step timer)."""
+        if self.steps is None:
+            return None
+        self.steps.flush()
+        return self.steps.path
+
+
+def current() -> EngineState | None:
+    """The state the plugin was installed with in this process (None: not installed)."""
+    import vllm
+
+    return getattr(vllm, STATE_ATTR, None)
+
+
+def publish(state: EngineState) -> None:
+    """Record ``state`` as this process's installed state: once, at the end of the install."""
+    import vllm
+
+    if getattr(vllm, STATE_ATTR, None) is not None:
+        raise RuntimeError("the twin-spec plugin is already installed in this process")
+    setattr(vllm, STATE_ATTR, state)

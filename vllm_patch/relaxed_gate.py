@@ -1,0 +1,113 @@
+"""The relaxed gate and the trace's margins: a wrapper around vLLM's ``rejection_sample``.
+
+Verification is vLLM's own greedy kernel. Before it runs, the wrapper computes each drafted
+token's margin under the target, ``max(logits) - logit(drafted)``, when the relaxed gate or the
+trace needs it:
+
+* relaxed tier (``relax_logtau`` x > 0), greedy requests: a drafted token with margin <= x is made
+  the argmax of its row, so the kernel accepts up to the first failing position and emits the true
+  argmax there and as the bonus token. Sampled requests never reach it in the relaxed tier
+  (``request_checks``); in a mixed batch their rows are left alone.
+* placeholder draft ids (vLLM pads drafts it invalidated with -1) are never an index, never pass,
+  and have no margin (NaN).
+* the tie rule (docs/exactness.md): "picked" is torch's argmax, the first index among tied maxima,
+  as in vLLM's greedy verification. A token the target did not pick whose margin the trace would
+  write as 0 (a tie in the logits' dtype, or below the trace's 4 decimals) is marked
+  (``TraceWriter.TIE``): strict (x = 0) replays it as rejected, any x > 0 as accepted, as the gate
+  itself decides.
+
+vLLM calls ``rejection_sample`` as a module function, without the runner; the runner's ``_sample``
+hook (``runner_hooks``) puts the batch's request ids on the engine state for the call.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .engine_state import EngineState
+from .telemetry import TraceWriter
+
+
+def install(state: EngineState) -> None:
+    """Replace vLLM's ``rejection_sample`` with the gate-and-trace wrapper over it."""
+    from vllm.v1.sample import rejection_sampler as rs
+
+    orig_rejection_sample = rs.rejection_sample
+    x = float(state.knobs.relax_logtau)
+
+    def rejection_sample(
+        draft_token_ids,
+        num_draft_tokens,
+        max_spec_len,
+        cu_num_draft_tokens,
+        draft_probs,
+        target_logits,
+        bonus_token_ids,
+        sampling_metadata,
+        *args,
+        **kwargs,
+    ):
+        req_ids = state.batch_req_ids
+        trace = state.trace if req_ids is not None else None
+        t0 = time.perf_counter_ns() if trace is not None else 0
+        margins = None
+        if (x > 0 or trace is not None) and draft_token_ids.numel() > 0:
+            vocab = target_logits.shape[-1]
+            # vLLM pads drafts it invalidated with -1 (its kernels reject them):
+            # such an id is never an index, never passes, and has no margin.
+            idx = draft_token_ids.long().clamp(0, vocab - 1)
+            invalid = idx != draft_token_ids
+            idx = idx.unsqueeze(1)
+            drafted_logit = target_logits.gather(1, idx).squeeze(1)
+            # vLLM's greedy verification accepts a draft iff it is torch's argmax
+            # (the first index among tied maxima); the same argmax decides "picked".
+            pick = target_logits.argmax(dim=-1)
+            top = target_logits.gather(1, pick.unsqueeze(1)).squeeze(1)
+            margins = (top - drafted_logit).float().masked_fill_(invalid, float("nan"))
+            if x > 0:
+                passes = margins <= x  # an invalid id's margin is NaN: it never passes
+                if not sampling_metadata.all_greedy:
+                    greedy_req = sampling_metadata.temperature == rs.GREEDY_TEMPERATURE
+                    counts = torch.as_tensor(num_draft_tokens, device=greedy_req.device)
+                    passes &= torch.repeat_interleave(
+                        greedy_req, counts, output_size=draft_token_ids.shape[0]
+                    )
+                # Make a passing drafted token the argmax of its row; the
+                # greedy kernel then accepts up to the first failing position
+                # and emits the (true) argmax there and as the bonus token.
+                # Rows of invalid ids write their (clamped) column's own logit back.
+                raised = torch.where(passes, top + 1.0, drafted_logit)
+                target_logits.scatter_(1, idx, raised.unsqueeze(1))
+        # host time the trace adds to the step: the margins (unless the relaxed gate needs them) ...
+        traced_ns = time.perf_counter_ns() - t0 if trace is not None and x <= 0 else 0
+        out = orig_rejection_sample(
+            draft_token_ids,
+            num_draft_tokens,
+            max_spec_len,
+            cu_num_draft_tokens,
+            draft_probs,
+            target_logits,
+            bonus_token_ids,
+            sampling_metadata,
+            *args,
+            **kwargs,
+        )
+        if trace is not None:
+            t1 = time.perf_counter_ns()
+            accepted = (out != rs.PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1
+            if margins is None:
+                margins = torch.empty(0, device=out.device)
+            else:
+                # The tie rule: a token the target did not pick but whose margin the
+                # trace would write as 0 (a bf16 tie, or below its 4 decimals) is
+                # marked, so strict (x = 0) replays as rejected and x > 0 as accepted.
+                margins = margins.masked_fill(
+                    (pick != idx.squeeze(1)) & (margins < TraceWriter.ZERO), TraceWriter.TIE)
+            trace.record(req_ids, num_draft_tokens, accepted, margins)
+            # ... and the count of accepted tokens and the recording (a batch hand-over included)
+            trace.host_ns += traced_ns + time.perf_counter_ns() - t1
+        return out
+
+    rs.rejection_sample = rejection_sample
