@@ -12,6 +12,12 @@ recipe wherever it appears.
     tables.get("speedup")                       # DataFrame, or None where the run lacks what it needs
     draw(tables, ["speedup_distribution"])      # {analysis name: figure}
     analyze_run(run_dir)                        # every table -> tables/*.csv + tables/summary.json
+
+An analysis with a ``view`` (``View``) is also a figure of the run explorer
+(``workbench.widgets.Explorer``), which loops over this table: the view says
+which runs show it, which sliders drive it and how a slider move updates it.
+Adding a figure to the explorer is one ``Analysis(...)`` entry here (and its
+``workbench.plots`` function).
 """
 
 from __future__ import annotations
@@ -19,8 +25,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -51,12 +57,73 @@ class Table:
     in_summary: bool = True       # also in tables/summary.json (the key numbers), not only as csv
 
 
+SLIDERS = ("gamma", "relax_logtau")
+VIEW_GROUPS = ("legs", "ladder")
+
+
+@dataclass(frozen=True)
+class View:
+    """How the run explorer shows an analysis: one figure, in a box of CSS class ``wb-fig-<box>``.
+
+    Functions of a view take ``(tables, gamma, x)``: the run's ``RunTables``,
+    the gamma slider's value (an int, or None where the run has no gamma)
+    and the relax_logtau slider's x; they raise ``NotApplicable`` where the
+    run lacks what they need.
+
+    - ``empty``: title of the placeholder shown where the run cannot draw it.
+    - ``group``: which runs show it: ``"legs"`` (a run of prompt legs) or
+      ``"ladder"`` (a cost-ladder run, E16); the explorer shows one group.
+    - ``sliders``: the sliders that drive it (of ``SLIDERS``); none: drawn
+      once per run.
+    - ``args``: draw keyword -> slider: the figure is the analysis's own draw
+      (as exported) called with these slider values, e.g.
+      ``{"marker_x": "relax_logtau"}``.
+    - ``figure``: ``figure(tables, gamma, x) -> Figure``, where the figure
+      needs more than ``args`` (default: the analysis's draw with ``args``).
+    - ``update``: ``update(tables, gamma, x) -> traces`` (plotly traces or
+      dicts, or a figure), what a move of one of its sliders changes: each
+      carries a ``meta``, and every shown trace whose meta contains it takes
+      its other properties, in place. Without one, a view with ``args`` or
+      ``figure`` is redrawn at the new slider values and the shown figure is
+      edited to match ("redraw with these arguments").
+    - ``by_gamma``: traces whose meta has a gamma are shown only at the gamma
+      slider's value, except those of the roles in ``always_shown``.
+    """
+    box: str
+    empty: str
+    group: str = "legs"
+    sliders: tuple[str, ...] = ()
+    args: Mapping[str, str] = field(default_factory=dict)
+    figure: Callable[..., Any] | None = None
+    update: Callable[..., Any] | None = None
+    by_gamma: bool = False
+    always_shown: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.group not in VIEW_GROUPS:
+            raise ValueError(f"view {self.box!r}: group must be one of {VIEW_GROUPS}, got {self.group!r}")
+        unknown = [s for s in (*self.sliders, *self.args.values()) if s not in SLIDERS]
+        if unknown:
+            raise ValueError(f"view {self.box!r}: unknown slider {unknown[0]!r}; sliders: {', '.join(SLIDERS)}")
+        missing = [s for s in self.args.values() if s not in self.sliders]
+        if self.by_gamma and "gamma" not in self.sliders:
+            missing.append("gamma")
+        if missing:
+            raise ValueError(f"view {self.box!r}: depends on slider {missing[0]!r}; list it in sliders")
+
+    @property
+    def redraws(self) -> bool:
+        """A slider move redraws the figure (no ``update`` of its own, and the figure depends on a slider)."""
+        return self.update is None and bool(self.sliders) and (self.figure is not None or bool(self.args))
+
+
 @dataclass(frozen=True)
 class Analysis:
     name: str
     tables: tuple[str, ...]       # what it reads; the first one is required, the others optional
     draw: Callable[..., Any]      # workbench.plots function: draw(*tables) -> Figure
     doc: str
+    view: View | None = None      # its figure in the run explorer (None: exported only)
 
 
 class RunTables:
@@ -345,28 +412,113 @@ def _speedup_vs_gamma(speedup: pd.DataFrame):
     return plots.speedup_vs_gamma(speedup)
 
 
+# explorer views: what a slider move computes (View.figure / View.update)
+
+
+def _rows(t: RunTables, name: str) -> pd.DataFrame:
+    df = t[name]
+    if df is None or len(df) == 0:
+        raise NotApplicable(f"no rows in table {name!r}")
+    return df
+
+
+def _traced(t: RunTables) -> metrics.TraceIndex:
+    t.need(t.trace is not None, "acceptance trace (trace knob off)")
+    return t.trace
+
+
+def _speedup_selection(t: RunTables, gamma: int | None, x: float) -> list[dict[str, Any]]:
+    """The speedup figure's selection marker on the legs of the slider's gamma."""
+    sp = t["speedup"]
+    sel = sp[sp["gamma"].map(plots._gamma) == gamma]
+    return [{"meta": {"role": "selection"}, "x": [gamma] * len(sel), "y": sel["speedup"].to_numpy(float)}]
+
+
+def _predicted_per_position(t: RunTables, x: float) -> pd.DataFrame | None:
+    """Per traced leg and draft position: acceptance predicted at relax x (None: no trace)."""
+    if t.trace is None:
+        return None
+    rows = []
+    for leg in t.trace.legs:
+        rate = t.trace.per_position_at(leg, x)
+        meta = t.trace.prompts[t.trace.prompts["leg"] == leg].iloc[0]
+        rows.append(pd.DataFrame({"leg": leg, "tier": meta["tier"], "gamma": meta["gamma"],
+                                  "relax_logtau": meta.get("relax_logtau"),
+                                  "position": np.arange(rate.size), "rate": rate}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def _per_position_view(t: RunTables, gamma: int | None, x: float):
+    return plots.per_position_acceptance(_rows(t, "per_position_acceptance"), _predicted_per_position(t, x))
+
+
+def _per_position_predicted(t: RunTables, gamma: int | None, x: float) -> list[dict[str, Any]]:
+    trace = _traced(t)
+    return [{"meta": {"role": "predicted", "leg": leg}, "y": trace.per_position_at(leg, x)} for leg in trace.legs]
+
+
+def _tau_markers(t: RunTables, gamma: int | None, x: float) -> list[dict[str, Any]]:
+    """The slider's marker on each counterfactual curve, at the trace's prediction for x."""
+    trace = _traced(t)
+    return [{"meta": {"role": "marker", "leg": leg}, "x": [x],
+             "y": [float(trace.curve(leg, [x])["acceptance_length"].iloc[0])]} for leg in trace.legs]
+
+
+def _over_position_view(t: RunTables, gamma: int | None, x: float):
+    over = _rows(t, "acceptance_over_position")
+    return plots.acceptance_over_position(over, predicted=_traced(t).over_position(t.bins, relax_logtau=x))
+
+
+def _over_position_predicted(t: RunTables, gamma: int | None, x: float) -> list[dict[str, Any]]:
+    pred = _traced(t).over_position(t.bins, relax_logtau=x)
+    return [{"meta": {"role": "predicted", "leg": leg}, "y": d["acceptance_rate"].to_numpy(float)}
+            for leg, d in pred.groupby("leg", sort=False)]
+
+
 ANALYSES: dict[str, Analysis] = {a.name: a for a in [
     Analysis("exactness_table", ("exactness",), plots.exactness_table,
              "exact-match rate and first divergence of each spec leg vs vanilla"),
+    Analysis("speedup_vs_gamma", ("speedup",), _speedup_vs_gamma, "median speedup vs gamma with IQR bars",
+             view=View("speedup", "Speedup vs γ: needs a vanilla and a spec leg", sliders=("gamma",),
+                       update=_speedup_selection)),
     Analysis("speedup_distribution", ("prompt_speedups",), plots.speedup_distribution,
-             "per-prompt bracketed speedup, one box per spec leg"),
-    Analysis("speedup_vs_gamma", ("speedup",), _speedup_vs_gamma, "median speedup vs gamma with IQR bars"),
+             "per-prompt bracketed speedup, one box per spec leg",
+             view=View("distribution", "Per-prompt speedup: needs a vanilla and a spec leg", sliders=("gamma",),
+                       by_gamma=True)),
     Analysis("per_position_acceptance", ("per_position_acceptance",), plots.per_position_acceptance,
-             "accepted at draft position i / drafts, per spec leg"),
-    Analysis("acceptance_over_position", ("acceptance_over_position",), plots.acceptance_over_position,
-             "acceptance vs output token position (needs the trace)"),
+             "accepted at draft position i / drafts, per spec leg",
+             view=View("per-position", "Per-position acceptance: no spec leg", sliders=("gamma", "relax_logtau"),
+                       figure=_per_position_view, update=_per_position_predicted, by_gamma=True)),
     Analysis("acceptance_vs_tau", ("acceptance", "counterfactual_acceptance"), plots.acceptance_vs_tau,
-             "measured acceptance vs relax x, with the counterfactual curve from the trace"),
+             "measured acceptance vs relax x, with the counterfactual curve from the trace",
+             view=View("tau", "Acceptance vs τ: no spec leg", sliders=("gamma", "relax_logtau"),
+                       args={"marker_x": "relax_logtau"}, update=_tau_markers, by_gamma=True,
+                       always_shown=("measured_points",))),
+    Analysis("acceptance_over_position", ("acceptance_over_position",), plots.acceptance_over_position,
+             "acceptance vs output token position (needs the trace)",
+             view=View("over-position", "Acceptance over output position: no trace (run legs with --trace)",
+                       sliders=("relax_logtau",), figure=_over_position_view, update=_over_position_predicted)),
     Analysis("agreement_vs_acceptance", ("agreement",), plots.agreement_vs_acceptance,
              "E7: teacher-forced agreement vs realised acceptance per prompt, Pearson r"),
     Analysis("step_cost_vs_batch", ("step_costs",), plots.step_cost_vs_batch,
-             "cost ladder: engine-side step cost vs batch per role (decode, verification, draft step), IQR bars"),
+             "cost ladder: engine-side step cost vs batch per role (decode, verification, draft step), IQR bars",
+             view=View("ladder-steps", "Step cost vs batch: no complete ladder leg", group="ladder")),
     Analysis("c_by_graphs", ("cost_ratio",), plots.cost_ratio_by_graphs,
-             "cost ladder: c = draft step / verification step, drafter CUDA graphs on vs off"),
+             "cost ladder: c = draft step / verification step, drafter CUDA graphs on vs off",
+             view=View("ladder-c", "c = draft step / verification step: needs a complete spec and vanilla leg",
+                       group="ladder")),
     Analysis("speedup_curves", ("speedup_curve", "cost_ratio"), plots.speedup_curves,
              "cost ladder: predicted S(alpha) at the measured c, measured S at alpha = 1, the seed PR's and "
-             "QuantSpec's operating points"),
+             "QuantSpec's operating points",
+             view=View("ladder-speedup", "S(α): needs a complete spec leg", group="ladder", sliders=("gamma",),
+                       by_gamma=True)),
 ]}
+
+
+def views(group: str | None = None) -> dict[str, View]:
+    """Analysis name -> its explorer view, in registry order (of one group, or all)."""
+    return {name: a.view for name, a in ANALYSES.items()
+            if a.view is not None and (group is None or a.view.group == group)}
 
 
 def check_names(names: Iterable[str], where: str) -> list[str]:
@@ -378,14 +530,24 @@ def check_names(names: Iterable[str], where: str) -> list[str]:
     return names
 
 
-def draw_one(tables: RunTables, name: str):
-    """The figure of one analysis; raises NotApplicable where its first table cannot be made or is empty."""
+def draw_one(tables: RunTables, name: str, **kwargs: Any):
+    """The figure of one analysis (``kwargs`` go to its draw function); raises NotApplicable where its
+    first table cannot be made or is empty."""
     a = ANALYSES[name]
     first, *optional = a.tables
-    df = tables[first]
-    if df is None or len(df) == 0:
-        raise NotApplicable(f"no rows in table {first!r}")
-    return a.draw(df, *(tables.get(o) for o in optional))
+    return a.draw(_rows(tables, first), *(tables.get(o) for o in optional), **kwargs)
+
+
+def view_figure(tables: RunTables, name: str, gamma: int | None, x: float):
+    """The explorer's figure of analysis ``name`` at slider values (gamma, x): its view's ``figure``, or its
+    draw with the view's ``args``."""
+    view = ANALYSES[name].view
+    if view is None:
+        raise KeyError(f"analysis {name!r} has no explorer view")
+    if view.figure is not None:
+        return view.figure(tables, gamma, x)
+    values = {"gamma": gamma, "relax_logtau": x}
+    return draw_one(tables, name, **{kw: values[slider] for kw, slider in view.args.items()})
 
 
 def draw(tables: RunTables, names: Iterable[str] | None = None) -> dict[str, Any]:

@@ -446,6 +446,35 @@ class TraceIndex:
     def empty(self) -> bool:
         return self.drafted.size == 0
 
+    def _binned(self, edges: np.ndarray) -> dict[str, np.ndarray]:
+        """Per set of bin edges (cached): the steps inside, their (leg, bin) key, steps and drafts per key."""
+        cache = self.__dict__.setdefault("_bins_cache", {})
+        ck = edges.tobytes()
+        if ck not in cache:
+            b = np.searchsorted(edges, self.position, side="right") - 1
+            inside = (b >= 0) & (b < edges.size - 1)
+            nb, nl = edges.size - 1, len(self.legs)
+            key = self.step_leg[inside] * nb + b[inside]
+            cache[ck] = {"inside": inside, "key": key,
+                         "count": np.bincount(key, minlength=nl * nb).reshape(nl, nb),
+                         "drafted": np.bincount(key, weights=self.drafted[inside], minlength=nl * nb).reshape(nl, nb)}
+        return cache[ck]
+
+    def _binned_sorted(self, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Running maxima below +inf of the steps of each (leg, bin) key, sorted within the key, and the
+        keys' bounds in that array (cached per set of edges)."""
+        binned = self._binned(edges)
+        if "sorted" not in binned:
+            n_keys = len(self.legs) * (edges.size - 1)
+            rm = self.runmax[binned["inside"]]
+            keys = np.broadcast_to(binned["key"][:, None], rm.shape)
+            keep = rm < np.inf   # what ``runmax <= x`` can count at a finite x (padding is +inf)
+            values, keys = rm[keep], keys[keep]
+            order = np.lexsort((values, keys))
+            bounds = np.concatenate([[0], np.cumsum(np.bincount(keys, minlength=n_keys))])
+            binned["sorted"] = (values[order], bounds)
+        return binned["sorted"]
+
     def _check_leg(self, leg: str) -> None:
         if leg not in self._sorted:
             raise ValueError(f"leg {leg!r} has no acceptance trace (traced legs: {self.legs})")
@@ -498,8 +527,11 @@ class TraceIndex:
         return out
 
     def over_position(self, bins: int | Sequence[float] = 10, relax_logtau: float | None = None) -> pd.DataFrame:
-        """Acceptance vs output position of the step, per leg (measured, or predicted at x)."""
-        acc = self.accepted if relax_logtau is None else self.step_accepted(relax_logtau)
+        """Acceptance vs output position of the step, per leg (measured, or predicted at x).
+
+        Predicted at a finite x, the counts come from running maxima presorted per leg and bin
+        (once per set of bins), so a call costs a ``searchsorted`` per bin (a slider can follow it).
+        """
         if self.empty:
             return pd.DataFrame(columns=["leg", "bin_left", "bin_right", "bin_mid", "n_steps",
                                          "drafted", "accepted", "acceptance_rate", "acceptance_length"])
@@ -511,13 +543,19 @@ class TraceIndex:
             edges = np.asarray(bins, dtype=float)
             if edges.ndim != 1 or edges.size < 2 or np.any(np.diff(edges) <= 0):
                 raise ValueError("bins must be an int or increasing bin edges (at least two)")
-        b = np.searchsorted(edges, self.position, side="right") - 1
-        inside = (b >= 0) & (b < edges.size - 1)
         nb, nl = edges.size - 1, len(self.legs)
-        key = self.step_leg[inside] * nb + b[inside]
-        count = np.bincount(key, minlength=nl * nb).reshape(nl, nb)
-        dr = np.bincount(key, weights=self.drafted[inside], minlength=nl * nb).reshape(nl, nb)
-        ac = np.bincount(key, weights=acc[inside], minlength=nl * nb).reshape(nl, nb)
+        binned = self._binned(edges)
+        key, count, dr = binned["key"], binned["count"], binned["drafted"]
+        if relax_logtau is None:
+            ac = np.bincount(key, weights=self.accepted[binned["inside"]], minlength=nl * nb).reshape(nl, nb)
+        elif np.isfinite(relax_logtau):
+            # accepted at x = running maxima <= x, counted per (leg, bin) on its presorted segment
+            values, bounds = self._binned_sorted(edges)
+            ac = np.array([np.searchsorted(values[lo:hi], relax_logtau, side="right")
+                           for lo, hi in zip(bounds[:-1], bounds[1:])], dtype=float).reshape(nl, nb)
+        else:
+            ac = np.bincount(key, weights=self.step_accepted(relax_logtau)[binned["inside"]],
+                             minlength=nl * nb).reshape(nl, nb)
         rate, length = acceptance_rate(ac, dr), acceptance_length(ac, count)
         return pd.DataFrame({
             "leg": np.repeat(self.legs, nb),

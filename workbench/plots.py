@@ -201,10 +201,12 @@ def per_position_acceptance(per_pos: pd.DataFrame, predicted: pd.DataFrame | Non
     return fig
 
 
-def acceptance_over_position(over: pd.DataFrame, metric: str = "acceptance_rate") -> go.Figure:
+def acceptance_over_position(over: pd.DataFrame, metric: str = "acceptance_rate",
+                             predicted: pd.DataFrame | None = None) -> go.Figure:
     """Acceptance vs output token position, one line per traced leg.
 
-    ``over`` is ``metrics.acceptance_over_position(...)``.
+    ``over`` is ``metrics.acceptance_over_position(...)``; ``predicted``
+    (optional, the same table predicted at some relax x) adds it as dotted lines.
     """
     _one_of("metric", metric, ACCEPTANCE_METRICS)
     fig = go.Figure()
@@ -217,6 +219,11 @@ def acceptance_over_position(over: pd.DataFrame, metric: str = "acceptance_rate"
                           "<br>%{customdata[2]:.0f} steps<extra>" + str(leg) + "</extra>",
             meta={"leg": leg, "role": "over_position"},
         ))
+    if predicted is not None:
+        for leg, d in predicted.groupby("leg", sort=False):
+            fig.add_trace(go.Scatter(x=d["bin_mid"].to_numpy(float), y=d[metric].to_numpy(float), mode="lines",
+                                     line=dict(dash="dot", color="black"), name=f"{leg} predicted at x",
+                                     meta={"leg": leg, "role": "predicted"}))
     _layout(fig, "Acceptance over output position", "output token position",
             metric.replace("_", " "))
     return fig

@@ -1,24 +1,30 @@
 """ipywidgets around ``workbench.plots``: the run explorer and the divergence viewer.
 
-The explorer builds its figures once per run (with the same plot functions
-as the exported figures) and then only edits trace data in place inside
-``batch_update`` when a slider moves. Everything a slider needs is
-precomputed when the run is loaded: per-leg tables, and from the acceptance
-trace presorted running maxima of the margins, so a move of the
-``relax_logtau`` slider is a handful of ``searchsorted`` calls whatever the
-number of prompts (see benchmarks/bench_explorer.py).
+The explorer's figures are the explorer views declared in the analysis
+registry (``workbench.analyses.ANALYSES``, ``Analysis.view``): it loops over
+them, one figure widget per view, built once per run with the same plot
+functions as the exported figures, and a slider move applies each view's
+declared rule (its ``update``, a redraw at the new values, traces shown per
+gamma) by editing trace data in place inside ``batch_update``. Adding a figure
+to the explorer is an entry in that registry; nothing here names a figure.
 
-A cost-ladder run (E16) has no prompt records; the explorer shows its three
-figures instead (step cost vs batch, c with and without drafter graphs, S(α)
-with the published operating points), and the ``gamma`` slider picks the
-gamma whose S(α) curves are shown.
+Everything a slider needs is precomputed when the run is loaded: the run's
+tables, and the acceptance trace's presorted running maxima
+(``metrics.TraceIndex``), so a move of the ``relax_logtau`` slider is a
+handful of ``searchsorted`` calls whatever the number of prompts (see
+benchmarks/bench_explorer.py).
+
+A cost-ladder run (E16) has no prompt records; the explorer shows the views
+of the "ladder" group instead (step cost vs batch, c with and without drafter
+graphs, S(α) with the published operating points), and the ``gamma`` slider
+picks the gamma whose S(α) curves are shown.
 """
 
 from __future__ import annotations
 
 import html
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +39,10 @@ from .results import Run, list_runs, load_run
 X_MAX = float(analyses.RELAX_GRID[-1])
 X_STEP = 0.01
 MAX_PROMPT_OPTIONS = 2000
+# Earlier names of the explorer's figure widgets (``Explorer.fig_speedup`` ...) -> their view's box.
+_FIG_ATTRS = {"fig_speedup": "speedup", "fig_dist": "distribution", "fig_pos": "per-position", "fig_tau": "tau",
+              "fig_over": "over-position", "fig_ladder_steps": "ladder-steps", "fig_ladder_c": "ladder-c",
+              "fig_ladder_curves": "ladder-speedup"}
 
 
 def _gamma(v: Any) -> int | None:
@@ -44,32 +54,27 @@ def _gamma(v: Any) -> int | None:
 
 
 class _Precomputed:
-    """Everything the explorer's callbacks read, computed once per run (tables from ``workbench.analyses``)."""
+    """What the explorer reads of one run, computed once per run: its tables (``analyses.RunTables``),
+    the gammas it has, the traced leg that predicts each gamma, the exactness verdicts.
+
+    A table is an attribute too: ``pre.speedup`` is ``pre.tables.get("speedup")``.
+    """
 
     def __init__(self, run: Run, bins: int):
         self.run = run
         # the explorer never loads a model: divergences are classified from the run's gap cache
-        tables = analyses.RunTables(run, bins, teacher=False)
+        self.tables = tables = analyses.RunTables(run, bins, teacher=False)
         spec = tables.records[tables.records["tier"].isin(metrics.SPEC_TIERS)] if tables.has_spec else None
         self.gammas = sorted({g for g in (spec["gamma"].map(_gamma) if spec is not None else []) if g is not None})
-        self.speedup = tables.get("speedup")
-        self.per_prompt = tables.get("prompt_speedups")
-        self.acceptance = tables.get("acceptance")
-        self.per_pos = tables.get("per_position_acceptance")
         self.trace = tables.trace
-        self.curves = tables.get("counterfactual_acceptance")
-        self.over = tables.get("acceptance_over_position")
-        # the cost ladder (E16): its tables, where the run has its rows
-        self.step_costs = tables.get("step_costs")
-        self.cost_ratio = tables.get("cost_ratio")
-        self.speedup_curve = tables.get("speedup_curve")
-        self.is_ladder = self.step_costs is not None
+        self.is_ladder = tables.get("step_costs") is not None
         try:
             self.verdicts = tables.verdicts if tables.has_spec and tables.has_vanilla else {}
         except (LookupError, ValueError, OSError):
             self.verdicts = {}
-        if not self.gammas and self.cost_ratio is not None and len(self.cost_ratio):
-            self.gammas = sorted({int(g) for g in self.cost_ratio["gamma"]})
+        cost_ratio = tables.get("cost_ratio")
+        if not self.gammas and cost_ratio is not None and len(cost_ratio):
+            self.gammas = sorted({int(g) for g in cost_ratio["gamma"]})
         self.trace_leg_for_gamma: dict[int, str] = {}
         if self.trace is not None:
             meta = self.trace.prompts.drop_duplicates("leg").set_index("leg")
@@ -78,25 +83,16 @@ class _Precomputed:
                 g = _gamma(meta.loc[leg, "gamma"])
                 if g is not None:
                     self.trace_leg_for_gamma.setdefault(g, leg)
-            self._over_sorted = self._sort_over_position(bins)
 
-    def _sort_over_position(self, bins: int) -> dict[str, list[np.ndarray]]:
-        """Per leg and output-position bin: presorted running maxima, for predicted acceptance at any x."""
-        t = self.trace
-        edges = np.linspace(0, t.position.max() + 1, bins + 1)
-        b = np.clip(np.searchsorted(edges, t.position, side="right") - 1, 0, bins - 1)
-        out = {}
-        for code, leg in enumerate(t.legs):
-            sel = t.step_leg == code
-            rm, bb = t.runmax[sel], b[sel]
-            out[leg] = [np.sort(rm[bb == i][np.isfinite(rm[bb == i])]) for i in range(bins)]
-        self._over_drafted = {leg: d["drafted"].to_numpy(float) for leg, d in self.over.groupby("leg", sort=False)}
-        return out
+    def __getattr__(self, name: str) -> Any:
+        if name in analyses.TABLES:
+            return self.tables.get(name)
+        raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
 
-    def over_position_rate_at(self, leg: str, x: float) -> np.ndarray:
-        acc = np.array([np.searchsorted(s, x, side="right") for s in self._over_sorted[leg]], dtype=float)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return acc / self._over_drafted[leg]
+    @property
+    def group(self) -> str:
+        """The views this run shows (``analyses.View.group``)."""
+        return "ladder" if self.is_ladder else "legs"
 
 
 class Explorer:
@@ -104,8 +100,10 @@ class Explorer:
 
     ``Explorer(results_root, experiment, run_id)`` (pickers list the runs
     under ``results_root``) or ``Explorer(run=load_run(path))``. ``.widget``
-    is the box to display; ``on_gamma`` / ``on_relax`` are what the sliders
-    call (exposed so they can be timed and tested without a browser).
+    is the box to display; ``figs`` maps each explorer view (analysis name,
+    ``analyses.views()``) to its figure widget and ``boxes`` to its box;
+    ``on_gamma`` / ``on_relax`` are what the sliders call (exposed so they can
+    be timed and tested without a browser).
     """
 
     def __init__(self, results_root: str | Path | None = None, experiment: str | None = None,
@@ -129,33 +127,24 @@ class Explorer:
         self.readout = W.HTML()
         self.readout.add_class("wb-readout")
         self.status = W.HTML()
-        self.fig_speedup = go.FigureWidget()
-        self.fig_dist = go.FigureWidget()
-        self.fig_pos = go.FigureWidget()
-        self.fig_tau = go.FigureWidget()
-        self.fig_over = go.FigureWidget()
-        # cost ladder (E16) figures: shown instead of the per-prompt ones for a ladder run
-        self.fig_ladder_steps = go.FigureWidget()
-        self.fig_ladder_c = go.FigureWidget()
-        self.fig_ladder_curves = go.FigureWidget()
         self.divergence = W.VBox()
 
-        def boxed(name: str, fig: go.FigureWidget) -> W.Box:
-            box = W.Box([fig], layout=W.Layout(width="100%"))
-            box.add_class(f"wb-fig-{name}")
-            return box
-
-        self._leg_boxes = [boxed(name, fig) for name, fig in [
-            ("speedup", self.fig_speedup), ("distribution", self.fig_dist), ("per-position", self.fig_pos),
-            ("tau", self.fig_tau), ("over-position", self.fig_over)]]
-        self._ladder_boxes = [boxed(name, fig) for name, fig in [
-            ("ladder-steps", self.fig_ladder_steps), ("ladder-c", self.fig_ladder_c),
-            ("ladder-speedup", self.fig_ladder_curves)]]
+        # One figure widget per declared view, in registry order, each in a box "wb-fig-<box>".
+        self.views: dict[str, analyses.View] = analyses.views()
+        self.figs: dict[str, go.FigureWidget] = {name: go.FigureWidget() for name in self.views}
+        self.boxes: dict[str, W.Box] = {}
+        for name, view in self.views.items():
+            box = W.Box([self.figs[name]], layout=W.Layout(width="100%"))
+            box.add_class(f"wb-fig-{view.box}")
+            self.boxes[name] = box
+        self._drawn: set[str] = set()            # views showing a figure of the run (not a placeholder)
+        self._metas: dict[str, list[dict]] = {}  # per view: the shown traces' meta, indexed once per run
         self._divergence_box = W.Accordion([self.divergence], titles=("Divergence viewer",))
         self.widget = W.VBox([
             W.HBox([self.experiment_dd, self.run_dd]),
             W.HBox([self.gamma_slider, self.relax_slider]),
-            self.readout, self.status, *self._leg_boxes, *self._ladder_boxes, self._divergence_box,
+            self.readout, self.status, *self._group_boxes("legs"), *self._group_boxes("ladder"),
+            self._divergence_box,
         ])
         self.widget.add_class("wb-explorer")
 
@@ -183,6 +172,28 @@ class Explorer:
             self._pending_run_id = run_id
             self.experiment_dd.value = None
             self.experiment_dd.value = experiment or exps[-1]
+
+    def __getattr__(self, name: str) -> Any:
+        # fig_speedup, fig_pos, ...: the figure widget of the view with that box
+        box = _FIG_ATTRS.get(name)
+        if box is not None:
+            figs = self.__dict__.get("figs", {})
+            views = self.__dict__.get("views", {})
+            found = next((figs[n] for n, v in views.items() if v.box == box), None)
+            if found is not None:
+                return found
+        raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
+
+    def _group_boxes(self, group: str) -> list[W.Box]:
+        return [self.boxes[name] for name, view in self.views.items() if view.group == group]
+
+    @property
+    def _leg_boxes(self) -> list[W.Box]:
+        return self._group_boxes("legs")
+
+    @property
+    def _ladder_boxes(self) -> list[W.Box]:
+        return self._group_boxes("ladder")
 
     # ------------------------------------------------------------------ pickers
 
@@ -224,10 +235,9 @@ class Explorer:
                              f"<code>workbench run {html.escape(path.parent.name)} --resume {html.escape(str(path))}"
                              f"</code> re-runs a leg whose records are damaged</i>")
         self.readout.value = ""
-        for fw in (self.fig_speedup, self.fig_dist, self.fig_pos, self.fig_tau, self.fig_over,
-                   self.fig_ladder_steps, self.fig_ladder_c, self.fig_ladder_curves):
+        for fw in self.figs.values():
             self._replace(fw, _empty("run damaged: see above"))
-        self._idx = {}
+        self._drawn, self._metas = set(), {}
         self.divergence.children = []
         self.gamma_slider.disabled = self.relax_slider.disabled = True
         # mark it in the picker, keeping it selected
@@ -248,33 +258,6 @@ class Explorer:
         self.status.value = (f"<b>{html.escape(run.experiment)}</b> / {html.escape(run.run_id)}: "
                              + ", ".join(f"{v} {html.escape(str(k))}" for k, v in sorted(done.items()))
                              + f" legs; {len(run.records)} prompt records")
-        x = float(self.relax_slider.value)
-        self._replace(self.fig_speedup, plots.speedup_vs_gamma(pre.speedup) if pre.speedup is not None
-                      else _empty("Speedup vs γ: needs a vanilla and a spec leg"))
-        self._replace(self.fig_dist, plots.speedup_distribution(pre.per_prompt) if pre.per_prompt is not None
-                      else _empty("Per-prompt speedup: needs a vanilla and a spec leg"))
-        self._replace(self.fig_pos, plots.per_position_acceptance(pre.per_pos, self._predicted_pos_frame(x))
-                      if pre.per_pos is not None and len(pre.per_pos) else _empty("Per-position acceptance: no spec leg"))
-        self._replace(self.fig_tau, plots.acceptance_vs_tau(pre.acceptance, pre.curves, marker_x=x)
-                      if pre.acceptance is not None and len(pre.acceptance) else _empty("Acceptance vs τ: no spec leg"))
-        if pre.over is not None:
-            fig = plots.acceptance_over_position(pre.over)
-            for leg in pre.trace.legs:
-                d = pre.over[pre.over["leg"] == leg]
-                fig.add_trace(go.Scatter(x=d["bin_mid"].to_numpy(float), y=pre.over_position_rate_at(leg, x),
-                                         mode="lines", line=dict(dash="dot", color="black"),
-                                         name=f"{leg} predicted at x", meta={"leg": leg, "role": "predicted"}))
-            self._replace(self.fig_over, fig)
-        else:
-            self._replace(self.fig_over, _empty("Acceptance over output position: no trace (run legs with --trace)"))
-        self._show_ladder(pre)
-        # Index the traces the sliders touch, once.
-        self._idx = {name: [(i, dict(t.meta or {})) for i, t in enumerate(fig.data)]
-                     for name, fig in [("speedup", self.fig_speedup), ("dist", self.fig_dist),
-                                       ("pos", self.fig_pos), ("tau", self.fig_tau), ("over", self.fig_over),
-                                       ("ladder_curves", self.fig_ladder_curves)]}
-        self.divergence.children = [divergence_viewer(run, verdicts=self.pre.verdicts)] if _has_divergence_pairs(run) else [
-            W.HTML("<i>needs a vanilla leg and a spec leg with gen_ids</i>")]
 
         # Only our own handler is detached: the slider keeps its internal value<->index sync.
         self.gamma_slider.unobserve(self._gamma_moved, "value")
@@ -289,28 +272,99 @@ class Explorer:
             self.gamma_slider.disabled = True
         self.gamma_slider.observe(self._gamma_moved, "value")
         self.relax_slider.disabled = pre.trace is None
-        self.on_gamma(self.gamma_slider.value)
 
-    def _show_ladder(self, pre: _Precomputed) -> None:
-        """A cost-ladder run shows its three figures in place of the per-prompt ones; any other run, the reverse."""
-        for box in self._leg_boxes + [self._divergence_box]:
-            box.layout.display = "none" if pre.is_ladder else None
-        for box in self._ladder_boxes:
-            box.layout.display = None if pre.is_ladder else "none"
-        if not pre.is_ladder:
-            for fw in (self.fig_ladder_steps, self.fig_ladder_c, self.fig_ladder_curves):
-                self._replace(fw, go.Figure())
+        gamma, x = self._values()
+        # A cost-ladder run shows the "ladder" views in place of the per-prompt ones; any other run, the reverse.
+        self._drawn, self._metas = set(), {}
+        for name, view in self.views.items():
+            shown = view.group == pre.group
+            self.boxes[name].layout.display = None if shown else "none"
+            if not shown:
+                self._replace(self.figs[name], go.Figure())
+                continue
+            try:
+                fig = analyses.view_figure(pre.tables, name, gamma, x)
+            except (LookupError, ValueError):   # NotApplicable, or a table the run cannot make
+                fig = _empty(view.empty)
+            else:
+                self._drawn.add(name)
+            self._replace(self.figs[name], fig)
+            self._metas[name] = [dict(t.meta or {}) for t in self.figs[name].data]
+        self._divergence_box.layout.display = "none" if pre.is_ladder else None
+        self.divergence.children = [divergence_viewer(run, verdicts=self.pre.verdicts)] if _has_divergence_pairs(run) else [
+            W.HTML("<i>needs a vanilla leg and a spec leg with gen_ids</i>")]
+        # The figures as at the sliders' values: each view's move rule, once.
+        self._move(analyses.SLIDERS, redraw=False)
+        self._show_readout()
+
+    def _values(self, gamma: Any = None, x: float | None = None) -> tuple[int | None, float]:
+        """Slider values as the views take them, (gamma or None, x): those given, else the sliders'."""
+        if gamma is None:
+            gamma = self.gamma_slider.value if self.pre is not None and self.pre.gammas else None
+        return _gamma(gamma), float(self.relax_slider.value if x is None else x)
+
+    def _move(self, sliders: Iterable[str], gamma: Any = None, x: float | None = None,
+              redraw: bool = True) -> None:
+        """Apply the declared rule of every drawn view that one of ``sliders`` drives, at (gamma, x)
+        (default: the sliders' values)."""
+        pre = self.pre
+        if pre is None:
             return
-        have = lambda df: df is not None and len(df) > 0  # noqa: E731
-        self._replace(self.fig_ladder_steps, plots.step_cost_vs_batch(pre.step_costs) if have(pre.step_costs)
-                      else _empty("Step cost vs batch: no complete ladder leg"))
-        self._replace(self.fig_ladder_c, plots.cost_ratio_by_graphs(pre.cost_ratio) if have(pre.cost_ratio)
-                      else _empty("c = draft step / verification step: needs a complete spec and vanilla leg"))
-        self._replace(self.fig_ladder_curves, plots.speedup_curves(pre.speedup_curve, pre.cost_ratio)
-                      if have(pre.speedup_curve) else _empty("S(α): needs a complete spec leg"))
+        gamma, x = self._values(gamma, x)
+        moved = set(sliders)
+        for name in self.views:
+            view = self.views[name]
+            if name not in self._drawn or not moved & set(view.sliders):
+                continue
+            fw = self.figs[name]
+            if view.redraws:
+                if redraw:
+                    try:
+                        fig = analyses.view_figure(pre.tables, name, gamma, x)
+                    except (LookupError, ValueError):
+                        continue
+                    _edit_to_match(fw, fig)
+                    self._metas[name] = [dict(t.meta or {}) for t in fw.data]
+            elif view.update is not None:
+                try:
+                    patches = view.update(pre.tables, gamma, x)
+                except (LookupError, ValueError):   # e.g. no trace: the shown figure stays as it is
+                    patches = ()
+                _apply_patches(fw, self._metas[name], patches)
+            if view.by_gamma and "gamma" in moved:
+                with fw.batch_update():
+                    for trace, meta in zip(fw.data, self._metas[name]):
+                        if "gamma" in meta and meta.get("role") not in view.always_shown:
+                            visible = meta["gamma"] == gamma
+                            if trace.visible is not visible:
+                                trace.visible = visible
+
+    def _show_readout(self, gamma: Any = None, x: float | None = None) -> None:
+        """The line under the sliders: the cost ladder's c and S at gamma, or the acceptance predicted at x."""
+        pre = self.pre
+        if pre is None:
+            return
+        gamma, x = self._values(gamma, x)
+        tau = math.exp(-x)
+        if pre.is_ladder:
+            self.readout.value = self._ladder_readout(gamma)
+            return
+        if pre.trace is None:
+            self.readout.value = f"x = {x:.2f} (τ = {tau:.3f}); no acceptance trace in this run"
+            return
+        leg = pre.trace_leg_for_gamma.get(gamma) if pre.gammas else None
+        if leg is None:
+            self.readout.value = f"x = {x:.2f} (τ = {tau:.3f}); no traced leg at this γ"
+            return
+        c = pre.trace.curve(leg, [x]).iloc[0]
+        self.readout.value = (
+            f"x = {x:.2f} (τ = {tau:.3f}): predicted from <code>{html.escape(leg)}</code> trace: "
+            f"acceptance length <b>{c['acceptance_length']:.3f}</b>, acceptance rate {c['acceptance_rate']:.3f} "
+            f"<i>(first-order: replays recorded steps)</i>"
+        )
 
     def _ladder_readout(self, gamma: int | None) -> str:
-        return _ladder_readout_html(self.pre.cost_ratio if self.pre is not None else None, gamma)
+        return _ladder_readout_html(self.pre.tables.get("cost_ratio") if self.pre is not None else None, gamma)
 
     def _gamma_moved(self, change: dict) -> None:
         self.on_gamma(change["new"])
@@ -322,78 +376,90 @@ class Explorer:
             fw.layout = fig.layout
             fw.add_traces(list(fig.data))
 
-    def _predicted_pos_frame(self, x: float) -> pd.DataFrame | None:
-        pre = self.pre
-        if pre is None or pre.trace is None:
-            return None
-        rows = []
-        for leg in pre.trace.legs:
-            rate = pre.trace.per_position_at(leg, x)
-            meta = pre.trace.prompts[pre.trace.prompts["leg"] == leg].iloc[0]
-            rows.append(pd.DataFrame({"leg": leg, "tier": meta["tier"], "gamma": meta["gamma"],
-                                      "relax_logtau": meta.get("relax_logtau"),
-                                      "position": np.arange(rate.size), "rate": rate}))
-        return pd.concat(rows, ignore_index=True)
-
     # ------------------------------------------------------------------ callbacks (slider -> in-place edits)
 
     def on_gamma(self, gamma: int) -> None:
-        """Show the legs of one gamma; move the selection marker."""
-        pre = self.pre
-        if pre is None:
+        """Show the legs of one gamma: every view the gamma slider drives, and the readout."""
+        if self.pre is None:
             return
-        gamma = _gamma(gamma)
-        with self.fig_speedup.batch_update():
-            for i, meta in self._idx["speedup"]:
-                if meta.get("role") == "selection" and pre.speedup is not None:
-                    sel = pre.speedup[pre.speedup["gamma"].map(_gamma) == gamma]
-                    self.fig_speedup.data[i].x = [gamma] * len(sel)
-                    self.fig_speedup.data[i].y = sel["speedup"].to_numpy(float)
-        for name, fig in (("dist", self.fig_dist), ("pos", self.fig_pos), ("tau", self.fig_tau),
-                          ("ladder_curves", self.fig_ladder_curves)):
-            with fig.batch_update():
-                for i, meta in self._idx[name]:
-                    if "gamma" in meta and meta.get("role") != "measured_points":
-                        fig.data[i].visible = meta["gamma"] == gamma
-        self.on_relax(self.relax_slider.value)
+        self._move(["gamma"], gamma=gamma)
+        self._show_readout()   # (at the slider's gamma, as the page shows it)
 
     def on_relax(self, x: float) -> None:
-        """Counterfactual acceptance at relax x from the traces: update predicted traces and readout."""
-        pre = self.pre
-        if pre is None:
+        """Counterfactual acceptance at relax x from the traces: every view the relax slider drives, and the readout."""
+        if self.pre is None:
             return
-        x = float(x)
-        tau = math.exp(-x)
-        if pre.is_ladder:
-            self.readout.value = self._ladder_readout(_gamma(self.gamma_slider.value))
-            return
-        if pre.trace is None:
-            self.readout.value = f"x = {x:.2f} (τ = {tau:.3f}); no acceptance trace in this run"
-            return
-        with self.fig_pos.batch_update():
-            for i, meta in self._idx["pos"]:
-                if meta.get("role") == "predicted":
-                    self.fig_pos.data[i].y = pre.trace.per_position_at(meta["leg"], x)
-        with self.fig_tau.batch_update():
-            for i, meta in self._idx["tau"]:
-                if meta.get("role") == "marker":
-                    c = pre.trace.curve(meta["leg"], [x])
-                    self.fig_tau.data[i].x = [x]
-                    self.fig_tau.data[i].y = [float(c["acceptance_length"].iloc[0])]
-        with self.fig_over.batch_update():
-            for i, meta in self._idx["over"]:
-                if meta.get("role") == "predicted":
-                    self.fig_over.data[i].y = pre.over_position_rate_at(meta["leg"], x)
-        leg = pre.trace_leg_for_gamma.get(_gamma(self.gamma_slider.value)) if pre.gammas else None
-        if leg is None:
-            self.readout.value = f"x = {x:.2f} (τ = {tau:.3f}); no traced leg at this γ"
-            return
-        c = pre.trace.curve(leg, [x]).iloc[0]
-        self.readout.value = (
-            f"x = {x:.2f} (τ = {tau:.3f}): predicted from <code>{html.escape(leg)}</code> trace: "
-            f"acceptance length <b>{c['acceptance_length']:.3f}</b>, acceptance rate {c['acceptance_rate']:.3f} "
-            f"<i>(first-order: replays recorded steps)</i>"
-        )
+        self._move(["relax_logtau"], x=x)
+        self._show_readout(x=x)
+
+
+# --------------------------------------------------------------------------- in-place edits of a shown figure
+
+
+def _patch_props(patch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(meta, other properties) of an update: a plotly trace or a dict."""
+    props = dict(patch.to_plotly_json() if hasattr(patch, "to_plotly_json") else patch)
+    meta = props.pop("meta", None) or {}
+    for k in ("type", "uid"):
+        props.pop(k, None)
+    return dict(meta), props
+
+
+def _apply_patches(fw: go.FigureWidget, metas: Sequence[Mapping[str, Any]], patches: Any) -> None:
+    """Every shown trace whose meta contains a patch's meta takes the patch's other properties, in place."""
+    if patches is None:
+        return
+    patches = patches.data if hasattr(patches, "data") and not isinstance(patches, Mapping) else patches
+    with fw.batch_update():
+        for patch in patches:
+            want, props = _patch_props(patch)
+            for trace, meta in zip(fw.data, metas):
+                if all(k in meta and _same(meta[k], v) for k, v in want.items()):
+                    trace.update(props)
+
+
+def _edit_to_match(fw: go.FigureWidget, fig: go.Figure) -> None:
+    """Edit the shown figure into ``fig``: each trace and layout property that differs, in place (the whole
+    figure where the traces are not the same kinds)."""
+    if [t.type for t in fw.data] != [t.type for t in fig.data]:
+        Explorer._replace(fw, fig)
+        return
+    with fw.batch_update():
+        for shown, new in zip(fw.data, fig.data):
+            old, props = shown.to_plotly_json(), new.to_plotly_json()
+            for k in set(old) - set(props) - {"type", "uid"}:
+                shown[k] = None
+            for k, v in props.items():
+                if k not in ("type", "uid") and not _same(old.get(k), v):
+                    shown[k] = v
+        old, props = fw.layout.to_plotly_json(), fig.layout.to_plotly_json()
+        for k in set(old) - set(props):
+            fw.layout[k] = None
+        for k, v in props.items():
+            if not _same(old.get(k), v):
+                fw.layout[k] = v
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as plotly properties: dicts by key, sequences and arrays by element (NaN equal to NaN)."""
+    if isinstance(a, Mapping) or isinstance(b, Mapping):
+        return (isinstance(a, Mapping) and isinstance(b, Mapping) and a.keys() == b.keys()
+                and all(_same(a[k], b[k]) for k in a))
+    seq = (list, tuple, np.ndarray)
+    if isinstance(a, seq) or isinstance(b, seq):
+        if not (isinstance(a, seq) and isinstance(b, seq)) or len(a) != len(b):
+            return False
+        try:
+            x, y = np.asarray(a), np.asarray(b)
+        except ValueError:   # ragged
+            x = y = None
+        if x is not None and x.dtype.kind in "biuf" and y.dtype.kind in "biuf":
+            return x.shape == y.shape and bool(np.array_equal(x, y, equal_nan=True))
+        return all(_same(p, q) for p, q in zip(a, b))
+    try:
+        return bool(a == b) or (a != a and b != b)
+    except (TypeError, ValueError):
+        return False
 
 
 def _fmt(v: Any, spec: str = ".2f") -> str:
