@@ -14,7 +14,6 @@ parameters, env.json, ``tables/benchmark.json``); the synthetic records are not 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from runs import write_numbers  # noqa: E402
 
 from workbench import envcapture, metrics  # noqa: E402
 from workbench.results import LEG_COLUMNS, Run, new_run_id, run_dir  # noqa: E402
+from workbench.runfolder import write_json_atomic  # noqa: E402
 from workbench.widgets import Explorer  # noqa: E402
 
 
@@ -77,11 +77,11 @@ def main(argv=None) -> None:
 
     rdir = run_dir(args.results, "explorer_bench", new_run_id())
     rdir.mkdir(parents=True)
-    (rdir / "run.json").write_text(json.dumps({
+    write_json_atomic(rdir / "run.json", {
         "experiment": "explorer_bench", "run_id": rdir.name, "legs": [],
         "parameters": {"records": args.records, "moves": args.moves, "steps": args.steps,
-                       "legs": [leg["name"] for leg in LEGS]}}, indent=1) + "\n")
-    (rdir / "env.json").write_text(json.dumps(envcapture.capture(), indent=1, default=str) + "\n")
+                       "legs": [leg["name"] for leg in LEGS]}})
+    envcapture.write_env(rdir / "env.json")
     numbers = {"run": f"explorer_bench/{rdir.name}", "records": len(run.records), "traced_steps": n_steps,
                "synthetic_data_s": t_gen, "explorer_build_s": t_build,
                "relax_logtau_move_ms": metrics.median_iqr(relax_ms) | {"max": max(relax_ms)},

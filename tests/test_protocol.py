@@ -359,6 +359,29 @@ def test_leg_config_is_what_the_leg_command_line_would_build(tmp_path):
     assert van.draft is None and van.knobs.gamma is None and not van.knobs.blind_mm
 
 
+def test_runners_are_one_table_with_one_dispatch_point(tmp_path):
+    """A leg's runner comes from ``execution.RUNNERS`` through ``runner_for``: engine legs, score legs, ladder."""
+    from workbench import execution
+
+    assert set(execution.RUNNERS) == {"leg", "score", "ladder"}
+    rdir = _prepare(tmp_path, "E5")
+    cfg = json.loads((rdir / "run.json").read_text())
+    leg = protocol.PlannedLeg.from_dict(cfg["legs"][0])
+    assert execution.runner_for(leg, "legs") is execution.RUNNERS["leg"]
+    assert execution.runner_for(leg, None) is execution.RUNNERS["leg"]
+    assert execution.runner_for(leg, "ladder") is execution.RUNNERS["ladder"]
+    score = protocol.PlannedLeg.from_dict(dict(cfg["legs"][0], kind="score", reference=leg.name))
+    assert execution.runner_for(score, "legs") is execution.RUNNERS["score"]
+    with pytest.raises(ProtocolError, match="unknown runner 'serve'"):
+        execution.runner_for(leg, "serve")
+    # the command is the runner's module and arguments; a fake runner command replaces `python -m <module>`
+    assert protocol.leg_command(leg, dict(cfg, runner="ladder"), rdir, python="py")[:3] == [
+        "py", "-m", "workbench.ladder_engine"]
+    assert protocol.leg_command(score, cfg, rdir, runner=["fake"])[:3] == ["fake", "--model", cfg["models"][leg.model]]
+    assert execution.RUNNERS["score"].leg_json(score, cfg, rdir, rdir / "legs" / "x", None) is None
+    assert not execution.RUNNERS["ladder"].reads_prompts and execution.RUNNERS["ladder"].gpu_profile_needs_cuda
+
+
 def test_score_leg_agrees_with_itself(tmp_path):
     """The scoring leg on the tiny target scoring its own greedy output: agreement 1.0 at every position."""
     import torch

@@ -235,6 +235,36 @@ def test_an_atomic_write_on_a_full_disk_names_the_file_and_leaves_no_temp_file(t
     assert json.loads(target.read_text()) == {"state": "finished"}, "the old file stands"
 
 
+def test_the_leg_file_writers_are_atomic_and_say_their_status(tmp_path, monkeypatch):
+    """One writer each for summary.json, failure.json, JSONL files and env.json, all through the atomic writer."""
+    from workbench import envcapture
+
+    leg = tmp_path / "legs" / "x"
+    leg.mkdir(parents=True)
+    assert runfolder.write_summary(leg, {"leg": "x", "status": "ignored"}) == {"status": "complete", "leg": "x"}
+    assert json.loads((leg / "summary.json").read_text()) == {"status": "complete", "leg": "x"}
+    try:
+        raise ValueError("bad input")
+    except ValueError as exc:
+        rec = runfolder.failure_record(exc, leg="x", mode="spec")
+    assert rec["status"] == "failed" and rec["error"] == "ValueError: bad input" and "Traceback" in rec["traceback"]
+    assert runfolder.failure_record(error="exited 1", returncode=1) == {"status": "failed", "error": "exited 1",
+                                                                       "returncode": 1}
+    runfolder.write_failure(tmp_path / "new", rec)
+    assert json.loads((tmp_path / "new" / "failure.json").read_text())["leg"] == "x"
+    runfolder.write_jsonl_atomic(leg / "records.jsonl", [{"pid": "a"}, {"pid": "b"}])
+    assert runfolder.read_jsonl(leg / "records.jsonl") == [{"pid": "a"}, {"pid": "b"}]
+    _full_disk_after(monkeypatch, "records.jsonl", 0)
+    with pytest.raises(OSError) as err:
+        runfolder.write_jsonl_atomic(leg / "records.jsonl", [{"pid": "c"}])
+    assert err.value.filename == str(leg / "records.jsonl") and not (leg / "records.jsonl.tmp").exists()
+    assert runfolder.read_jsonl(leg / "records.jsonl") == [{"pid": "a"}, {"pid": "b"}], "the old file stands"
+    monkeypatch.setattr(envcapture, "capture", lambda: {"captured": "now", "packages": {}})
+    assert envcapture.write_env(tmp_path / "env.json", {"sizes": ["tiny"]}) == {
+        "captured": "now", "packages": {}, "sizes": ["tiny"]}
+    assert json.loads((tmp_path / "env.json").read_text())["sizes"] == ["tiny"]
+
+
 def test_a_full_disk_during_a_run_is_a_clear_error_with_its_own_exit_status(tmp_path, fake, capsys, monkeypatch):
     from workbench.cli import main
     runner, calls = fake

@@ -126,6 +126,16 @@ def capture() -> dict[str, Any]:
     }
 
 
+def write_env(path: str | Path, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``env.json`` (the one writer: run folders, benchmark folders): ``capture()`` plus ``extra`` (what the
+    writer adds: a benchmark's settings), written atomically. Returns what was written."""
+    from .runfolder import write_json_atomic
+
+    data = {**capture(), **(extra or {})}
+    write_json_atomic(path, data)
+    return data
+
+
 if __name__ == "__main__":
     import json
 

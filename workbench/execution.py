@@ -13,11 +13,15 @@ running, and on resume records what it found (a lock left by a killed run,
 an interrupted leg) and refuses to run beside a leg process that is still
 alive. File names and leg status: ``workbench.runfolder``.
 
-An experiment whose ``runner`` is ``ladder`` (the cost ladder, E16) goes through the same
-folder, lock, resume and failure records; only its legs differ: each is one engine run by
-``python -m workbench.ladder_engine`` (no prompt set; the rows are ``legs/<leg>/steps.jsonl``
-and ``walls.jsonl``, written whole at the run's top once the legs ran). A profile on a GPU is
-refused before anything is created where the host has no CUDA device.
+How a leg runs is one entry of ``RUNNERS`` (name -> ``Runner``: its ``leg.json``, its command,
+what the run does once every leg ran); ``runner_for`` is the one place a leg's runner is picked.
+``leg`` (``python -m workbench.leg``) and ``score`` (``python -m workbench.score``) are the legs of
+an ordinary experiment. An experiment whose ``runner`` is ``ladder`` (the cost ladder, E16) goes
+through the same folder, lock, resume and failure records; only its legs differ: each is one
+engine run by ``python -m workbench.ladder_engine`` (no prompt set; the rows are
+``legs/<leg>/steps.jsonl`` and ``walls.jsonl``, written whole at the run's top once the legs ran).
+A profile on a GPU is refused before anything is created where the host has no CUDA device.
+A new kind of leg (a serving leg, say) is one more entry of the table.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -38,12 +43,12 @@ from workbench.planning import Plan, PlannedLeg, parse_overrides, plan
 from workbench.registry import DATASETS, Registry, RegistryError, load_registry, split_role
 from workbench.runfolder import (ENV_JSON, FAILURE, LEG_JSON, LEG_LOG, LEGS, PREPARER, PREPARING_SUFFIX, PROMPTS,
                                  RECORDS, RECORDS_PARTIAL, RUN_JSON, STATE_JSON, SUMMARY, RunFolderError, RunLock,
-                                 archive_leg, leg_status, new_run_id, process_alive, process_identity,
-                                 process_start_ticks, read_json, records_problem, remove_stale_preparing,
-                                 write_json_atomic)
+                                 archive_leg, failure_record, leg_status, new_run_id, process_alive,
+                                 process_identity, process_start_ticks, read_json, records_problem,
+                                 remove_stale_preparing, write_failure, write_json_atomic)
 
 __all__ = ["ProtocolError", "RunInterrupted", "prepare_run", "execute", "resolve_models", "leg_config", "leg_command",
-           "preflight_problems", "REPO_ROOT"]
+           "preflight_problems", "REPO_ROOT", "Runner", "RUNNERS", "runner_for"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -163,7 +168,8 @@ def _cuda_available() -> bool:
 def device_problem(p: Plan) -> str | None:
     """Why the plan cannot run on this host's devices, or None. Checked for the cost ladder, whose GPU
     profiles (random weights at full shape) must never fall back to a CPU."""
-    if p.experiment.runner == "ladder" and p.profile.device == "gpu" and not _cuda_available():
+    if _experiment_runner(p.experiment.runner).gpu_profile_needs_cuda and p.profile.device == "gpu" \
+            and not _cuda_available():
         return (f"profile {p.profile.name!r} runs on a CUDA GPU (device: gpu in profiles.yaml) and this host has "
                 f"none (torch.cuda.is_available() is False). Rehearse on a CPU with --profile tiny; "
                 f"`workbench doctor` says what this host can run")
@@ -255,7 +261,8 @@ def prepare_run(experiment: str, profile: str | None = None, overrides: Any = No
         if clash:
             raise ProtocolError(f"{run_dir} was created with a different configuration: "
                                 + ", ".join(f"{k}: run.json has {b!r}, asked {a!r}" for k, (a, b) in clash.items()))
-        if cfg.get("runner") == "ladder" and cfg.get("device") == "gpu" and not _cuda_available():
+        if (_experiment_runner(cfg.get("runner")).gpu_profile_needs_cuda and cfg.get("device") == "gpu"
+                and not _cuda_available()):
             raise ProtocolError(f"cannot resume {run_dir}: profile {cfg.get('profile')!r} runs on a CUDA GPU and "
                                 f"this host has none (torch.cuda.is_available() is False)")
         return Path(run_dir)
@@ -274,7 +281,7 @@ def prepare_run(experiment: str, profile: str | None = None, overrides: Any = No
         why = _writable_problem(rdir)
         if why:
             problems.append(why)
-    ladder = p.experiment.runner == "ladder"
+    reads_prompts = _experiment_runner(p.experiment.runner).reads_prompts
     device = device_problem(p)
     if device:
         problems.append(device)
@@ -291,7 +298,7 @@ def prepare_run(experiment: str, profile: str | None = None, overrides: Any = No
         except RegistryError as exc:
             problems.append(str(exc))
     prompts = dinfo = None
-    if ladder:
+    if not reads_prompts:
         if dataset_sources:
             problems.append(f"--data-source: {p.experiment.id} decodes random prompt token ids; it reads no data set")
         dinfo = {"requested": None, "candidates": [], "resolved": None,
@@ -318,7 +325,7 @@ def prepare_run(experiment: str, profile: str | None = None, overrides: Any = No
         from workbench.prompts import save_prompts
         if prompts is not None:
             save_prompts(prompts, staging / PROMPTS)
-        write_json_atomic(staging / ENV_JSON, envcapture.capture())
+        envcapture.write_env(staging / ENV_JSON)
         cfg = p.config()
         cfg.update(run_id=run_id, created=_now(), models=models, model_paths=dict(model_paths or {}),
                    dataset=dinfo, prompts_file=PROMPTS if prompts is not None else None)
@@ -370,24 +377,109 @@ def leg_config(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path, resume_from:
         resume_from=str(resume_from) if resume_from else None)
 
 
+def ladder_leg_config(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """``legs/<leg>/leg.json`` of one cost-ladder engine (read by ``python -m workbench.ladder_engine``)."""
+    from workbench.knobs import Knobs
+    from workbench.ladder_engine import GPU_MEMORY_UTILIZATION
+
+    k = leg.knobs
+    spec = leg.kind == "spec"
+    knobs = leg_knobs(leg, vanilla=Knobs(trace=False))
+    ladder = cfg["ladder"]
+    gpu_mem = k.get("gpu_memory_utilization")
+    return {"runner": "ladder", "experiment": cfg["experiment"], "run_id": cfg["run_id"], "leg": leg.name,
+            "kind": leg.kind, "size": ladder["size"], "target": cfg["models"][leg.model],
+            "draft": cfg["models"][leg.draft] if spec else None, "gamma": k.get("gamma") if spec else None,
+            "batches": list(ladder["batches"]), "repeats": int(ladder["repeats"]),
+            "prompt_len": int(ladder["prompt_len"]), "tokens": int(k["max_tokens"]),
+            "dtype": str(k.get("dtype") or "bfloat16"), "max_model_len": int(k["max_model_len"]),
+            "gpu_memory_utilization": float(gpu_mem) if gpu_mem is not None else GPU_MEMORY_UTILIZATION,
+            "load_format": cfg.get("load_format") or "auto", "device": cfg.get("device"),
+            "knobs": knobs.as_dict(), "out": str(Path(run_dir) / "legs" / leg.name)}
+
+
+# --- the runner table --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Runner:
+    """How the protocol runs one kind of leg.
+
+    ``module``: the leg process is ``python -m <module> <args>`` (a test's fake ``runner`` command
+    replaces ``python -m <module>``); ``leg_json(leg, cfg, run_dir, folder, earlier)``: what goes to
+    ``legs/<leg>/leg.json`` (None: no file; ``earlier``: the leg's previous attempt, moved aside);
+    ``args(leg, cfg, run_dir)``: the command's arguments; ``finish(run_dir)``: what the run does once
+    the legs ran. ``reads_prompts``: the run saves a prompt set for it; ``gpu_profile_needs_cuda``: a
+    profile on a GPU never falls back to a CPU (refused before anything is created).
+    """
+
+    name: str
+    module: str
+    leg_json: Callable[..., dict[str, Any] | None]
+    args: Callable[[PlannedLeg, dict[str, Any], Path], list[str]]
+    finish: Callable[[Path], Any] | None = None
+    reads_prompts: bool = True
+    gpu_profile_needs_cuda: bool = False
+
+
+def _config_args(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path) -> list[str]:
+    return ["--config", str(run_dir / LEGS / leg.name / LEG_JSON)]
+
+
+def _engine_leg_json(leg, cfg, run_dir, folder, earlier):
+    reuse = earlier if earlier is not None and (earlier / LEG_JSON).is_file() else None
+    return leg_config(leg, cfg, run_dir, reuse).to_file_dict(folder)
+
+
+def _score_args(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path) -> list[str]:
+    # a score leg takes its few options on the command line
+    k = leg.knobs
+    dtype = [] if k.get("dtype") in (None, "auto") else ["--dtype", str(k["dtype"])]
+    ref = run_dir / LEGS / leg.reference / RECORDS
+    return ["--model", cfg["models"][leg.model], "--reference", str(ref),
+            "--prompts", str(run_dir / cfg.get("prompts_file", PROMPTS)),
+            "--max-model-len", str(k["max_model_len"]), *dtype, "--experiment", cfg["experiment"],
+            "--leg", leg.name, "--run-id", cfg["run_id"], "--out", str(run_dir / LEGS / leg.name)]
+
+
+def _merge_ladder_rows(run_dir: Path) -> None:
+    from workbench import ladder
+
+    ladder.merge_rows(run_dir)  # every complete leg's rows at the run's top, as the benchmark script writes them
+
+
+RUNNERS: dict[str, Runner] = {
+    "leg": Runner("leg", "workbench.leg", _engine_leg_json, _config_args),
+    "score": Runner("score", "workbench.score", lambda *a: None, _score_args),
+    "ladder": Runner("ladder", "workbench.ladder_engine",
+                     lambda leg, cfg, run_dir, folder, earlier: ladder_leg_config(leg, cfg, run_dir),
+                     _config_args, finish=_merge_ladder_rows, reads_prompts=False, gpu_profile_needs_cuda=True),
+}
+
+
+def runner_for(leg: PlannedLeg | None, experiment_runner: str | None) -> Runner:
+    """The one dispatch point: the runner of ``leg`` in an experiment whose ``runner`` (registry, run.json) is
+    ``experiment_runner``. An experiment of ordinary legs (``legs``) runs engine legs and score legs."""
+    name = experiment_runner or "legs"
+    if name == "legs":
+        name = "score" if leg is not None and leg.kind == "score" else "leg"
+    try:
+        return RUNNERS[name]
+    except KeyError:
+        raise ProtocolError(f"unknown runner {name!r}; runners: {', '.join(RUNNERS)}") from None
+
+
+def _experiment_runner(name: str | None) -> Runner:
+    """The runner of an experiment's engine legs (what decides its prompt set and its devices)."""
+    return runner_for(None, name)
+
+
 def leg_command(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path, python: str = sys.executable,
                 runner: list[str] | None = None) -> list[str]:
-    """The leg's command; `runner` replaces `python -m workbench.leg|score` (tests use a fake leg there).
-
-    An engine leg reads legs/<leg>/leg.json; a score leg takes its few options on the command line.
+    """The leg's command (its runner's, ``RUNNERS``); `runner` replaces `python -m <module>` (tests use a
+    fake leg there). An engine leg reads legs/<leg>/leg.json; a score leg takes its options on the command line.
     """
-    out = run_dir / LEGS / leg.name
-    if cfg.get("runner") == "ladder":
-        return [*(runner or [python, "-m", "workbench.ladder_engine"]), "--config", str(out / LEG_JSON)]
-    if leg.kind == "score":
-        k = leg.knobs
-        dtype = [] if k.get("dtype") in (None, "auto") else ["--dtype", str(k["dtype"])]
-        ref = run_dir / LEGS / leg.reference / RECORDS
-        return [*(runner or [python, "-m", "workbench.score"]), "--model", cfg["models"][leg.model],
-                "--reference", str(ref), "--prompts", str(run_dir / cfg.get("prompts_file", PROMPTS)),
-                "--max-model-len", str(k["max_model_len"]), *dtype, "--experiment", cfg["experiment"],
-                "--leg", leg.name, "--run-id", cfg["run_id"], "--out", str(out)]
-    return [*(runner or [python, "-m", "workbench.leg"]), "--config", str(out / LEG_JSON)]
+    r = runner_for(leg, cfg.get("runner"))
+    return [*(runner or [python, "-m", r.module]), *r.args(leg, cfg, run_dir)]
 
 
 def _fmt_s(s: float) -> str:
@@ -453,11 +545,11 @@ def _finalise(folder: Path, leg: PlannedLeg, rc: int | None, why: str) -> str:
             os.replace(folder / RECORDS, folder / RECORDS_PARTIAL)
     err = why or (f"leg process exited with code {rc} without writing summary.json" if rc
                   else "leg process exited 0 but left no complete summary.json + records.jsonl")
-    write_json_atomic(folder / FAILURE, {
-        "status": "failed", "error": err, "returncode": rc, "leg": leg.name, "mode": leg.kind,
-        "tier": leg.tier, "gamma": leg.knobs.get("gamma"), "written_by": "workbench.execution",
-        "partial_records": RECORDS_PARTIAL if (folder / RECORDS_PARTIAL).is_file() else None,
-        "stderr_tail": _tail(folder / LEG_LOG)})
+    write_failure(folder, failure_record(
+        error=err, returncode=rc, leg=leg.name, mode=leg.kind, tier=leg.tier, gamma=leg.knobs.get("gamma"),
+        written_by="workbench.execution",
+        partial_records=RECORDS_PARTIAL if (folder / RECORDS_PARTIAL).is_file() else None,
+        stderr_tail=_tail(folder / LEG_LOG)))
     return "failed"
 
 
@@ -647,12 +739,10 @@ def _run_legs(rdir, cfg, legs, todo, statuses, state, stop_on_failure, leg_timeo
         folder = rdir / LEGS / leg.name
         earlier = archive_leg(folder) if folder.exists() else None
         folder.mkdir(parents=True)
-        if cfg.get("runner") == "ladder":
-            from workbench import ladder_engine
-            write_json_atomic(folder / LEG_JSON, ladder_engine.leg_config(leg, cfg, rdir))
-        elif leg.kind != "score":
-            reuse = earlier if earlier is not None and (earlier / LEG_JSON).is_file() else None
-            write_json_atomic(folder / LEG_JSON, leg_config(leg, cfg, rdir, reuse).to_file_dict(folder))
+        leg_runner = runner_for(leg, cfg.get("runner"))
+        conf = leg_runner.leg_json(leg, cfg, rdir, folder, earlier)
+        if conf is not None:
+            write_json_atomic(folder / LEG_JSON, conf)
         cmd = leg_command(leg, cfg, rdir, python, runner)
         t0 = time.monotonic()
 
@@ -694,9 +784,9 @@ def _run_legs(rdir, cfg, legs, todo, statuses, state, stop_on_failure, leg_timeo
         if status == "failed" and stop_on_failure:
             stopped = True
             break
-    if cfg.get("runner") == "ladder":
-        from workbench import ladder
-        ladder.merge_rows(rdir)  # every complete leg's rows at the run's top, as the benchmark script writes them
+    finish = _experiment_runner(cfg.get("runner")).finish
+    if finish is not None:
+        finish(rdir)
     n_failed = sum(1 for s in statuses.values() if s == "failed")
     final = "stopped" if stopped else ("finished_with_failures" if n_failed else
                                        ("finished" if all(s == "complete" for s in statuses.values())

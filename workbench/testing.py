@@ -12,11 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
-import time
 from pathlib import Path
 
+from . import engine as engines
 from .prompts import Prompt
 
 DEMO_QUESTIONS = (
@@ -150,11 +149,9 @@ def vllm_smoke(model_dir: Path, dtype: str, folder: str | Path, max_tokens: int 
     """
     # Engine core and worker in this process: on CPU, engine start drops from
     # ~30 s to a few seconds. Only effective before vLLM is first imported.
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    engines.in_process_env(cpu=True, threads=None, force=False)
     from transformers import AutoTokenizer
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     from .chat import load_images, render_prompt
 
@@ -163,14 +160,11 @@ def vllm_smoke(model_dir: Path, dtype: str, folder: str | Path, max_tokens: int 
     prompts = smoke_prompts(folder)
     if not multimodal:
         prompts = {"text": prompts["text"]}
-    kw = dict(model=str(model_dir), dtype=dtype, max_model_len=1024, enforce_eager=True,
-              gpu_memory_utilization=0.05, seed=0, distributed_executor_backend="uni")
+    kw = dict(model=str(model_dir), dtype=dtype, max_model_len=1024, seed=0, **engines.cpu_args())
     if multimodal:
         kw["limit_mm_per_prompt"] = {"image": 2, "video": 0}
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    t0 = time.perf_counter()
-    llm = LLM(**kw)
-    start_s = time.perf_counter() - t0
+    llm, start_s = engines.build(kw)
     requests = []
     for p in prompts.values():
         # Image placeholders stay unexpanded: vLLM expands them itself.
