@@ -36,6 +36,7 @@ import pandas as pd
 
 from . import exactness, metrics, plots
 from .results import Run, load_run
+from .runfolder import write_text_atomic
 
 SUMMARY_JSON = "summary.json"
 # The relax x grid of counterfactual acceptance (table and explorer curves): x up to 3 (τ = 0.05)
@@ -595,9 +596,7 @@ def write_tables(tables: RunTables) -> dict[str, Path]:
     tdir.mkdir(exist_ok=True)
     written = {}
     for name, df in tables.available().items():
-        tmp = tdir / f".{name}.csv.tmp"
-        df.to_csv(tmp, index=False)
-        os.replace(tmp, tdir / f"{name}.csv")
+        write_text_atomic(tdir / f"{name}.csv", df.to_csv(index=False))
         written[name] = tdir / f"{name}.csv"
     return written
 
@@ -630,9 +629,7 @@ def write_summary(tables: RunTables, figures: Iterable[str] = ()) -> dict[str, A
     out = summary(tables, figures)
     path = tables.run.path / "tables" / SUMMARY_JSON
     path.parent.mkdir(exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(out, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(out, indent=2, default=str) + "\n")
     return out
 
 

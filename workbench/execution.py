@@ -195,7 +195,7 @@ def preflight_problems(p: Plan, models: dict[str, str], prompts: list | None) ->
     lengths_by: dict[str, list[int]] = {}
     groups: dict[tuple, list[str]] = {}
     for l in p.legs:
-        if l.kind == "score":
+        if not runner_for(l, p.experiment.runner).engine_preflight:
             continue
         k = l.knobs
         bad = legmod.gamma_problem(k.get("gamma"), int(k["max_model_len"])) if l.kind == "spec" else None
@@ -409,7 +409,8 @@ class Runner:
     ``legs/<leg>/leg.json`` (None: no file; ``earlier``: the leg's previous attempt, moved aside);
     ``args(leg, cfg, run_dir)``: the command's arguments; ``finish(run_dir)``: what the run does once
     the legs ran. ``reads_prompts``: the run saves a prompt set for it; ``gpu_profile_needs_cuda``: a
-    profile on a GPU never falls back to a CPU (refused before anything is created).
+    profile on a GPU never falls back to a CPU (refused before anything is created);
+    ``engine_preflight``: its legs' gamma and prompt lengths are checked before the run starts.
     """
 
     name: str
@@ -419,6 +420,7 @@ class Runner:
     finish: Callable[[Path], Any] | None = None
     reads_prompts: bool = True
     gpu_profile_needs_cuda: bool = False
+    engine_preflight: bool = True
 
 
 def _config_args(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path) -> list[str]:
@@ -449,7 +451,7 @@ def _merge_ladder_rows(run_dir: Path) -> None:
 
 RUNNERS: dict[str, Runner] = {
     "leg": Runner("leg", "workbench.leg", _engine_leg_json, _config_args),
-    "score": Runner("score", "workbench.score", lambda *a: None, _score_args),
+    "score": Runner("score", "workbench.score", lambda *a: None, _score_args, engine_preflight=False),
     "ladder": Runner("ladder", "workbench.ladder_engine",
                      lambda leg, cfg, run_dir, folder, earlier: ladder_leg_config(leg, cfg, run_dir),
                      _config_args, finish=_merge_ladder_rows, reads_prompts=False, gpu_profile_needs_cuda=True),
