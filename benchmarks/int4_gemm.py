@@ -425,7 +425,7 @@ def run_size(size, kernels, sweep, ms, group, symmetric, repeats, check, gen, ro
             cfg = (kn.cfg or tk.choose_config(n, k // 8, m)) if isinstance(kn, Ours) else None
             add("gemm", g, n, k, m, name, med, q1, q3, kn.bytes(n, k, m, group, zp),
                 int4_bytes(n, k, m, group, zp), mode, err, cfg.tag if cfg else "",
-                f"tk.{cfg!r}" if cfg else "")
+                repr(cfg) if cfg else "")
     for m in ms:
         med, q1, q3 = lm[m]
         nb = bf16_bytes(s.vocab, s.hidden, m)

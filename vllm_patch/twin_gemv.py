@@ -122,7 +122,7 @@ def _build_class():
     from vllm.platforms import current_platform
 
     class TwinGemvLinearKernel(MPLinearKernel):
-        """Split-K Triton W4A16 GEMV (M <= 2) / tensor-core GEMM (larger M) for the int4 twin."""
+        """Split-K Triton W4A16 GEMV (M <= 2) / tensor-core GEMM (larger M; prefill too) for the int4 twin."""
 
         @classmethod
         def get_min_capability(cls) -> int:

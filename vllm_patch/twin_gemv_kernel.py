@@ -25,15 +25,20 @@ packed int: ``sum_j x_j (q_j - z) = sum_j x_j q_j - z sum_j x_j``.
 
 Two kernels:
 
-- ``gemv`` (M <= 4): CUDA-core FMAs, one fp32 accumulator tile per CTA, split-K;
+- ``gemv`` (M <= 4, rows unrolled so every tensor keeps the weight tile's
+  register layout): CUDA-core FMAs into an fp32 tile per CTA, split-K;
 - ``mma`` (any M, tiles of 16..128 rows): the dequantized tile ``(q - z) * s``
   (exact in fp32) rounded once to the activation dtype, times ``x`` on the
   tensor cores with fp32 accumulation: what a matmul with the dequantized
   checkpoint computes (``Config.lowp=False``: fp32 operands as tf32 instead,
   ``(q - z) * s`` kept to tf32's 11 significant bits).
 
-Split-K partial sums go to an fp32 workspace and a second small kernel adds
-them in a fixed order (deterministic) and casts to the output dtype.
+Split-K partial sums go to an fp32 workspace; a second small kernel adds them
+and casts to the output dtype, or (``Config.fused``, gemv) the last CTA of
+each output tile does, counted by an arrival counter it resets. Both add in a
+fixed order: deterministic. ``choose_config``: measured ``TUNED`` entries,
+else gemv for M <= 2 and mma above; ``sweep_configs``: the alternatives
+``benchmarks/int4_gemm.py`` times beside it.
 """
 
 from __future__ import annotations
