@@ -50,6 +50,7 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
+from vllm_patch import twin_gemv as tl4  # noqa: E402 (the repacking; importable without vLLM)
 from vllm_patch import twin_gemv_kernel as tk  # noqa: E402
 from workbench.shapes import SHAPES  # noqa: E402
 
@@ -91,9 +92,9 @@ def dequant_reference(packed, scales, zeros, group, rows=8192):
     n, k8 = packed.shape
     g = 8 * k8 if group == -1 else group
     out = torch.empty((n, 8 * k8), device=packed.device, dtype=torch.float32)
-    zall = None if zeros is None else tk.unpack_int4_rows(zeros, n)
+    zall = None if zeros is None else tl4.unpack_int4_rows(zeros, n)
     for r in range(0, n, rows):
-        q = tk.unpack_int4_cols(packed[r:r + rows]).to(torch.float32)
+        q = tl4.unpack_int4_cols(packed[r:r + rows]).to(torch.float32)
         z = 8.0 if zall is None else zall[r:r + rows].to(torch.float32).repeat_interleave(g, dim=1)
         out[r:r + rows] = (q - z) * scales[r:r + rows].to(torch.float32).repeat_interleave(g, dim=1)
     return out
@@ -137,7 +138,7 @@ class Ours(Kernel):
 
     def prepare(self, packed, scales, zeros, group, dense_bf16):
         tk.counters(packed.device)  # before any graph capture
-        return tk.repack(packed, scales, zeros, group, scale_layout=self.layout)
+        return tl4.repack(packed, scales, zeros, group, scale_layout=self.layout)
 
     @staticmethod
     def relayout(state, layout):
@@ -159,10 +160,10 @@ class Tinygemm(Kernel):
         if group == -1:
             raise ValueError("channel-wise scales")
         n, k8 = packed.shape
-        q = tk.unpack_int4_cols(packed)
+        q = tl4.unpack_int4_cols(packed)
         w_uint8 = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)
         w = torch._convert_weight_to_int4pack(w_uint8, 8)
-        z = 8.0 if zeros is None else tk.unpack_int4_rows(zeros, n).to(torch.float32)
+        z = 8.0 if zeros is None else tl4.unpack_int4_rows(zeros, n).to(torch.float32)
         s = scales.to(torch.float32)
         sz = torch.stack([s, (8.0 - z) * s], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
         return w, sz, group
@@ -512,8 +513,8 @@ def dry_run(sizes, group, symmetric) -> int:
             nb = int4_bytes(n, k, 1, group, not symmetric)
             packed, scales, zeros = random_layer(64, k, group, symmetric, "cpu", gen)
             w = dequant_reference(packed, scales, zeros, group)
-            qw, s, z, gi = tk.repack(packed, scales, zeros, group)
-            assert torch.equal(tk.dequant_repacked(qw, s, z, gi), w), (size, g)
+            qw, s, z, gi = tl4.repack(packed, scales, zeros, group)
+            assert torch.equal(tl4.dequant_repacked(qw, s, z, gi), w), (size, g)
             note = "repack == reference"
             if dequantize_packed is not None:
                 wt = scalar_types.uint4b8 if symmetric else scalar_types.uint4

@@ -19,6 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+from vllm_patch import twin_gemv as tg  # noqa: E402
 from vllm_patch import twin_gemv_kernel as tk  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,23 +86,23 @@ SHAPES = [(64, 512, 128), (48, 256, 32), (32, 384, -1), (40, 320, 64)]
 @pytest.mark.parametrize("n,k,group", SHAPES)
 def test_repack_is_the_checkpoint_weight(n, k, group, symmetric):
     packed, scales, zeros = make_layer(n, k, group, symmetric)
-    qw, s, z, gi = tk.repack(packed, scales, zeros, group)
+    qw, s, z, gi = tg.repack(packed, scales, zeros, group)
     assert qw.shape == packed.shape and qw.dtype == torch.int32
     assert s.shape == (scales.shape[1], n) and (z is None) == symmetric
     assert gi == (k if group == -1 else group) // 8
-    assert torch.equal(tk.dequant_repacked(qw, s, z, gi), reference_weight(packed, scales, zeros, group))
+    assert torch.equal(tg.dequant_repacked(qw, s, z, gi), reference_weight(packed, scales, zeros, group))
     # the repacked int c holds columns 32*(c//4) + 4*j + c%4 in nibble j
-    q = tk.unpack_int4_cols(packed)
-    assert torch.equal(tk.unrepack_qweight(qw), q)
+    q = tg.unpack_int4_cols(packed)
+    assert torch.equal(tg.unrepack_qweight(qw), q)
     assert int((qw[0, 1] >> 4) & 0xF) == int(q[0, 5])
 
 
 def test_repack_refuses_bad_groups():
     packed, scales, zeros = make_layer(16, 256, 128, False)
     with pytest.raises(ValueError, match="group size"):
-        tk.repack(packed, scales, zeros, 48)
+        tg.repack(packed, scales, zeros, 48)
     with pytest.raises(ValueError, match="scales"):
-        tk.repack(packed, scales[:, :1], zeros, 128)
+        tg.repack(packed, scales[:, :1], zeros, 128)
 
 
 @pytest.mark.parametrize("symmetric", [False, True], ids=["uint4-zp", "uint4b8"])
@@ -110,7 +111,7 @@ def test_repack_refuses_bad_groups():
 def test_interpreted_kernel_matches_reference(ik, n, k, group, symmetric, m):
     packed, scales, zeros = make_layer(n, k, group, symmetric, seed=m)
     w = reference_weight(packed, scales, zeros, group)
-    qw, s, z, gi = ik.repack(packed, scales, zeros, group)
+    qw, s, z, gi = tg.repack(packed, scales, zeros, group)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     ref = x.float() @ w.T
     configs = [ik.choose_config(n, k // 8, m)]
@@ -132,7 +133,7 @@ def test_interpreted_kernel_matches_reference(ik, n, k, group, symmetric, m):
     y = ik.w4a16_mm(x, qw, s, z, gi)  # bf16 out, the layer's path
     assert y.dtype == torch.bfloat16 and rel_err(y, ref) < 1e-2
     # scales / zeros with one group's outputs contiguous (the default is the checkpoint's order)
-    qw2, s2, z2, _ = ik.repack(packed, scales, zeros, group, scale_layout="gn")
+    qw2, s2, z2, _ = tg.repack(packed, scales, zeros, group, scale_layout="gn")
     if s.shape[0] > 1:
         assert s.stride() == (1, s.shape[0]) and s2.stride() == (n, 1)
     for cfg in (configs[-1], configs[1] if m <= 4 else configs[-1]):  # mma tf32 (exact), gemv
@@ -144,7 +145,7 @@ def test_interpreted_fp16_and_split_reduce(ik, m):
     n, k, group = 64, 1024, 128
     packed, scales, zeros = make_layer(n, k, group, False, scale_dtype=torch.float16)
     w = reference_weight(packed, scales, zeros, group)
-    qw, s, z, gi = ik.repack(packed, scales, zeros, group)
+    qw, s, z, gi = tg.repack(packed, scales, zeros, group)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(2)).to(torch.float16)
     cfg = ik.replace(ik.choose_config(n, k // 8, m), split=4, bkp=16)
     assert ik.resolve_split(cfg, n, k // 8, m, 132) == (4, 2)
@@ -268,7 +269,7 @@ SHAPES_32B = [(10240, 5120), (5120, 8192), (51200, 5120), (5120, 25600)]
 def test_cuda_kernel_matches_reference(n, k, m, symmetric):
     packed, scales, zeros = make_layer(n, k, 128, symmetric, device="cuda")
     w = reference_weight(packed, scales, zeros, 128).cuda()
-    qw, s, z, gi = tk.repack(packed, scales, zeros, 128)
+    qw, s, z, gi = tg.repack(packed, scales, zeros, 128)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     ref = x.float() @ w.T
     ref_rounded = x.float() @ w.to(torch.bfloat16).float().T  # the dequantized bf16 checkpoint
@@ -292,7 +293,7 @@ def test_cuda_groups_dtypes_and_graphs(group, dtype):
     n, k = 4096, 4096
     packed, scales, zeros = make_layer(n, k, group, group == 64, device="cuda", scale_dtype=dtype)
     w = reference_weight(packed, scales, zeros, group).cuda()
-    qw, s, z, gi = tk.repack(packed, scales, zeros, group)
+    qw, s, z, gi = tg.repack(packed, scales, zeros, group)
     for m in (1, 3, 16, 200):
         x = torch.randn(m, k, device="cuda").to(dtype)
         y = tk.w4a16_mm(x, qw, s, z, gi)

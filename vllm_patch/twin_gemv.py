@@ -8,7 +8,7 @@ kernels are in ``twin_gemv_kernel`` (no vLLM import there, so the kernel
 benchmark runs on a host without vLLM).
 
 ``process_weights_after_loading`` repacks the checkpoint's tensors once
-(``twin_gemv_kernel.repack``); ``apply_weights`` calls the custom op
+(``repack``, here; the layout is described in ``twin_gemv_kernel``); ``apply_weights`` calls the custom op
 ``torch.ops.twin_spec.w4a16_mm`` (opaque to ``torch.compile``, safe under CUDA
 graphs: every buffer comes from the caching allocator, the launch
 configuration depends only on the shapes).
@@ -49,6 +49,94 @@ def unavailable_reason() -> str | None:
 def is_available() -> bool:
     """True where ``TwinGemvLinearKernel`` can run (CUDA GPU of SM 8.0+ and Triton)."""
     return unavailable_reason() is None
+
+
+# ---------------------------------------------------------------- repacking (torch)
+
+def unpack_int4_cols(packed: torch.Tensor) -> torch.Tensor:
+    """``[R, C]`` int32 with 8 nibbles each (nibble i = column 8c+i) -> ``[R, 8C]`` uint8 values."""
+    shifts = torch.arange(0, 32, 4, device=packed.device, dtype=torch.int32)
+    q = (packed.to(torch.int32).unsqueeze(-1) >> shifts) & 0xF
+    return q.reshape(packed.shape[0], -1).to(torch.uint8)
+
+
+def unpack_int4_rows(packed: torch.Tensor, rows: int) -> torch.Tensor:
+    """``[R/8, C]`` int32 packed along dim 0 (compressed-tensors zero points) -> ``[rows, C]`` uint8."""
+    shifts = torch.arange(0, 32, 4, device=packed.device, dtype=torch.int32)
+    q = (packed.to(torch.int32).unsqueeze(1) >> shifts.view(1, 8, 1)) & 0xF
+    return q.reshape(-1, packed.shape[1])[:rows].to(torch.uint8)
+
+
+def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """``[..., 8]`` values 0..15 -> ``[...]`` int32, element j at bits 4j (two's complement wrap)."""
+    q = q.to(torch.int64)
+    shifts = torch.arange(0, 32, 4, device=q.device, dtype=torch.int64)
+    v = (q << shifts).sum(-1)
+    v = torch.where(v >= 2**31, v - 2**32, v)
+    return v.to(torch.int32)
+
+
+def repack_qweight(packed: torch.Tensor, chunk_rows: int = 4096) -> torch.Tensor:
+    """compressed-tensors ``[N, K/8]`` int32 (nibble i = column 8c+i) -> this kernel's ``[N, K/8]``."""
+    n, k8 = packed.shape
+    if (8 * k8) % _k.BLOCK_K:
+        raise ValueError(f"input size {8 * k8} is not a multiple of {_k.BLOCK_K}")
+    out = torch.empty_like(packed, dtype=torch.int32)
+    for r0 in range(0, n, chunk_rows):
+        q = unpack_int4_cols(packed[r0:r0 + chunk_rows])  # [R, K]
+        r = q.shape[0]
+        # k = 32 b + 4 j + l  ->  [R, b, j, l]  ->  int (b, l) holds nibbles j
+        q = q.view(r, -1, 8, 4).permute(0, 1, 3, 2)
+        out[r0:r0 + r] = _pack_nibbles(q).reshape(r, k8)
+    return out
+
+
+def unrepack_qweight(qweight: torch.Tensor) -> torch.Tensor:
+    """Inverse view of ``repack_qweight``: ``[N, K]`` uint8 values in natural column order."""
+    n, k8 = qweight.shape
+    q = unpack_int4_cols(qweight).view(n, k8 // 4, 4, 8)  # [n, b, l, j]
+    return q.permute(0, 1, 3, 2).reshape(n, 8 * k8)
+
+
+def repack(weight_packed, weight_scale, weight_zero_point, group_size: int, scale_layout: str = "ng"):
+    """compressed-tensors tensors -> ``(qweight, scales [G, N], zeros [G, N] uint8 or None, group_ints)``.
+
+    ``scale_layout`` is the memory order of scales and zeros: ``ng`` (one
+    output's groups contiguous, as in the checkpoint; the default: the scale
+    pointers then have no contiguous dimension, so Triton gives their loads the
+    weight tile's register layout) or ``gn`` (one group's outputs contiguous);
+    the tensors are ``[G, N]``-shaped either way (the kernel reads the strides).
+    """
+    n, k8 = weight_packed.shape
+    k = 8 * k8
+    g = k if group_size in (-1, None) else int(group_size)
+    if g % _k.BLOCK_K or k % g:
+        raise ValueError(f"group size {group_size} with input size {k}: needs a multiple of "
+                         f"{_k.BLOCK_K} that divides the input size")
+    n_groups = k // g
+    if weight_scale.shape != (n, n_groups):
+        raise ValueError(f"scales {tuple(weight_scale.shape)} do not match ({n}, {n_groups})")
+    if scale_layout not in ("ng", "gn"):
+        raise ValueError(f"scale_layout {scale_layout!r} is not 'gn' or 'ng'")
+    qweight = repack_qweight(weight_packed)
+    scales = weight_scale.contiguous()  # [N, G]
+    zeros = None
+    if weight_zero_point is not None:
+        zeros = unpack_int4_rows(weight_zero_point, n)
+        if zeros.shape != (n, n_groups):
+            raise ValueError(f"zero points unpack to {tuple(zeros.shape)}, expected ({n}, {n_groups})")
+    scales = scales.t() if scale_layout == "ng" else scales.t().contiguous()
+    if zeros is not None:
+        zeros = zeros.t() if scale_layout == "ng" else zeros.t().contiguous()
+    return qweight, scales, zeros, g // 8
+
+
+def dequant_repacked(qweight, scales, zeros, group_ints: int) -> torch.Tensor:
+    """fp32 ``[N, K]`` weight from the repacked tensors (torch; the kernel's math)."""
+    q = unrepack_qweight(qweight).to(torch.float32)
+    group_of_col = torch.arange(q.shape[1], device=q.device) // (8 * group_ints)
+    z = 8.0 if zeros is None else zeros.t().to(torch.float32)[:, group_of_col]
+    return (q - z) * scales.t().to(torch.float32)[:, group_of_col]
 
 
 # ---------------------------------------------------------------- custom op
@@ -143,7 +231,7 @@ def _build_class():
             k, n = c.partition_weight_shape
             if tuple(w_q.shape) != (n, k // 8):
                 raise ValueError(f"{KERNEL_NAME}: packed weight {tuple(w_q.shape)} is not [out={n}, in/8={k // 8}]")
-            qweight, scales, zeros, group_ints = _k.repack(
+            qweight, scales, zeros, group_ints = repack(
                 w_q.data, w_s.data, w_zp.data if c.zero_points else None, c.group_size)
             replace_parameter(layer, self.w_q_name, qweight)
             replace_parameter(layer, self.w_s_name, scales)

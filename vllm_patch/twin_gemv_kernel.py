@@ -4,7 +4,7 @@
 (``uint4`` with group-wise zero points, or symmetric ``uint4b8``), group size
 32/64/128/... or channel-wise, bf16/fp16/fp32 activations, fp32 accumulation.
 
-Layout, repacked once at load time (``repack``):
+Layout, repacked once at load time (``twin_gemv.repack``):
 
 - ``qweight`` ``[N, K/8]`` int32, row ``n`` contiguous along K. Packed int ``c``
   belongs to block ``b = c // 4`` of 32 input columns; its nibble ``j`` (bits
@@ -56,95 +56,7 @@ try:
 except ImportError:  # pragma: no cover - triton ships with torch's CUDA wheels
     HAVE_TRITON = False
 
-BLOCK_K = 32  # input columns per repack block (4 packed ints)
-
-
-# ---------------------------------------------------------------- repacking (torch)
-
-def unpack_int4_cols(packed: torch.Tensor) -> torch.Tensor:
-    """``[R, C]`` int32 with 8 nibbles each (nibble i = column 8c+i) -> ``[R, 8C]`` uint8 values."""
-    shifts = torch.arange(0, 32, 4, device=packed.device, dtype=torch.int32)
-    q = (packed.to(torch.int32).unsqueeze(-1) >> shifts) & 0xF
-    return q.reshape(packed.shape[0], -1).to(torch.uint8)
-
-
-def unpack_int4_rows(packed: torch.Tensor, rows: int) -> torch.Tensor:
-    """``[R/8, C]`` int32 packed along dim 0 (compressed-tensors zero points) -> ``[rows, C]`` uint8."""
-    shifts = torch.arange(0, 32, 4, device=packed.device, dtype=torch.int32)
-    q = (packed.to(torch.int32).unsqueeze(1) >> shifts.view(1, 8, 1)) & 0xF
-    return q.reshape(-1, packed.shape[1])[:rows].to(torch.uint8)
-
-
-def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:
-    """``[..., 8]`` values 0..15 -> ``[...]`` int32, element j at bits 4j (two's complement wrap)."""
-    q = q.to(torch.int64)
-    shifts = torch.arange(0, 32, 4, device=q.device, dtype=torch.int64)
-    v = (q << shifts).sum(-1)
-    v = torch.where(v >= 2**31, v - 2**32, v)
-    return v.to(torch.int32)
-
-
-def repack_qweight(packed: torch.Tensor, chunk_rows: int = 4096) -> torch.Tensor:
-    """compressed-tensors ``[N, K/8]`` int32 (nibble i = column 8c+i) -> this kernel's ``[N, K/8]``."""
-    n, k8 = packed.shape
-    if (8 * k8) % BLOCK_K:
-        raise ValueError(f"input size {8 * k8} is not a multiple of {BLOCK_K}")
-    out = torch.empty_like(packed, dtype=torch.int32)
-    for r0 in range(0, n, chunk_rows):
-        q = unpack_int4_cols(packed[r0:r0 + chunk_rows])  # [R, K]
-        r = q.shape[0]
-        # k = 32 b + 4 j + l  ->  [R, b, j, l]  ->  int (b, l) holds nibbles j
-        q = q.view(r, -1, 8, 4).permute(0, 1, 3, 2)
-        out[r0:r0 + r] = _pack_nibbles(q).reshape(r, k8)
-    return out
-
-
-def unrepack_qweight(qweight: torch.Tensor) -> torch.Tensor:
-    """Inverse view of ``repack_qweight``: ``[N, K]`` uint8 values in natural column order."""
-    n, k8 = qweight.shape
-    q = unpack_int4_cols(qweight).view(n, k8 // 4, 4, 8)  # [n, b, l, j]
-    return q.permute(0, 1, 3, 2).reshape(n, 8 * k8)
-
-
-def repack(weight_packed, weight_scale, weight_zero_point, group_size: int, scale_layout: str = "ng"):
-    """compressed-tensors tensors -> ``(qweight, scales [G, N], zeros [G, N] uint8 or None, group_ints)``.
-
-    ``scale_layout`` is the memory order of scales and zeros: ``ng`` (one
-    output's groups contiguous, as in the checkpoint; the default: the scale
-    pointers then have no contiguous dimension, so Triton gives their loads the
-    weight tile's register layout) or ``gn`` (one group's outputs contiguous);
-    the tensors are ``[G, N]``-shaped either way (the kernel reads the strides).
-    """
-    n, k8 = weight_packed.shape
-    k = 8 * k8
-    g = k if group_size in (-1, None) else int(group_size)
-    if g % BLOCK_K or k % g:
-        raise ValueError(f"group size {group_size} with input size {k}: needs a multiple of "
-                         f"{BLOCK_K} that divides the input size")
-    n_groups = k // g
-    if weight_scale.shape != (n, n_groups):
-        raise ValueError(f"scales {tuple(weight_scale.shape)} do not match ({n}, {n_groups})")
-    if scale_layout not in ("ng", "gn"):
-        raise ValueError(f"scale_layout {scale_layout!r} is not 'gn' or 'ng'")
-    qweight = repack_qweight(weight_packed)
-    scales = weight_scale.contiguous()  # [N, G]
-    zeros = None
-    if weight_zero_point is not None:
-        zeros = unpack_int4_rows(weight_zero_point, n)
-        if zeros.shape != (n, n_groups):
-            raise ValueError(f"zero points unpack to {tuple(zeros.shape)}, expected ({n}, {n_groups})")
-    scales = scales.t() if scale_layout == "ng" else scales.t().contiguous()
-    if zeros is not None:
-        zeros = zeros.t() if scale_layout == "ng" else zeros.t().contiguous()
-    return qweight, scales, zeros, g // 8
-
-
-def dequant_repacked(qweight, scales, zeros, group_ints: int) -> torch.Tensor:
-    """fp32 ``[N, K]`` weight from the repacked tensors (torch; the kernel's math)."""
-    q = unrepack_qweight(qweight).to(torch.float32)
-    group_of_col = torch.arange(q.shape[1], device=q.device) // (8 * group_ints)
-    z = 8.0 if zeros is None else zeros.t().to(torch.float32)[:, group_of_col]
-    return (q - z) * scales.t().to(torch.float32)[:, group_of_col]
+BLOCK_K = 32  # input columns per repack block (4 packed ints); the repacking is in twin_gemv.py
 
 
 # ---------------------------------------------------------------- configs
@@ -399,7 +311,7 @@ def counters(device: torch.device, tiles: int = 0) -> torch.Tensor:
 
 def w4a16_mm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
              group_ints: int, cfg: Config | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``x [M, K] @ dequant(W)^T -> [M, N]`` with the repacked tensors of ``repack``."""
+    """``x [M, K] @ dequant(W)^T -> [M, N]`` with the tensors of ``twin_gemv.repack``."""
     if not HAVE_TRITON:
         raise RuntimeError("triton is not importable")
     if x.dim() != 2:
