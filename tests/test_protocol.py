@@ -380,6 +380,9 @@ def test_runners_are_one_table_with_one_dispatch_point(tmp_path):
     assert protocol.leg_command(score, cfg, rdir, runner=["fake"])[:3] == ["fake", "--model", cfg["models"][leg.model]]
     assert execution.RUNNERS["score"].leg_json(score, cfg, rdir, rdir / "legs" / "x", None) is None
     assert not execution.RUNNERS["ladder"].reads_prompts and execution.RUNNERS["ladder"].gpu_profile_needs_cuda
+    from workbench.registry import RUNNERS as CATALOGUE_RUNNERS
+    for name in CATALOGUE_RUNNERS:  # every runner the catalogue accepts has an entry
+        assert execution.runner_for(leg, name).name in execution.RUNNERS
 
 
 def test_score_leg_agrees_with_itself(tmp_path):
