@@ -335,3 +335,35 @@ def test_step_cost_legend_names_every_series_once_across_sizes():
     in_legend = [t.name for t in fig.data if t.showlegend is not False]
     assert sorted(in_legend) == sorted(set(t.name for t in fig.data))  # every series named, none twice
     assert "draft step γ=2, drafter graphs" in in_legend
+
+
+def test_a_before_and_an_after_in_one_folder_are_told_apart_by_their_drafter_setup():
+    """Rows of two drafter setups of one size (their knob tags) make two cells, each against the same vanilla."""
+    import pandas as pd
+
+    from workbench import ladder
+
+    steps, walls = [], []
+    for b in (1, 4):
+        steps.append({"kind": "vanilla", "gamma": None, "draft_graphs": None, "size": "32b", "batch": b, "rep": 0,
+                      "reqs": b, "tokens": b, "prefill": False, "target_ms": 18.0, "draft_ms": None})
+        walls.append({"kind": "vanilla", "gamma": None, "draft_graphs": None, "size": "32b", "batch": b,
+                      "wall_s": 1.2})
+        for kernel, sched, propose, wall in (("machete", False, 50.0, 1.05), ("marlin", True, 40.0, 0.95)):
+            tags = {"draft_linear_kernel": kernel, "draft_cudagraph_mode": "piecewise", "async_scheduling": sched}
+            steps.append({"kind": "spec", "gamma": 4, "draft_graphs": True, "size": "32b", "batch": b, "rep": 0,
+                          "reqs": b, "tokens": 5 * b, "prefill": False, "target_ms": 18.5, "draft_ms": propose,
+                          **tags})
+            walls.append({"kind": "spec", "gamma": 4, "draft_graphs": True, "size": "32b", "batch": b,
+                          "wall_s": wall, **tags})
+    costs = ladder.step_costs(pd.DataFrame(steps))
+    ratios = ladder.cost_ratio(costs, pd.DataFrame(walls)).set_index(["size", "batch"])
+    before, after = "32b [machete piecewise]", "32b [marlin piecewise async]"
+    assert set(ratios.index.get_level_values(0)) == {before, after}
+    assert ratios.loc[(before, 1), "c"] == pytest.approx(50.0 / 4 / 18.5)
+    assert ratios.loc[(after, 1), "c"] == pytest.approx(40.0 / 4 / 18.5)
+    assert ratios.loc[(after, 4), "S_measured_alpha1"] == pytest.approx(1.2 / 0.95)
+    assert ratios.loc[(before, 4), "decode_ms"] == ratios.loc[(after, 4), "decode_ms"] == 18.0
+    # a folder of one setup keeps its plain size label
+    one = ladder.step_costs(pd.DataFrame([r for r in steps if r.get("draft_linear_kernel") != "marlin"]))
+    assert set(one["size"]) == {"32b"}

@@ -139,8 +139,43 @@ def _iqr(s: pd.Series) -> pd.Series:
     return pd.Series({"median_ms": s.median(), "q1_ms": s.quantile(0.25), "q3_ms": s.quantile(0.75), "n": len(s)})
 
 
+DRAFTER_TAGS = ("draft_linear_kernel", "draft_cudagraph_mode", "async_scheduling")
+
+
+def _drafter(row: pd.Series) -> str:
+    """The drafter setup a spec row was measured with (its tags; rows from before the tags: "as shipped")."""
+    tags = [row.get(k) for k in DRAFTER_TAGS]
+    if all(t is None or t != t for t in tags):
+        return "as shipped"
+    kernel, mode, sched = tags
+    return f"{kernel} {mode}" + (" async" if sched is True else "")
+
+
+def _by_drafter(rows: pd.DataFrame) -> pd.DataFrame:
+    """Spec rows of several drafter setups of one size (a folder holding a before and an after) are told
+    apart by their size label, "32b [marlin piecewise async]"; the size's vanilla rows are repeated under
+    each label, so every table and figure downstream compares each setup with the same vanilla engine."""
+    if rows.empty:
+        return rows
+    rows = rows.copy()
+    spec = rows["kind"] == "spec"
+    rows["drafter"] = None
+    rows.loc[spec, "drafter"] = [_drafter(r) for _, r in rows[spec].iterrows()]
+    parts = []
+    for size, grp in rows.groupby("size", sort=False):
+        setups = list(dict.fromkeys(grp.loc[grp["kind"] == "spec", "drafter"]))
+        if len(setups) <= 1:
+            parts.append(grp)
+            continue
+        van = grp[grp["kind"] != "spec"]
+        for d in setups:
+            label = f"{size} [{d}]"
+            parts += [van.assign(size=label), grp[(grp["kind"] == "spec") & (grp["drafter"] == d)].assign(size=label)]
+    return pd.concat(parts, ignore_index=True)
+
+
 def step_costs(steps: pd.DataFrame) -> pd.DataFrame:
-    s = steps[~steps["prefill"].astype(bool)].copy()
+    s = _by_drafter(steps[~steps["prefill"].astype(bool)].copy())
     g = s["gamma"].fillna(0).astype(int)
     rows = []
     decode = s[(s["kind"] == "vanilla") & (s["tokens"] == s["batch"]) & (s["reqs"] == s["batch"])]
@@ -165,6 +200,7 @@ def step_costs(steps: pd.DataFrame) -> pd.DataFrame:
 def cost_ratio(costs: pd.DataFrame, walls: pd.DataFrame) -> pd.DataFrame:
     if costs.empty:
         return pd.DataFrame()
+    walls = _by_drafter(walls)  # the same size labels as step_costs gave the steps
     med = costs.set_index(["size", "batch", "gamma", "draft_graphs", "role"])["median_ms"]
     decode = costs[costs["role"] == "target decode"].set_index(["size", "batch"])["median_ms"]
     rows = []
