@@ -134,7 +134,12 @@ def legs(tiny_models, results_dir) -> dict[str, LegResult]:
         env = {**os.environ, "VLLM_CACHE_ROOT": str(caches / name)}
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
-        (results_dir / "legs" / f"{name}.log").write_text(proc.stderr[-20000:])
+        # vLLM's engine core logs its own traceback to stdout: keep the head of both streams as well as the
+        # tail, so a failed leg's root cause is in the evidence (an EngineDeadError alone says nothing)
+        def keep(text: str) -> str:
+            return text if len(text) <= 40000 else text[:20000] + "\n[...]\n" + text[-20000:]
+        (results_dir / "legs" / f"{name}.log").write_text(
+            "== stderr\n" + keep(proc.stderr) + "\n== stdout\n" + keep(proc.stdout))
         return name, LegResult(out, proc), time.perf_counter() - t0
 
     (results_dir / "legs").mkdir(parents=True, exist_ok=True)
