@@ -2,10 +2,13 @@
 
 ``Knob`` describes one knob: name, type, check, environment variable, leg
 option, whether it only means something with a draft, whether it acts on a
-CPU host. ``SWITCHES`` are the knobs the engine reads from its environment;
+CPU host, a leg default where it differs, and which result tables show it as a
+column. ``SWITCHES`` are the knobs the engine reads from its environment;
 ``workbench.knobs`` adds the workload knobs (gamma, concurrency, ...) to make
 the one table the workbench validates, builds leg options and environments
 from. The plugin imports nothing from the workbench, so the table starts here.
+The carriers are built from the table: ``EngineKnobs`` here and the workbench's
+``Knobs`` (both :class:`KnobValues`), and :func:`tier_of` is the one tier rule.
 
 The variable names are the ones researchers' scripts already use (see the
 README): ``VLLM_SPEC_RELAX_LOGTAU``, ``VLLM_SPEC_DRAFT_BLIND_MM``,
@@ -20,11 +23,12 @@ environment again here: a script may set these variables by hand.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
 
 ENV_RELAX = "VLLM_SPEC_RELAX_LOGTAU"
 ENV_BLIND = "VLLM_SPEC_DRAFT_BLIND_MM"
@@ -56,6 +60,15 @@ class Knob:
     flag: str | None = None          # leg command-line option
     spec_only: bool = False          # means something only with a draft
     applies_on_cpu: bool = True      # False: accepted on CPU, recorded as having no effect
+    leg_default: Any = ...           # a leg's default when it differs from the engine's (``...``: the same)
+    column: str | None = None        # "record": a column of records, LEG_KEYS and the leg table; "leg": of the
+    #                                  leg table only; None: no column (the value stays in the record's knobs)
+    leg_extra: tuple[str, ...] = ()  # further leg-table columns the engine reports beside it (..._applies)
+
+    @property
+    def leg_value(self) -> Any:
+        """The value a leg takes when nobody sets the knob."""
+        return self.default if self.leg_default is ... else self.leg_default
 
     def validate(self, value: Any, where: str = "") -> Any:
         """``value`` if it has the knob's type and passes its check (ints widen to float); else KnobError."""
@@ -146,18 +159,21 @@ def check_combination(values: Mapping[str, Any], where: str = "") -> None:
 SWITCHES: dict[str, Knob] = {k.name: k for k in [
     Knob("relax_logtau", float, 0.0, _finite_nonneg, "a finite number >= 0",
          "relaxed gate x = ln(1/tau); 0 = strict (e.g. 0.693 for tau=0.5)",
-         env=ENV_RELAX, flag="--relax-logtau", spec_only=True),
+         env=ENV_RELAX, flag="--relax-logtau", spec_only=True, column="record"),
     Knob("blind_mm", bool, False, _any, "true or false", "draft decodes without image embeddings",
-         env=ENV_BLIND, flag="--blind-mm", spec_only=True),
+         env=ENV_BLIND, flag="--blind-mm", spec_only=True, column="record"),
     Knob("draft_cudagraph", bool, True, _any, "true or false", "capture the drafter's CUDA graphs",
-         env=ENV_NO_GRAPH, env_inverted=True, flag="--draft-cudagraph", spec_only=True, applies_on_cpu=False),
+         env=ENV_NO_GRAPH, env_inverted=True, flag="--draft-cudagraph", spec_only=True, applies_on_cpu=False,
+         column="leg", leg_extra=("draft_cudagraph_applies",)),
+    # an engine started by hand does not trace; a leg does unless told not to (--no-trace)
     Knob("trace", bool, False, _any, "true or false", "record the per-step acceptance trace",
-         env=ENV_TRACE, flag="--trace", spec_only=True),
+         env=ENV_TRACE, flag="--trace", spec_only=True, leg_default=True),
     Knob("draft_cudagraph_mode", str, "auto", lambda v: v in DRAFT_CUDAGRAPH_MODES,
          "one of " + ", ".join(DRAFT_CUDAGRAPH_MODES),
          "drafter CUDA graphs: none, piecewise (vLLM's), full (FULL graph per single-token step), "
          "auto (the best verified on the platform; none on CPU)",
-         env=ENV_GRAPH_MODE, flag="--draft-cudagraph-mode", spec_only=True, applies_on_cpu=False),
+         env=ENV_GRAPH_MODE, flag="--draft-cudagraph-mode", spec_only=True, applies_on_cpu=False,
+         column="leg"),
     # 'own' is refused (naming the knob) where the module with TwinGemvLinearKernel is absent
     Knob("draft_linear_kernel", str, "auto",
          lambda v: v in DRAFT_LINEAR_KERNELS and (v != "own" or own_kernel_available()),
@@ -165,12 +181,35 @@ SWITCHES: dict[str, Knob] = {k.name: k for k in [
          "TwinGemvLinearKernel; this install must have it)",
          "W4A16 kernel of the draft's linear layers (the target's are vLLM's choice); auto: Marlin "
          "first on CUDA, vLLM's CPU kernels on CPU; own: vllm_patch.twin_gemv",
-         env=ENV_LINEAR_KERNEL, flag="--draft-linear-kernel", spec_only=True, applies_on_cpu=False),
+         env=ENV_LINEAR_KERNEL, flag="--draft-linear-kernel", spec_only=True, applies_on_cpu=False,
+         column="leg"),
     Knob("async_scheduling", bool, False, _any, "true or false",
          "vLLM's async scheduling for the draft_model leg (asked explicitly; the padded drafter batch "
          "stays on); vLLM's CPU platform always turns it off",
-         env=ENV_ASYNC, flag="--async-scheduling", spec_only=True, applies_on_cpu=False),
+         env=ENV_ASYNC, flag="--async-scheduling", spec_only=True, applies_on_cpu=False, column="leg"),
 ]}
+
+# --- test-only hook ---------------------------------------------------------------------------
+# ``VLLM_SPEC_TEST_KNOBS`` (JSON list of {name, type, default, env, flag, spec_only, applies_on_cpu,
+# column}) adds throwaway knobs to the table at import, in every process that inherits the variable
+# (leg, engine core, workers). It exists for tests/test_knob_table.py, which checks that a knob added
+# to the table alone reaches leg.json, the engine's environment and report, and the record columns.
+# Never set it in a real run.
+ENV_TEST_KNOBS = "VLLM_SPEC_TEST_KNOBS"
+_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
+
+
+def knob_from_spec(spec: Mapping[str, Any]) -> Knob:
+    """A ``Knob`` from a JSON-able description (test-only: see ``ENV_TEST_KNOBS``); any value of its type passes."""
+    spec = dict(spec)
+    kind = _TYPES[spec.pop("type")]
+    rule = "true or false" if kind is bool else f"a {kind.__name__}"
+    return Knob(spec.pop("name"), kind, spec.pop("default"), _any, rule, spec.pop("help", "test-only knob"),
+                **spec)
+
+
+for _spec in json.loads(os.environ.get(ENV_TEST_KNOBS) or "[]"):
+    SWITCHES[_spec["name"]] = knob_from_spec(_spec)
 
 
 def parse_relax_logtau(raw: str | None) -> float:
@@ -178,23 +217,85 @@ def parse_relax_logtau(raw: str | None) -> float:
     return SWITCHES["relax_logtau"].read_env({ENV_RELAX: raw} if raw is not None else {})
 
 
-@dataclass(frozen=True)
-class EngineKnobs:
-    relax_logtau: float = 0.0
-    blind_mm: bool = False
-    draft_cudagraph: bool = True
-    trace: bool = False
-    draft_cudagraph_mode: str = "auto"
-    draft_linear_kernel: str = "auto"
-    async_scheduling: bool = False
-    report_dir: str | None = None
+def tier_of(knobs: Any) -> str:
+    """The tier of a set of knobs (a mapping, or an object with the knobs as attributes).
+
+    ``vanilla`` when gamma is there and None (no draft); else ``relaxed`` when relax_logtau > 0, else
+    ``strict``. The engine's switches carry no gamma (an engine with the plugin's gate runs a draft).
+    """
+    get = knobs.get if isinstance(knobs, Mapping) else (lambda name, d=None: getattr(knobs, name, d))
+    if get("gamma", 0) is None:
+        return "vanilla"
+    return "relaxed" if (get("relax_logtau", 0.0) or 0.0) > 0 else "strict"
+
+
+class KnobValues:
+    """Values of the knobs of a table, as attributes: the carrier ``EngineKnobs`` and ``workbench.knobs.Knobs`` share.
+
+    The fields are the table's entries at construction time (``_table()``), each defaulting to the
+    knob's default (``_leg_defaults``: its leg default), plus ``_extra`` fields that are not knobs.
+    Constructor keywords, attribute names, equality and ``as_dict`` are those of a frozen dataclass
+    with these fields in table order.
+    """
+
+    _extra: ClassVar[dict[str, Any]] = {}
+    _leg_defaults: ClassVar[bool] = False
+
+    @classmethod
+    def _table(cls) -> Mapping[str, Knob]:
+        raise NotImplementedError
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Field name -> default, in table order (then the extra fields)."""
+        d = {n: (k.leg_value if cls._leg_defaults else k.default) for n, k in cls._table().items()}
+        d.update(cls._extra)
+        return d
+
+    def __init__(self, **values: Any):
+        fields = self.defaults()
+        unknown = [n for n in values if n not in fields]
+        if unknown:
+            raise TypeError(f"{type(self).__name__}() got unexpected keyword argument(s) {unknown}; "
+                            f"fields: {', '.join(fields)}")
+        for name, default in fields.items():
+            object.__setattr__(self, name, values.get(name, default))
+        self._check()
+
+    def _check(self) -> None:
+        """Validation after construction (a subclass's rules)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen: cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen: cannot delete {name!r}")
+
+    def as_dict(self) -> dict:
+        return dict(vars(self))
+
+    def __eq__(self, other: Any) -> bool:
+        return type(other) is type(self) and other.as_dict() == self.as_dict()
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.as_dict().items()))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.as_dict().items())})"
 
     @property
     def tier(self) -> str:
-        return "relaxed" if self.relax_logtau > 0 else "strict"
+        return tier_of(self)
 
-    def as_dict(self) -> dict:
-        return asdict(self)
+
+class EngineKnobs(KnobValues):
+    """The switches an engine process read from its environment (``SWITCHES``), and its report directory."""
+
+    _extra = {"report_dir": None}
+
+    @classmethod
+    def _table(cls) -> Mapping[str, Knob]:
+        return SWITCHES
 
 
 def read_knobs(env: Mapping[str, str] | None = None) -> EngineKnobs:

@@ -344,17 +344,16 @@ def prepare_run(experiment: str, profile: str | None = None, overrides: Any = No
 # --- one leg -----------------------------------------------------------------------------------
 
 def leg_knobs(leg: PlannedLeg, vanilla):
-    """The engine knobs of a planned spec leg (``workbench.knobs.Knobs``); ``vanilla`` for a vanilla one."""
+    """The engine knobs of a planned spec leg (``workbench.knobs.Knobs``); ``vanilla`` for a vanilla one.
+
+    Every leg knob of the table comes from the plan (``Knobs.from_planned``: one it lacks is an error,
+    not a silent default).
+    """
     from workbench.knobs import Knobs
 
     if leg.kind != "spec":
         return vanilla
-    k = leg.knobs
-    return Knobs(gamma=k["gamma"], relax_logtau=float(k.get("relax_logtau") or 0.0),
-                 blind_mm=bool(k.get("blind_mm")), draft_cudagraph=k.get("draft_cudagraph") is not False,
-                 trace=bool(k.get("trace")), draft_cudagraph_mode=k.get("draft_cudagraph_mode") or "auto",
-                 draft_linear_kernel=k.get("draft_linear_kernel") or "auto",
-                 async_scheduling=bool(k.get("async_scheduling")))
+    return Knobs.from_planned(leg.knobs, where=f"leg {leg.name}")
 
 
 def leg_config(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path, resume_from: Path | None = None):

@@ -12,9 +12,13 @@ states the values the engine reported back, not the ones asked for.
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from typing import Any
 
-from vllm_patch.knobs import ENV_REPORT_DIR, SWITCHES, Knob, KnobError, check_combination
+from vllm_patch.knobs import ENV_REPORT_DIR, SWITCHES, Knob, KnobError, KnobValues, check_combination, tier_of
+
+__all__ = ["KNOBS", "Knob", "KnobError", "Knobs", "LEG_KNOBS", "SPEC_ONLY", "NOT_ON_CPU", "tier_of",
+           "leg_knob_names", "column_knobs"]
 
 
 def _int_range(lo: int, hi: int | None = None):
@@ -23,7 +27,7 @@ def _int_range(lo: int, hi: int | None = None):
 
 KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("gamma", int, None, _int_range(1, 32), "an integer 1..32", "draft length (tokens proposed per step)",
-         flag="--gamma", spec_only=True),
+         flag="--gamma", spec_only=True, column="record"),
     *SWITCHES.values(),
     Knob("max_num_seqs", int, 1, _int_range(1, 4096), "an integer >= 1", "max concurrent sequences",
          flag="--max-num-seqs"),
@@ -38,27 +42,45 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "one of auto, bfloat16, float16, float32", "model dtype", flag="--dtype"),
 ]}
 
+
+def leg_knob_names() -> tuple[str, ...]:
+    """The per-leg speculative knobs ``Knobs`` holds: gamma and the engine switches, in table order."""
+    return ("gamma",) + tuple(SWITCHES)
+
+
+def column_knobs(where: str) -> list[str]:
+    """Knobs that are columns: ``"record"`` (records and LEG_KEYS), ``"leg"`` (the leg table: these and the
+    record ones, each followed by its ``leg_extra`` columns), in table order."""
+    if where == "record":
+        return [n for n, k in KNOBS.items() if k.column == "record"]
+    if where == "leg":
+        return [c for n, k in KNOBS.items() if k.column in ("record", "leg") for c in (n, *k.leg_extra)]
+    raise ValueError(f"column_knobs: where must be 'record' or 'leg', got {where!r}")
+
+
 # Knobs without meaning for a vanilla leg (no draft).
 SPEC_ONLY = tuple(name for name, k in KNOBS.items() if k.spec_only)
 # Knobs that accept a value on CPU but act only on an accelerator.
 NOT_ON_CPU = tuple(name for name, k in KNOBS.items() if not k.applies_on_cpu)
 # The per-leg speculative knobs held by ``Knobs``.
-LEG_KNOBS = ("gamma",) + tuple(SWITCHES)
+LEG_KNOBS = leg_knob_names()
 
 
-@dataclass(frozen=True)
-class Knobs:
-    gamma: int | None = None          # draft length; None = vanilla leg
-    relax_logtau: float = 0.0         # 0 = strict tier
-    blind_mm: bool = False            # draft decodes without image embeddings
-    draft_cudagraph: bool = True      # capture the drafter's CUDA graphs (CUDA only)
-    trace: bool = True                # per-request, per-step acceptance trace
-    draft_cudagraph_mode: str = "auto"  # none | piecewise | full | auto (CUDA only)
-    draft_linear_kernel: str = "auto"   # the draft's W4A16 kernel: auto | machete | marlin | humming | exllama | own
-    async_scheduling: bool = False    # vLLM's async scheduling, asked explicitly (CUDA only)
+class Knobs(KnobValues):
+    """A leg's speculative knobs (gamma and the engine switches), built from the table.
 
-    def __post_init__(self):
-        for name in LEG_KNOBS:
+    Each field defaults to the knob's leg default (gamma None: a vanilla leg; trace on). Validated with
+    the table's checks and ``check_combination``; ``ValueError`` names the knob.
+    """
+
+    _leg_defaults = True
+
+    @classmethod
+    def _table(cls) -> Mapping[str, Knob]:
+        return {name: KNOBS[name] for name in leg_knob_names()}
+
+    def _check(self) -> None:
+        for name in leg_knob_names():
             value = getattr(self, name)
             if name == "gamma" and value is None:
                 continue
@@ -73,11 +95,23 @@ class Knobs:
         except KnobError as exc:
             raise ValueError(str(exc)) from None
 
-    @property
-    def tier(self) -> str:
-        if self.gamma is None:
-            return "vanilla"
-        return "relaxed" if self.relax_logtau > 0 else "strict"
+    @classmethod
+    def from_planned(cls, knobs: Mapping[str, Any], where: str = "") -> "Knobs":
+        """A planned spec leg's knobs: every leg knob of the table must be there (None: the table's default)."""
+        missing = [name for name in leg_knob_names() if name not in knobs]
+        if missing:
+            raise KeyError(f"{where + ': ' if where else ''}planned knobs lack {missing}; "
+                           "a planned leg carries every knob of the table")
+        values = {}
+        for name in leg_knob_names():
+            value = knobs[name]
+            k = KNOBS[name]
+            if value is None:
+                value = k.default
+            elif k.type is float:
+                value = float(value)
+            values[name] = value
+        return cls(**values)
 
     def engine_args(self, on_cuda: bool) -> dict:
         """vLLM engine arguments these knobs set (beside the environment): async scheduling on CUDA.
@@ -92,14 +126,11 @@ class Knobs:
             env[ENV_REPORT_DIR] = str(report_dir)
         return env
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
     @staticmethod
     def add_leg_options(ap: argparse.ArgumentParser) -> None:
         """The leg's options for these knobs, from the table (``--no-draft-cudagraph``, ``--no-trace``)."""
-        defaults = {f: Knobs.__dataclass_fields__[f].default for f in LEG_KNOBS}
-        for name in LEG_KNOBS:
+        defaults = Knobs.defaults()
+        for name in leg_knob_names():
             k = KNOBS[name]
             if k.type is bool and defaults[name]:
                 ap.add_argument(k.flag, dest=name, action=argparse.BooleanOptionalAction, default=True,
@@ -111,4 +142,4 @@ class Knobs:
 
     @classmethod
     def from_leg_args(cls, args: argparse.Namespace) -> "Knobs":
-        return cls(**{name: getattr(args, name) for name in LEG_KNOBS})
+        return cls(**{name: getattr(args, name) for name in leg_knob_names()})

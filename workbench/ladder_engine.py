@@ -197,7 +197,7 @@ def run_engine(*, size: str, kind: str, target: str, draft: str | None, gamma: i
 
 def run_leg(conf: dict[str, Any]) -> dict[str, Any]:
     """Run one ladder leg into ``conf["out"]``: steps.jsonl, walls.jsonl, summary.json (or failure.json)."""
-    from workbench.knobs import Knobs
+    from workbench.knobs import Knobs, tier_of
 
     out = Path(conf["out"])
     out.mkdir(parents=True, exist_ok=True)
@@ -226,7 +226,7 @@ def run_leg(conf: dict[str, Any]) -> dict[str, Any]:
 
     summary = {"runner": "ladder", "experiment": conf.get("experiment"),
                "run_id": conf.get("run_id"), "leg": conf["leg"], "mode": conf["kind"],
-               "tier": "vanilla" if conf["kind"] == "vanilla" else ("relaxed" if knobs.relax_logtau > 0 else "strict"),
+               "tier": tier_of(knobs),
                "gamma": conf.get("gamma"), "size": conf["size"], "target": conf["target"], "draft": conf.get("draft"),
                "knobs": knobs.as_dict(), "device": "cpu" if cpu else torch.cuda.get_device_name(0),
                "wall_s": time.perf_counter() - t0, "patch_fingerprint": vllm_patch.fingerprint(), **info}

@@ -27,7 +27,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
-LEG_KEYS = ["leg", "leg_index", "tier", "gamma", "relax_logtau", "blind_mm"]
+from .knobs import column_knobs
+
+# A leg's identity columns; the knob part comes from the knob table (``Knob.column == "record"``).
+LEG_KEYS = ["leg", "leg_index", "tier", *column_knobs("record")]
 
 
 # --------------------------------------------------------------------------- helpers

@@ -14,7 +14,7 @@ import itertools
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from workbench.knobs import NOT_ON_CPU, SPEC_ONLY
+from workbench.knobs import NOT_ON_CPU, SPEC_ONLY, tier_of
 from workbench.registry import (DATASETS, KNOBS, LADDER_FIELDS, ROLES, Experiment, Profile, Registry,
                                 RegistryError, check_knob, check_ladder, load_registry, parse_knob_text, split_role,
                                 template_fields)
@@ -241,7 +241,7 @@ def plan(experiment: str | Experiment, profile: str | None = None, overrides: An
             if t.kind == "spec":
                 if t.tier == "strict":
                     knobs["relax_logtau"] = 0.0
-                elif knobs.get("relax_logtau", 0.0) <= 0:
+                elif tier_of({"relax_logtau": knobs.get("relax_logtau")}) != "relaxed":
                     raise RegistryError(f"{lw}: a relaxed leg needs relax_logtau > 0 (set it on the leg, "
                                         f"sweep it, or pass -p relax_logtau=X)")
             else:
@@ -251,7 +251,7 @@ def plan(experiment: str | Experiment, profile: str | None = None, overrides: An
             fmt.update(model=model, draft=draft)
             name = t.name.format(**{k: _render(v) for k, v in fmt.items()})
             leg = PlannedLeg(index=-1, name=name, kind=t.kind,
-                             tier=t.tier if t.kind == "spec" else t.kind,
+                             tier=tier_of(knobs) if t.kind == "spec" else t.kind,
                              model=model, draft=draft if t.kind == "spec" else None,
                              reference=t.reference, template=t.name, knobs=knobs)
             expanded.append(leg)

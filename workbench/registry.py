@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from workbench.knobs import KNOBS, SPEC_ONLY, Knob, KnobError
+from workbench.knobs import KNOBS, SPEC_ONLY, Knob, KnobError, tier_of
 
 __all__ = [
     "RegistryError", "KnobSpec", "KNOBS", "ROLES", "TINY_ROLES", "LEG_KINDS", "TIERS", "DATASETS",
@@ -389,9 +389,10 @@ def _load_leg(raw: Any, where: str, profiles: dict[str, Profile]) -> LegTemplate
             raise RegistryError(f"{where}: a spec leg needs a 'draft' role")
         if tier not in TIERS:
             raise RegistryError(f"{where}.tier: must be one of {', '.join(TIERS)}, got {tier!r}")
-        if tier == "strict" and knobs.get("relax_logtau", 0.0) != 0.0:
-            raise RegistryError(f"{where}: a strict leg cannot set relax_logtau (got {knobs['relax_logtau']})")
-        if tier == "relaxed" and "relax_logtau" in knobs and knobs["relax_logtau"] <= 0:
+        # the tier a relax_logtau set on the leg gives (``tier_of``) must be the one declared
+        if "relax_logtau" in knobs and tier_of({"relax_logtau": knobs["relax_logtau"]}) != tier:
+            if tier == "strict":
+                raise RegistryError(f"{where}: a strict leg cannot set relax_logtau (got {knobs['relax_logtau']})")
             raise RegistryError(f"{where}: a relaxed leg needs relax_logtau > 0")
     else:
         for fname, val in (("draft", draft), ("tier", tier)):

@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from .knobs import column_knobs
 from .runfolder import (ENV_JSON, FAILURE, RECORDS, RUN_JSON, SUMMARY, check_name, leg_dir, leg_status,
                         new_run_id, read_json, remove_stale_preparing)
 
@@ -33,16 +34,19 @@ REQUIRED_RECORD_FIELDS = ("pid", "mode", "tier", "tok_s")
 
 # Record columns that always exist in Run.records, even for a run with no
 # finished leg, so that callers can filter without checking.
+# The knob part of both lists comes from the knob table (``Knob.column``; gamma, relax_logtau, blind_mm
+# in records; the leg table adds the draft switches).
+RECORD_KNOBS = column_knobs("record")
 RECORD_COLUMNS = [
-    "experiment", "run_id", "leg", "leg_index", "pid", "mode", "tier", "gamma",
-    "relax_logtau", "blind_mm", "in_len", "gen_len", "t", "tok_s", "gen_ids",
+    "experiment", "run_id", "leg", "leg_index", "pid", "mode", "tier", *RECORD_KNOBS,
+    "in_len", "gen_len", "t", "tok_s", "gen_ids",
     "text", "knobs", "spec", "trace",
 ]
 
+LEG_KNOB_COLUMNS = column_knobs("leg")
 LEG_COLUMNS = [
-    "leg", "leg_index", "status", "mode", "tier", "gamma", "relax_logtau",
-    "blind_mm", "draft_cudagraph", "draft_cudagraph_applies", "draft_cudagraph_mode", "draft_linear_kernel",
-    "async_scheduling", "n_prompts", "engine_start_s", "wall_s",
+    "leg", "leg_index", "status", "mode", "tier", *LEG_KNOB_COLUMNS,
+    "n_prompts", "engine_start_s", "wall_s",
     "spec_num_drafts", "spec_num_draft_tokens", "spec_num_accepted_tokens",
     "spec_accepted_per_pos", "target", "draft", "dtype", "error", "path",
 ]
@@ -120,7 +124,9 @@ def _read_records(path: Path, leg: str, leg_index: int) -> list[dict[str, Any]]:
             rec["leg_index"] = leg_index
             knobs = rec.get("knobs") or {}
             rec.setdefault("relax_logtau", knobs.get("relax_logtau", 0.0 if rec["mode"] == "spec" else None))
-            rec.setdefault("blind_mm", knobs.get("blind_mm"))
+            for name in RECORD_KNOBS:  # the knob columns as the engine reported them; gamma the record states
+                if name != "gamma":
+                    rec.setdefault(name, knobs.get(name))
             rows.append(rec)
     return rows
 
@@ -147,18 +153,12 @@ def _leg_row(folder: Path | None, leg: str, leg_index: int) -> dict[str, Any]:
     info = _read_json(folder / SUMMARY)
     knobs = info.get("knobs") or {}
     spec = info.get("spec") or {}
+    row.update({c: knobs.get(c) for c in LEG_KNOB_COLUMNS})  # the knob columns as the engine ran them
     row.update(
         status="complete",
         mode=info.get("mode"),
         tier=info.get("tier"),
-        gamma=info.get("gamma"),
-        relax_logtau=knobs.get("relax_logtau"),
-        blind_mm=knobs.get("blind_mm"),
-        draft_cudagraph=knobs.get("draft_cudagraph"),
-        draft_cudagraph_applies=knobs.get("draft_cudagraph_applies"),
-        draft_cudagraph_mode=knobs.get("draft_cudagraph_mode"),
-        draft_linear_kernel=knobs.get("draft_linear_kernel"),
-        async_scheduling=knobs.get("async_scheduling"),
+        gamma=info.get("gamma"),  # as the leg states it
         n_prompts=info.get("n_prompts"),
         engine_start_s=info.get("engine_start_s"),
         wall_s=info.get("wall_s"),
