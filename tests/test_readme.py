@@ -26,7 +26,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 DOCS = sorted((REPO / "docs").glob("*.md"))
-PAGES = [README, *DOCS]
+PAGES = [README, *DOCS, REPO / "results" / "README.md"]
 
 RUN_RE = re.compile(r"results/([A-Za-z0-9_-]+)/(\d{8}T\d{6}Z-[A-Za-z0-9-]+)")
 MARK_RE = re.compile(r"<!-- table: (\w+) (\S+) -->")
