@@ -9,7 +9,7 @@
 - the demo block equals ``workbench.demo.report`` of the E1 run it names (a line ending in ``...`` is
   a prefix);
 - the knob table names every leg knob with its leg default, option, engine variable and CPU rule;
-- every relative link resolves to a file or folder of the repository.
+- every relative link resolves to a file or folder of the repository, and its #anchor to a heading.
 
 No engine starts; only pandas.
 """
@@ -113,10 +113,24 @@ def test_relative_links_resolve():
         for target in LINK_RE.findall(text) + IMG_RE.findall(text):
             if re.match(r"[a-z]+:", target) or target.startswith("#"):
                 continue
-            path = (page.parent / target.split("#")[0]).resolve()
+            file, _, anchor = target.partition("#")
+            path = (page.parent / file).resolve() if file else page
             if not path.exists() or REPO not in path.parents:
                 bad.append(f"{_rel(page)}: {target}")
+            elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+                bad.append(f"{_rel(page)}: {target} (no such heading)")
     assert not bad, bad
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors of a markdown page."""
+    out = set()
+    for line in page.read_text().splitlines():
+        m = re.match(r"#{1,6} (.+)", line)
+        if m:
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            out.add(slug)
+    return out
 
 
 def _figures():
