@@ -66,7 +66,7 @@ def check_vllm() -> tuple[Check, bool]:
         import vllm  # noqa: F401
     except Exception as exc:  # an install that does not import is as good as none
         return Check("vllm", "FAIL", f"{ver} {build}, but `import vllm` fails: {type(exc).__name__}: {exc}",
-                     "reinstall with scripts/setup_env.sh (see README: Install)"), False
+                     "reinstall with scripts/setup_env.sh (see docs/install.md)"), False
     import vllm_patch
 
     if ver.split("+")[0] != vllm_patch.SUPPORTED_VLLM:
@@ -104,7 +104,7 @@ def check_cpu_int4(vllm_ok: bool) -> list[Check]:
                  + f"; bf16 GEMM {kind['bf16_gemm']} ({_BF16_GEMM[kind['bf16_gemm']]})",
                  "" if kind["bf16_gemm"] == "native" else
                  "bf16 rounding differs by CPU kind: strict legs may differ from vanilla at near-ties "
-                 "(the exactness rule, README)")]
+                 "(the exactness rule, docs/exactness.md)")]
     if not vllm_ok:
         return out
     try:
@@ -126,7 +126,7 @@ def check_cpu_int4(vllm_ok: bool) -> list[Check]:
         return out + [Check("int4 path", "FAIL", detail + " (fallback switched off)",
                             "unset VLLM_SPEC_INT4_FALLBACK=0: this kernel library cannot run the int4 twin natively")]
     note = ("" if path == "native" else
-            "the plugin's PyTorch W4A16 path drafts here (dequantized once at load; see README: int4 on CPUs)")
+            "the plugin's PyTorch W4A16 path drafts here (dequantized once at load; see docs/cpu-int4.md)")
     return out + [Check("int4 path", "ok", detail, note)]
 
 
