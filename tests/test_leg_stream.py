@@ -16,23 +16,29 @@ from conftest import REPO, TINY_PROMPTS, run_leg_process
 pytestmark = pytest.mark.vllm
 
 
-def test_records_stream_and_a_resumed_leg_reuses_finished_prompts(tiny_models, tmp_path):
-    out = tmp_path / "leg"
-    args = ["--target", str(tiny_models["target"]), "--prompts", str(TINY_PROMPTS), "--n", "4",
-            "--max-tokens", "1500", "--ignore-eos", "--dtype", "bfloat16"]
+def _kill_after_the_first_record(out, args, why: str):
+    """Start a leg, SIGKILL it once its first record is in ``records.jsonl.partial``; that file's path."""
     proc = subprocess.Popen([sys.executable, "-m", "workbench.leg", "--out", str(out), *args], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     partial = out / "records.jsonl.partial"
     try:
         deadline = time.monotonic() + 300
         while not (partial.is_file() and partial.read_text().count("\n") >= 1):
-            assert proc.poll() is None and time.monotonic() < deadline, "no record streamed"
+            assert proc.poll() is None and time.monotonic() < deadline, why
             time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     finally:
         if proc.poll() is None:
             proc.kill()
+    return partial
+
+
+def test_records_stream_and_a_resumed_leg_reuses_finished_prompts(tiny_models, tmp_path):
+    out = tmp_path / "leg"
+    args = ["--target", str(tiny_models["target"]), "--prompts", str(TINY_PROMPTS), "--n", "4",
+            "--max-tokens", "1500", "--ignore-eos", "--dtype", "bfloat16"]
+    partial = _kill_after_the_first_record(out, args, "no record streamed")
     streamed = [json.loads(l) for l in partial.read_text().splitlines()]
     assert 1 <= len(streamed) < 4 and not (out / "records.jsonl").exists() and not (out / "summary.json").exists()
     assert streamed[0]["pid"] == "tiny-001" and streamed[0]["gen_len"] == 1500
@@ -58,19 +64,7 @@ def test_records_stream_at_concurrency_above_one_and_a_killed_leg_resumes(tiny_m
     out = tmp_path / "leg"
     args = ["--target", str(tiny_models["target"]), "--prompts", str(TINY_PROMPTS), "--n", "4",
             "--max-num-seqs", "2", "--max-tokens", "1500", "--ignore-eos", "--dtype", "bfloat16"]
-    proc = subprocess.Popen([sys.executable, "-m", "workbench.leg", "--out", str(out), *args], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    partial = out / "records.jsonl.partial"
-    try:
-        deadline = time.monotonic() + 300
-        while not (partial.is_file() and partial.read_text().count("\n") >= 1):
-            assert proc.poll() is None and time.monotonic() < deadline, "no record streamed before the leg ended"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    partial = _kill_after_the_first_record(out, args, "no record streamed before the leg ended")
     streamed = [json.loads(l) for l in partial.read_text().splitlines() if l.strip()]
     assert 1 <= len(streamed) < 4 and not (out / "records.jsonl").exists()
     assert all(r["gen_len"] == 1500 for r in streamed)

@@ -38,6 +38,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .metrics import first_divergence  # noqa: F401  (part of this module's vocabulary)
+from .runfolder import write_json_atomic
+
 NEAR_TIE = 0.1
 _THRESHOLDS = {"float32": 0.0, "bfloat16": NEAR_TIE, "float16": NEAR_TIE}
 _ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16",
@@ -60,14 +63,6 @@ def canonical_dtype(dtype: Any) -> str:
 def threshold(dtype: Any) -> float:
     """The top-2 gap below which a divergence is a near-tie, in logits (0: none is excused)."""
     return _THRESHOLDS[canonical_dtype(dtype)]
-
-
-def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """First index where two outputs differ; the shorter length if one is a prefix of the other."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 @dataclass(frozen=True)
@@ -228,6 +223,4 @@ class TeacherGaps:
     def _save(self) -> None:
         if self.cache_path is None:
             return
-        tmp = self.cache_path.with_name(self.cache_path.name + ".tmp")
-        tmp.write_text(json.dumps(self._cache, indent=0, sort_keys=True))
-        os.replace(tmp, self.cache_path)
+        write_json_atomic(self.cache_path, dict(sorted(self._cache.items())))

@@ -210,7 +210,8 @@ def bracketed_speedup(records: pd.DataFrame, legs_order: Sequence[str] | None = 
 # --------------------------------------------------------------------------- exactness
 
 
-def _first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """First index where two outputs differ; the shorter length if one is a prefix of the other."""
     a_arr, b_arr = np.asarray(a), np.asarray(b)
     n = min(len(a_arr), len(b_arr))
     diff = np.flatnonzero(a_arr[:n] != b_arr[:n])
@@ -234,7 +235,7 @@ def exactness(records: pd.DataFrame, ref_leg: str, leg: str) -> pd.DataFrame:
     both = ref.merge(oth, on="pid", suffixes=("_ref", ""))
     if both.empty:
         raise ValueError(f"exactness: legs {ref_leg!r} and {leg!r} share no prompt ids")
-    div = [_first_divergence(r, o) for r, o in zip(both["gen_ids_ref"], both["gen_ids"])]
+    div = [first_divergence(r, o) for r, o in zip(both["gen_ids_ref"], both["gen_ids"])]
     ref_len = both["gen_ids_ref"].map(len)
     out = pd.DataFrame({
         "pid": both["pid"],

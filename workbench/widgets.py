@@ -525,7 +525,7 @@ def divergence_html(ref: pd.Series, other: pd.Series, decode: Callable[[Sequence
     else the ids around the divergence are shown.
     """
     a, b = list(ref["gen_ids"]), list(other["gen_ids"])
-    k = metrics._first_divergence(a, b)
+    k = metrics.first_divergence(a, b)
     head = (f"<div><b>{html.escape(str(other['leg']))}</b> vs <b>{html.escape(str(ref['leg']))}</b>, "
             f"prompt <code>{html.escape(str(ref['pid']))}</code>: ")
     if k is None:
