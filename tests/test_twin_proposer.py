@@ -24,7 +24,7 @@ FP32 = ["--max-tokens", "48", "--ignore-eos", "--dtype", "float32", "--max-model
 
 # --------------------------------------------------------------------------- selection logic
 def test_graph_mode_resolution():
-    from vllm_patch.twin_proposer import resolve_graph_mode
+    from vllm_patch.draft_graphs import resolve_graph_mode
 
     assert resolve_graph_mode("full", True, on_cuda=False)[0] == "none"   # CPU: no CUDA graphs at all
     assert resolve_graph_mode("auto", True, on_cuda=False)[0] == "none"
@@ -34,6 +34,42 @@ def test_graph_mode_resolution():
     for mode in ("none", "piecewise", "full"):
         assert resolve_graph_mode(mode, True, on_cuda=True) == (mode, "requested")
 
+
+
+def test_full_decode_sizes_cover_every_batch_the_scheduler_can_form():
+    """The FULL single-token graphs are keyed by the drafter's own padded batch sizes. vLLM's FULL decode
+    sizes are the target's (multiples of 1 + gamma), so at max_num_seqs 1 there were none at all and the
+    first dispatch asserted (the engine death of the first H200 run)."""
+    from vllm_patch.draft_graphs import full_decode_sizes, padded_size
+
+    assert full_decode_sizes(1) == [1]
+    assert full_decode_sizes(8) == [1, 2, 4, 8]
+    assert full_decode_sizes(13) == [1, 2, 4, 8, 13]
+    assert full_decode_sizes(0) == []
+    for max_batch in (1, 3, 8, 13, 40, 256):
+        sizes = full_decode_sizes(max_batch)
+        for batch in range(1, max_batch + 1):
+            padded = padded_size(batch, sizes)
+            assert padded is not None and batch <= padded <= max_batch
+            assert padded - batch < max(8, batch // 2 + 1)      # never more than one step of padding
+    assert padded_size(9, [1, 2, 4, 8]) is None                 # beyond the largest graph: no FULL replay
+    assert padded_size(3, set()) is None
+
+
+def test_full_captured_reads_the_graph_wrappers_entries():
+    """Whether a FULL graph exists is the wrapper's word, not a set of our own: vLLM's memory profile
+    captures graphs and clears them all, and replaying a cleared key would capture mid-serving."""
+    from types import SimpleNamespace
+
+    from vllm.forward_context import BatchDescriptor
+    from vllm_patch.draft_graphs import full_captured
+
+    entries = {BatchDescriptor(num_tokens=4): SimpleNamespace(cudagraph=object()),
+               BatchDescriptor(num_tokens=2): SimpleNamespace(cudagraph=None)}   # key made, graph not (yet)
+    assert full_captured(SimpleNamespace(concrete_cudagraph_entries=entries)) == {4}
+    entries.clear()                                                              # clear_all_graphs()
+    assert full_captured(SimpleNamespace(concrete_cudagraph_entries=entries)) == set()
+    assert full_captured(object()) == set()                                      # no FULL wrapper at all
 
 def test_linear_kernel_resolution_never_machete_for_auto_on_cuda():
     from vllm_patch import draft_kernels as dk

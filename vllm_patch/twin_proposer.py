@@ -17,58 +17,13 @@ single-token decode step, captured with the target's graphs; the first pass stay
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from vllm.config import CUDAGraphMode
 from vllm.v1.spec_decode.draft_model import DraftModelProposer
-from vllm.v1.spec_decode.utils import PADDING_SLOT_ID
 
+from . import draft_graphs
 from . import draft_kernels
 from . import engine_state
-
-GRAPH_MODES = ("none", "piecewise", "full")
-# FULL decode graphs of the drafter are written but not yet verified on a GPU (tests/test_gpu.py,
-# test_draft_cudagraph_modes_exact): until then ``auto`` stays on vLLM's piecewise drafter graphs.
-FULL_VERIFIED = False
-
-
-def resolve_graph_mode(requested: str, draft_cudagraph: bool, on_cuda: bool,
-                       full_verified: bool = FULL_VERIFIED) -> tuple[str, str]:
-    """The drafter's graph mode to build (``none`` / ``piecewise`` / ``full``) and why.
-
-    ``draft_cudagraph`` false means no drafter graphs, whatever the mode; a CPU host has no CUDA
-    graphs at all. Whether the attention backend allows FULL decode graphs is decided later
-    (:meth:`TwinDraftProposer.initialize_cudagraph_keys`), when the backends are known.
-    """
-    if not on_cuda:
-        return "none", "no CUDA graphs on this platform"
-    if not draft_cudagraph:
-        return "none", "draft_cudagraph is off"
-    if requested == "auto":
-        return ("full", "auto: FULL decode graphs") if full_verified else (
-            "piecewise", "auto: vLLM's piecewise drafter graphs (FULL not yet verified on a GPU)")
-    return requested, "requested"
-
-
-def _full_decode_support(proposer) -> tuple[bool, str]:
-    """Whether every draft attention layer's backend can replay a FULL graph of one-token decodes."""
-    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
-    from vllm.v1.attention.backend import AttentionCGSupport
-    from vllm.config import get_layers_from_vllm_config
-
-    layers = get_layers_from_vllm_config(proposer.vllm_config, AttentionLayerBase)
-    names = sorted(getattr(proposer, "_draft_attn_layer_names", ()) or ())
-    if not names:
-        return False, "no draft attention layers found"
-    for name in names:
-        layer = layers[name]
-        builder = layer.get_attn_backend().get_builder_cls()
-        support = builder.get_cudagraph_support(proposer.vllm_config, layer.get_kv_cache_spec(proposer.vllm_config))
-        if support.value < AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE.value:
-            return False, f"{layer.get_attn_backend().get_name()} has no FULL decode graphs ({support.name})"
-    return True, "ok"
-
 
 class TwinDraftProposer(DraftModelProposer):
     """vLLM's draft_model proposer for an M-RoPE twin (see the module docstring)."""
@@ -85,15 +40,16 @@ class TwinDraftProposer(DraftModelProposer):
         self._twin_graphs_off = False      # run-time switch: dispatch forced to eager (cost ladder)
         self._twin_calls = 0               # dispatches in this propose: the first is the first pass
         self._twin_full = None             # FULL decode graph state (see initialize_cudagraph_keys)
-        self._twin_dispatched = {m: 0 for m in GRAPH_MODES}  # single-token steps by graph mode
+        self._twin_dispatched = {m: 0 for m in draft_graphs.GRAPH_MODES}  # single-token steps by graph mode
         self._twin_loop_t0 = False
         self._twin_in_propose = False      # dispatches are counted for real proposes only
+        self._twin_full_now = False
         if not self._is_twin():
             return
         from vllm.platforms import current_platform
 
         on_gpu = current_platform.is_cuda_alike()
-        mode, why = resolve_graph_mode(knobs.draft_cudagraph_mode, knobs.draft_cudagraph, on_gpu)
+        mode, why = draft_graphs.resolve_graph_mode(knobs.draft_cudagraph_mode, knobs.draft_cudagraph, on_gpu)
         self._twin_graph_mode, self._twin_graph_reason = mode, why
         spec = self.speculative_config
         if not knobs.draft_cudagraph or (on_gpu and mode == "none"):
@@ -181,7 +137,7 @@ class TwinDraftProposer(DraftModelProposer):
     def initialize_cudagraph_keys(self, cudagraph_mode: CUDAGraphMode) -> None:
         if self._twin is None or self._twin_graph_mode != "full":
             return super().initialize_cudagraph_keys(cudagraph_mode)
-        ok, why = _full_decode_support(self)
+        ok, why = draft_graphs.full_decode_support(self)
         if self.speculative_config.enforce_eager or cudagraph_mode.mixed_mode() == CUDAGraphMode.NONE:
             ok, why = False, "the engine captures no CUDA graphs"
         if self.vllm_config.parallel_config.data_parallel_size > 1:
@@ -191,16 +147,17 @@ class TwinDraftProposer(DraftModelProposer):
             self._twin_engine.report.update(draft_cudagraph_mode_planned="piecewise",
                                             draft_cudagraph_mode_reason=f"full refused: {why}; piecewise instead")
             return super().initialize_cudagraph_keys(cudagraph_mode)
-        dispatcher = self.cudagraph_dispatcher
-        # The drafter's decode steps carry one token per request (the target's carry 1 + gamma).
-        dispatcher.uniform_decode_query_len = 1
-        dispatcher.initialize_cudagraph_keys(CUDAGraphMode.FULL_AND_PIECEWISE, 1)
+        # vLLM's dispatcher keeps the drafter's piecewise keys (the first pass). The FULL graphs of the
+        # single-token steps are the drafter's own: the dispatcher's FULL sizes are the target's
+        # (multiples of 1 + gamma, none of them at batch 1 when max_num_seqs is 1), so they are keyed
+        # here by padded batch size instead.
+        super().initialize_cudagraph_keys(cudagraph_mode)
+        cap = self.vllm_config.compilation_config.max_cudagraph_capture_size or self.max_batch_size
         n = self.max_batch_size
         self._twin_full = {
             # Persistent sequence lengths: a FULL graph reads the tensor it was captured with.
             "seq_lens": torch.zeros(n, dtype=torch.int32, device=self.device),
-            "sizes": {d.num_tokens for d in dispatcher.cudagraph_keys[CUDAGraphMode.FULL]},
-            "captured": set(),
+            "sizes": draft_graphs.full_decode_sizes(min(n, cap)),
         }
 
     def _determine_batch_execution_and_padding(self, num_tokens, use_cudagraphs=True):
@@ -211,11 +168,11 @@ class TwinDraftProposer(DraftModelProposer):
         # FULL only inside a real propose: a dummy run's inputs are not the persistent buffers'
         # live contents, and a replay would write KV entries at stale slots
         if single and use_cudagraphs and self._twin_full is not None and self._twin_in_propose:
-            mode, desc = self.cudagraph_dispatcher.dispatch(num_tokens, uniform_decode=True,
-                                                            valid_modes={CUDAGraphMode.FULL})
-            if mode == CUDAGraphMode.FULL and desc.num_tokens in self._twin_full["captured"]:
+            padded = draft_graphs.padded_size(num_tokens, self._full_captured())
+            if padded is not None:
+                self._twin_full_now = True
                 self._count_dispatch("full")
-                return mode, desc.num_tokens, None
+                return CUDAGraphMode.FULL, padded, None
         out = super()._determine_batch_execution_and_padding(num_tokens, use_cudagraphs)
         if single:
             self._count_dispatch("piecewise" if out[0] == CUDAGraphMode.PIECEWISE else "none")
@@ -227,7 +184,7 @@ class TwinDraftProposer(DraftModelProposer):
             return
         self._twin_dispatched[mode] += 1
         if self._twin_dispatched[mode] == 1:  # one report write per mode, not per step
-            ran = [m for m in GRAPH_MODES if self._twin_dispatched[m]]
+            ran = [m for m in draft_graphs.GRAPH_MODES if self._twin_dispatched[m]]
             self._twin_engine.report.update(draft_single_step_modes_ran=ran)
 
     def dummy_run(self, num_tokens, use_cudagraphs=True, is_graph_capturing=False, slot_mappings=None):
@@ -235,53 +192,23 @@ class TwinDraftProposer(DraftModelProposer):
         super().dummy_run(num_tokens, use_cudagraphs=use_cudagraphs, is_graph_capturing=is_graph_capturing,
                           slot_mappings=slot_mappings)
         full = self._twin_full
-        if is_graph_capturing and use_cudagraphs and full is not None and num_tokens in full["sizes"]:
-            self._capture_full_decode(num_tokens)
+        if is_graph_capturing and use_cudagraphs and full is not None and not self._full_captured():
+            # the first capture-time dummy run captures every single-token size, largest first (the
+            # order vLLM captures in, so the smaller graphs reuse the pool's memory)
+            for size in sorted(full["sizes"], reverse=True):
+                self._capture_full_decode(size)
 
     def _capture_full_decode(self, n: int) -> None:
-        """Warm up, then capture the FULL graph of one single-token step of ``n`` (padded) requests.
+        draft_graphs.capture_full_decode(self, n)
 
-        Every tensor the graph reads is one the loop later writes in place: the input buffers,
-        ``self.arange`` (query starts), the persistent sequence lengths, the runner's block table
-        and the drafter's slot-mapping buffer.
-        """
-        from vllm.forward_context import BatchDescriptor, set_forward_context
-        from vllm.v1.attention.backend import CommonAttentionMetadata
-
-        seq_lens = self._twin_full["seq_lens"][:n]
-        seq_lens.fill_(1)
-        # the runner's block table of the draft's KV group: the tensor the loop's metadata reads
-        block_table = self._twin["runner"].input_batch.block_table[self.kv_cache_gid].get_device_tensor(n)
-        cad = CommonAttentionMetadata(
-            query_start_loc=self.arange[: n + 1],
-            query_start_loc_cpu=torch.from_numpy(self.token_arange_np[: n + 1]).clone(),
-            seq_lens=seq_lens, num_reqs=n, num_actual_tokens=n, max_query_len=1,
-            max_seq_len=self.max_model_len, block_table_tensor=block_table,
-            slot_mapping=self._slot_mapping_buffer[:n], causal=True,
-            _seq_lens_cpu=torch.ones(n, dtype=torch.int32),
-            _num_computed_tokens_cpu=torch.zeros(n, dtype=torch.int32),
-        )
-        self._slot_mapping_buffer[:n].fill_(PADDING_SLOT_ID)  # capture writes no KV entry
-        per_layer: dict[str, Any] = {}
-        for group in self.draft_attn_groups:
-            md = group.get_metadata_builder().build_for_cudagraph_capture(cad)
-            per_layer.update({name: md for name in group.layer_names})
-        kwargs = {"positions": self._get_positions(n)}
-        if self.supports_mm_inputs:
-            kwargs.update(input_ids=None, inputs_embeds=self.inputs_embeds[:n])
-        else:
-            kwargs.update(input_ids=self.input_ids[:n], inputs_embeds=None)
-        for mode in (CUDAGraphMode.NONE, CUDAGraphMode.FULL):  # warm-up, then capture
-            with set_forward_context(per_layer, self.vllm_config, num_tokens=n, cudagraph_runtime_mode=mode,
-                                     batch_descriptor=BatchDescriptor(num_tokens=n),
-                                     slot_mapping=self._get_slot_mapping(n)):
-                self.model(**kwargs)
-        self._twin_full["captured"].add(n)
+    def _full_captured(self) -> set[int]:
+        return draft_graphs.full_captured(self.model)
 
     # -- drafting ----------------------------------------------------------------------------------- #
     def propose(self, *args, **kwargs):
         self._twin_calls = 0
         self._twin_loop_t0 = False
+        self._twin_full_now = False        # set when this propose's single-token steps replay FULL
         self._twin_in_propose = True
         try:
             out = super().propose(*args, **kwargs)
@@ -351,7 +278,7 @@ class TwinDraftProposer(DraftModelProposer):
             if self._twin_engine.steps is not None:
                 self._twin_engine.steps.stamp("draft_loop_t0")
             full = self._twin_full
-            if full is not None and input_batch_size in full["captured"]:
+            if full is not None and self._twin_full_now:
                 # A FULL graph reads the sequence lengths it was captured with: move them into
                 # that persistent buffer once per propose (the step kernel then advances them there).
                 buf = full["seq_lens"]
@@ -372,7 +299,7 @@ class TwinDraftProposer(DraftModelProposer):
 
     # -- what was built ------------------------------------------------------------------------------ #
     def built_graph_mode(self) -> str:
-        if self._twin_full is not None and self._twin_full["captured"]:
+        if self._twin_full is not None and self._full_captured():
             return "full"
         keys = getattr(self.cudagraph_dispatcher, "cudagraph_keys", None) or {}
         return "piecewise" if keys.get(CUDAGraphMode.PIECEWISE) else "none"
