@@ -38,10 +38,16 @@ import pytest
 from conftest import REPO, TINY_PROMPTS, LegResult
 
 torch = pytest.importorskip("torch")
+# ``WORKBENCH_GPU_RECHECK=<results folder>``: judge a GPU suite's finished legs again on any host (the
+# fp32 teacher on the CPU when there is no GPU). No leg runs; the tests that need a live GPU skip, saying so.
+RECHECK = os.environ.get("WORKBENCH_GPU_RECHECK")
+ON_CUDA = torch.cuda.is_available()
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (pytest -m gpu on a GPU host)"),
+    pytest.mark.skipif(not ON_CUDA and not RECHECK,
+                       reason="needs a CUDA GPU (pytest -m gpu on a GPU host), or WORKBENCH_GPU_RECHECK"),
 ]
+needs_live_gpu = pytest.mark.skipif(not ON_CUDA, reason="needs a live CUDA GPU (a recheck judges recorded legs only)")
 
 TOKENS = ["--max-tokens", "128", "--ignore-eos", "--max-model-len", "2048", "--gpu-memory-utilization", "0.06"]
 FP32 = [*TOKENS, "--dtype", "float32"]
@@ -88,17 +94,21 @@ GRAPH_MODES = ("none", "piecewise", "full")
 def _draft_kernels() -> list[str]:
     from vllm_patch.knobs import own_kernel_available
 
-    return ["marlin", "humming", "machete", "exllama"] + (["own"] if own_kernel_available() else [])
+    recorded = bool(RECHECK) and (Path(RECHECK) / "legs" / "bf16_kernel_own_c1").is_dir()
+    return ["marlin", "humming", "machete", "exllama"] + (["own"] if own_kernel_available() or recorded else [])
 
 
 @pytest.fixture(scope="module")
 def results_dir() -> Path:
-    root = os.environ.get("WORKBENCH_GPU_RESULTS")
+    root = RECHECK or os.environ.get("WORKBENCH_GPU_RESULTS")
     path = Path(root) if root else Path(tempfile.mkdtemp(prefix="gpu-suite-"))
     path.mkdir(parents=True, exist_ok=True)
     from workbench import envcapture
 
     # what the evidence was made with: versions, GPU, commit, switches
+    if RECHECK:   # the evidence's env.json describes the host that ran the legs: keep it, note the recheck
+        (path / "recheck.json").write_text(json.dumps(envcapture.capture(), indent=1, default=str) + "\n")
+        return path
     env = envcapture.capture()
     env["suite"] = {"parallel": os.environ.get("WORKBENCH_GPU_PARALLEL", "4"), "kv_cache_memory_bytes": KV_BYTES,
                     "reuse": os.environ.get("WORKBENCH_GPU_REUSE") == "1"}
@@ -118,7 +128,7 @@ def legs(tiny_models, results_dir) -> dict[str, LegResult]:
     """
     plan = _select(_legs_plan(tiny_models), os.environ.get("WORKBENCH_GPU_LEGS"))
     parallel = int(os.environ.get("WORKBENCH_GPU_PARALLEL", "4"))
-    reuse = os.environ.get("WORKBENCH_GPU_REUSE") == "1"
+    reuse = os.environ.get("WORKBENCH_GPU_REUSE") == "1" or bool(RECHECK)
     caches = Path(tempfile.mkdtemp(prefix="gpu-suite-cache-"))
 
     def finished(out: Path) -> bool:
@@ -128,6 +138,9 @@ def legs(tiny_models, results_dir) -> dict[str, LegResult]:
         out = results_dir / "legs" / name
         if reuse and finished(out):
             return name, LegResult(out, subprocess.CompletedProcess([], 0, "", "(reused)")), 0.0
+        if RECHECK:
+            return name, LegResult(out, subprocess.CompletedProcess([], 1, "", f"leg {name}: not finished in "
+                                                                             f"{RECHECK} (a recheck runs no leg)")), 0.0
         cmd = [sys.executable, "-m", "workbench.leg", "--out", str(out), "--force", "--leg", name,
                "--target", str(tiny_models["target"]), "--prompts", str(TINY_PROMPTS),
                "--kv-cache-memory-bytes", str(KV_BYTES), *plan[name]]
@@ -154,7 +167,8 @@ def legs(tiny_models, results_dir) -> dict[str, LegResult]:
                           "draft_linear_kernel", "draft_mp_kernels", "draft_linear_kernel_fallback_layers",
                           "async_scheduling")}}
                for name, (r, s) in done.items()}
-    (results_dir / "legs_summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    if not RECHECK:
+        (results_dir / "legs_summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return {name: r for name, (r, _) in done.items()}
 
 
@@ -162,7 +176,7 @@ def legs(tiny_models, results_dir) -> dict[str, LegResult]:
 def teacher(tiny_models):
     from workbench.teacher import TeacherForcer
 
-    return TeacherForcer(str(tiny_models["target"]), dtype="float32", device="cuda")
+    return TeacherForcer(str(tiny_models["target"]), dtype="float32", device="cuda" if ON_CUDA else "cpu")
 
 
 @pytest.fixture(scope="module")
@@ -318,6 +332,7 @@ def test_drafter_cuda_graphs_are_captured_and_switch_off(legs, results_dir):
 
 
 # --------------------------------------------------------------------------- invalid ids on the device
+@needs_live_gpu
 def test_invalid_draft_ids_on_cuda_tensors(tmp_path, monkeypatch):
     """The wrapped rejection sampler with vLLM's Triton greedy kernel on CUDA tensors."""
     from types import SimpleNamespace
@@ -352,6 +367,7 @@ def test_invalid_draft_ids_on_cuda_tensors(tmp_path, monkeypatch):
 
 
 # --------------------------------------------------------------------------- end to end
+@needs_live_gpu
 def test_workbench_run_e1_end_to_end(tmp_path, results_dir):
     proc = subprocess.run([sys.executable, "-m", "workbench.cli", "run", "E1", "--profile", "tiny",
                            "--results", str(results_dir / "runs"), "--formats", "html"],

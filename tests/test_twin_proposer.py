@@ -285,3 +285,35 @@ def test_tiny_model_fingerprint_ignores_the_local_build_label(monkeypatch):
     assert fingerprint_with("") == fingerprint_with("+cpu") == fingerprint_with("+cu128")
     monkeypatch.setattr(md, "version", lambda pkg: "9.9.9" if pkg == "torch" else real(pkg))
     assert tiny.recipe_fingerprint() != fingerprint_with(""), "another torch release still rebuilds"
+
+
+def test_async_scheduling_trace_keeps_only_committed_steps():
+    """Under async scheduling the engine verifies one more step of a request that has just finished, and
+    vLLM's scheduler drops it (no drafts, no accepted tokens counted). The per-prompt statistics keep only
+    the steps whose tokens were committed: on the H200's recorded async legs they then equal vLLM's
+    counters exactly (before, 1391 accepted against the counters' 1358), and sync legs lose no step."""
+    from workbench.leg import committed_steps, per_prompt_spec
+
+    # prefill gives token 1; steps give accepted + 1: 1 + 3 + 4 = 8 >= 8, so the third step is after the end
+    steps = [[6, 2, [], 0, []], [6, 3, [], 0, []], [6, 6, [], 0, []]]
+    assert committed_steps(steps, 8) == steps[:2]
+    assert committed_steps(steps, 9) == steps          # the last kept step may overshoot (trimmed tokens)
+    assert committed_steps(steps, 1) == []
+    legs = REPO / "results" / "cuda-verify" / "20261201T1200Z-h200-077f25d" / "legs"
+    for name, extra in (("fp32_async_c1", True), ("fp32_async_c8", True), ("fp32_full_async_c8", True),
+                        ("fp32_strict_c1", False), ("fp32_graph_full_c8", False)):
+        counters = json.loads((legs / name / "summary.json").read_text())["spec"]
+        recs = [json.loads(line) for line in (legs / name / "records.jsonl").read_text().splitlines()]
+        totals = {"drafts": 0, "accepted": 0, "draft_tokens": 0}
+        dropped = 0
+        for r in recs:
+            raw = [[s["drafted"], s["accepted"], s["margins"], s.get("invalid", 0), s.get("ties", [])]
+                   for s in r["trace"]["steps"]]
+            kept = committed_steps(raw, len(r["gen_ids"]))
+            dropped += len(raw) - len(kept)
+            spec = per_prompt_spec(kept, 6)
+            for k in totals:
+                totals[k] += spec[k]
+        assert (totals["drafts"], totals["draft_tokens"], totals["accepted"]) == (
+            counters["num_drafts"], counters["num_draft_tokens"], counters["num_accepted_tokens"]), name
+        assert (dropped > 0) == extra, (name, dropped)

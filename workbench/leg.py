@@ -452,6 +452,23 @@ def _external_id(internal: str) -> str:
     return internal.rsplit("-", 1)[0]
 
 
+def committed_steps(steps: list[list], n_tokens: int) -> list[list]:
+    """The verification steps whose tokens the engine kept: those until the output was complete.
+
+    The prefill gives the first token and each step ``accepted + 1`` more (the last one trimmed to
+    the output length). Under async scheduling the engine has already scheduled, drafted and verified
+    one more step when it learns a request has finished; vLLM's scheduler drops that step's output and
+    counts none of its drafts, and so must the per-prompt statistics, or they exceed vLLM's counters.
+    """
+    kept, emitted = [], 1
+    for step in steps:
+        if emitted >= n_tokens:
+            break
+        kept.append(step)
+        emitted += step[1] + 1
+    return kept
+
+
 def per_prompt_spec(steps: list[list], gamma: int) -> dict[str, Any]:
     drafts = len(steps)
     draft_tokens = sum(s[0] for s in steps)
@@ -634,9 +651,11 @@ def run_leg(cfg: LegConfig) -> dict:
             "trace": None,
         }
         if tracing:
-            steps = trace_by_ext.get(res.request_id, [])
+            traced = trace_by_ext.get(res.request_id, [])
+            steps = committed_steps(traced, len(res.outputs[0].token_ids))
             rec["spec"] = per_prompt_spec(steps, cfg.knobs.gamma)
             rec["trace"] = {
+                **({"steps_after_finish": len(traced) - len(steps)} if len(traced) > len(steps) else {}),
                 "steps": [{"drafted": k, "accepted": a, "margins": m, **({"invalid": bad} if bad else {}),
                            **({"ties": tied} if tied else {})}
                           for k, a, m, bad, tied in steps]
