@@ -12,7 +12,9 @@ from workbench import analyses, metrics
 BOXES = {"speedup_vs_gamma": "speedup", "speedup_distribution": "distribution",
          "per_position_acceptance": "per-position", "acceptance_vs_tau": "tau",
          "acceptance_over_position": "over-position", "step_cost_vs_batch": "ladder-steps",
-         "c_by_graphs": "ladder-c", "speedup_curves": "ladder-speedup"}
+         "c_by_graphs": "ladder-c", "speedup_curves": "ladder-speedup",
+         "serving_summary": "serving-summary", "serving_latency": "serving-latency",
+         "serving_throughput": "serving-throughput", "serving_acceptance": "serving-acceptance"}
 
 
 def test_the_explorer_shows_every_declared_view_in_its_box(tmp_path):
@@ -26,8 +28,8 @@ def test_the_explorer_shows_every_declared_view_in_its_box(tmp_path):
         assert f"wb-fig-{box}" in ex.boxes[name]._dom_classes
         assert ex.boxes[name].children == (ex.figs[name],)
         assert ex.boxes[name] in ex.widget.children
-        # a per-prompt run shows the "legs" views, the ladder ones are hidden
-        assert ex.boxes[name].layout.display == ("none" if analyses.ANALYSES[name].view.group == "ladder" else None)
+        # a per-prompt run shows the "legs" views, the ladder and serving ones are hidden
+        assert ex.boxes[name].layout.display == (None if analyses.ANALYSES[name].view.group == "legs" else "none")
     assert ex.fig_pos is ex.figs["per_position_acceptance"]
 
 
@@ -89,7 +91,7 @@ def test_views_refuse_an_unknown_slider_or_group():
     with pytest.raises(ValueError, match="list it in sliders"):
         analyses.View("x", "x", args={"marker_x": "relax_logtau"})
     with pytest.raises(ValueError, match="group"):
-        analyses.View("x", "x", group="serving")
+        analyses.View("x", "x", group="bogus")
 
 
 def test_over_position_follows_the_relax_slider_from_the_trace_index(tmp_path):

@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # one leg = one process: engine legs, score legs, cost-ladder engines
     ("runners", ("workbench.leg", "workbench.score", "workbench.ladder_engine")),
     # reading a run folder: records, legs, the cost ladder's rows and tables
-    ("results", ("workbench.results", "workbench.ladder")),
+    ("results", ("workbench.results", "workbench.ladder", "workbench.serving")),
     ("plots", ("workbench.plots",)),
     ("analyses", ("workbench.analyses",)),
     ("export", ("workbench.export",)),

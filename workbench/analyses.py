@@ -59,7 +59,7 @@ class Table:
 
 
 SLIDERS = ("gamma", "relax_logtau")
-VIEW_GROUPS = ("legs", "ladder")
+VIEW_GROUPS = ("legs", "ladder", "serving")
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,8 @@ class View:
 
     - ``empty``: title of the placeholder shown where the run cannot draw it.
     - ``group``: which runs show it: ``"legs"`` (a run of prompt legs) or
-      ``"ladder"`` (a cost-ladder run, E16); the explorer shows one group.
+      ``"ladder"`` (a cost-ladder run, E16) or ``"serving"`` (a run of serving legs,
+      E17); the explorer shows one group.
     - ``sliders``: the sliders that drive it (of ``SLIDERS``); none: drawn
       once per run.
     - ``args``: draw keyword -> slider: the figure is the analysis's own draw
@@ -170,6 +171,13 @@ class RunTables:
         """The cost ladder's raw (steps, walls) rows (E16: ``workbench.ladder``), or None where the run has none."""
         from . import ladder
         return ladder.load(self.run.path) if ladder.has_rows(self.run.path) else None
+
+    @cached_property
+    def serving(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | None:
+        """The serving legs' (leg table, paired speedups, per-request rows) (E17: ``workbench.serving``), or
+        None where the run has no complete serving leg."""
+        from . import serving
+        return serving.load(self.run.path) if serving.has_serving(self.run.path) else None
 
     @cached_property
     def verdicts(self) -> dict[str, "exactness.Verdict"]:
@@ -376,6 +384,25 @@ def _speedup_curve(t: RunTables) -> pd.DataFrame:
     return ladder.speedup_curve(ratios)
 
 
+def _serving(t: RunTables, i: int) -> pd.DataFrame:
+    t.need(t.serving is not None, "complete serving leg (runner serve)")
+    return t.serving[i]
+
+
+def _serving_legs(t: RunTables) -> pd.DataFrame:
+    return _serving(t, 0)
+
+
+def _serving_speedup(t: RunTables) -> pd.DataFrame:
+    t.need(t.serving is not None and (t.serving[0]["tier"] == "vanilla").any()
+           and t.serving[0]["tier"].isin(metrics.SPEC_TIERS).any(), "vanilla and spec serving legs")
+    return _serving(t, 1)
+
+
+def _serving_requests(t: RunTables) -> pd.DataFrame:
+    return _serving(t, 2)
+
+
 TABLES: dict[str, Table] = {t.name: t for t in [
     Table("speedup", _speedup, "per spec leg: median bracketed speedup over prompts, IQR (metrics.bracketed_speedup)"),
     Table("prompt_speedups", _prompt_speedups, "per prompt and spec leg: tok/s over the bracketing vanilla legs'"),
@@ -401,6 +428,12 @@ TABLES: dict[str, Table] = {t.name: t for t in [
           "S(1, gamma, c) = (gamma + 1) / (gamma c + 1), and the measured forced-acceptance speedup"),
     Table("speedup_curve", _speedup_curve, "cost ladder (E16): S(alpha, gamma, c) for alpha in [0.5, 0.98] at "
           "each cell's c", in_summary=False),
+    Table("serving_legs", _serving_legs, "serving legs (E17): TTFT/TPOT/ITL/E2EL mean, median, p90, p99 ms, output "
+          "and request throughput, acceptance from the server counters and the per-request sums (serving.leg_table)"),
+    Table("serving_speedup", _serving_speedup, "serving legs (E17): per spec leg, median over the bracketing "
+          "vanilla legs of its concurrency of the TPOT speedup and throughput ratio, IQR (serving.paired_speedups)"),
+    Table("serving_requests", _serving_requests, "serving legs (E17): one row per request (serving.request_table)",
+          in_summary=False),
 ]}
 
 
@@ -513,6 +546,18 @@ ANALYSES: dict[str, Analysis] = {a.name: a for a in [
              "QuantSpec's operating points",
              view=View("ladder-speedup", "S(α): needs a complete spec leg", group="ladder", sliders=("gamma",),
                        by_gamma=True)),
+    Analysis("serving_summary", ("serving_legs", "serving_speedup"), plots.serving_summary,
+             "serving legs: latency percentiles, throughput, acceptance, bracketed TPOT speedup and throughput ratio",
+             view=View("serving-summary", "Serving legs: no complete serving leg", group="serving")),
+    Analysis("serving_latency", ("serving_requests",), plots.serving_latency,
+             "serving legs: per-request TPOT and TTFT, one box per tier at each max concurrency",
+             view=View("serving-latency", "Serving latency: no complete serving leg", group="serving")),
+    Analysis("serving_throughput", ("serving_legs",), plots.serving_throughput,
+             "serving legs: output throughput vs max concurrency per tier",
+             view=View("serving-throughput", "Serving throughput: no complete serving leg", group="serving")),
+    Analysis("serving_acceptance", ("serving_legs",), plots.serving_acceptance,
+             "serving legs: acceptance rate vs max concurrency per spec tier (server counters, per-request sums)",
+             view=View("serving-acceptance", "Serving acceptance: no spec serving leg", group="serving")),
 ]}
 
 

@@ -173,6 +173,12 @@ def _leg_row(folder: Path | None, leg: str, leg_index: int) -> dict[str, Any]:
     return row
 
 
+def _is_serving(folder: Path) -> bool:
+    """A serving leg (``runner: serve``, E17): its records are per request, read by ``workbench.serving``."""
+    info = _read_json(folder / SUMMARY)
+    return isinstance(info, dict) and info.get("runner") == "serve"
+
+
 def load_run(run_dir: str | Path, damaged: str = "raise") -> Run:
     """Load one run folder. Raises a ValueError/FileNotFoundError naming the bad file.
 
@@ -204,7 +210,8 @@ def load_run(run_dir: str | Path, damaged: str = "raise") -> Run:
         folder = legs_root / name
         row = _leg_row(folder if folder.is_dir() else None, name, index)
         leg_rows.append(row)
-        if row["status"] == "complete" and (folder / RECORDS).is_file():  # a cost-ladder leg has none
+        # a cost-ladder leg has no records; a serving leg's (one per request, no tok_s) are workbench.serving's
+        if row["status"] == "complete" and (folder / RECORDS).is_file() and not _is_serving(folder):
             try:
                 recs = _read_records(folder / RECORDS, name, index)
                 if row["n_prompts"] is not None and len(recs) != row["n_prompts"]:

@@ -14,6 +14,9 @@ tables, and the acceptance trace's presorted running maxima
 handful of ``searchsorted`` calls whatever the number of prompts (see
 benchmarks/bench_explorer.py).
 
+A run of serving legs (E17) shows the views of the "serving" group (its legs table, latency
+boxes, throughput and acceptance vs concurrency) the same way.
+
 A cost-ladder run (E16) has no prompt records; the explorer shows the views
 of the "ladder" group instead (step cost vs batch, c with and without drafter
 graphs, S(α) with the published operating points), and the ``gamma`` slider
@@ -68,6 +71,7 @@ class _Precomputed:
         self.gammas = sorted({g for g in (spec["gamma"].map(_gamma) if spec is not None else []) if g is not None})
         self.trace = tables.trace
         self.is_ladder = tables.get("step_costs") is not None
+        self.is_serving = not self.is_ladder and tables.get("serving_legs") is not None
         try:
             self.verdicts = tables.verdicts if tables.has_spec and tables.has_vanilla else {}
         except (LookupError, ValueError, OSError):
@@ -92,7 +96,7 @@ class _Precomputed:
     @property
     def group(self) -> str:
         """The views this run shows (``analyses.View.group``)."""
-        return "ladder" if self.is_ladder else "legs"
+        return "ladder" if self.is_ladder else "serving" if self.is_serving else "legs"
 
 
 class Explorer:
@@ -143,7 +147,7 @@ class Explorer:
         self.widget = W.VBox([
             W.HBox([self.experiment_dd, self.run_dd]),
             W.HBox([self.gamma_slider, self.relax_slider]),
-            self.readout, self.status, *self._group_boxes("legs"), *self._group_boxes("ladder"),
+            self.readout, self.status, *(b for g in analyses.VIEW_GROUPS for b in self._group_boxes(g)),
             self._divergence_box,
         ])
         self.widget.add_class("wb-explorer")
@@ -290,7 +294,7 @@ class Explorer:
                 self._drawn.add(name)
             self._replace(self.figs[name], fig)
             self._metas[name] = [dict(t.meta or {}) for t in self.figs[name].data]
-        self._divergence_box.layout.display = "none" if pre.is_ladder else None
+        self._divergence_box.layout.display = "none" if pre.is_ladder or pre.is_serving else None
         self.divergence.children = [divergence_viewer(run, verdicts=self.pre.verdicts)] if _has_divergence_pairs(run) else [
             W.HTML("<i>needs a vanilla leg and a spec leg with gen_ids</i>")]
         # The figures as at the sliders' values: each view's move rule, once.

@@ -1,0 +1,265 @@
+"""Serving legs (E17): tables, bracketed speedups and figures from a synthetic serving run folder (no vLLM)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+from workbench import analyses, serving
+from workbench.registry import analysis_names
+from workbench.results import load_run
+
+GAMMA = 4
+# run order: vanilla legs before, between and after the spec legs, at each concurrency
+LEGS = [
+    {"name": "vanilla_c1", "tier": "vanilla", "concurrency": 1},
+    {"name": "strict_c1", "tier": "strict", "concurrency": 1},
+    {"name": "relaxed_c1", "tier": "relaxed", "concurrency": 1},
+    {"name": "vanilla_c1b", "tier": "vanilla", "concurrency": 1},
+    {"name": "vanilla_c4", "tier": "vanilla", "concurrency": 4},
+    {"name": "strict_c4", "tier": "strict", "concurrency": 4},
+    {"name": "vanilla_c4b", "tier": "vanilla", "concurrency": 4},
+    {"name": "relaxed_c4", "tier": "relaxed", "concurrency": 4},
+    {"name": "vanilla_c4c", "tier": "vanilla", "concurrency": 4},
+]
+NAMES = ("serving_summary", "serving_latency", "serving_throughput", "serving_acceptance")
+
+
+def _leg(leg: dict, n: int, seed: int, drift: float = 1.0) -> tuple[list[dict], dict]:
+    rng = np.random.default_rng(seed)
+    tier, conc = leg["tier"], leg["concurrency"]
+    spec_mode = tier != "vanilla"
+    rate = {"vanilla": 0.0, "strict": 0.6, "relaxed": 0.8}[tier]
+    recs, tot = [], {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "accepted_per_pos": [0] * GAMMA}
+    for i in range(n):
+        out_tokens = int(rng.integers(2, 40)) if i != 0 else 1        # request 0: one token, no TPOT
+        base = 0.02 * drift * (1 + 0.15 * (conc - 1)) * (0.5 if spec_mode else 1.0)
+        itl = (base * (1 + 0.2 * rng.random(max(out_tokens - 1, 0)))).round(6).tolist()
+        ttft = float(0.05 + 0.02 * rng.random())
+        e2el = ttft + sum(itl)
+        spec = None
+        if spec_mode:
+            drafts = max(out_tokens // 2, 1)
+            per_pos = [int(drafts * rate ** (k + 1)) for k in range(GAMMA)]
+            acc = sum(per_pos)
+            spec = {"drafts": drafts, "draft_tokens": drafts * GAMMA, "accepted": acc, "accepted_per_pos": per_pos,
+                    "acceptance_rate": acc / (drafts * GAMMA), "acceptance_length": 1 + acc / drafts}
+            tot["num_drafts"] += drafts
+            tot["num_draft_tokens"] += drafts * GAMMA
+            tot["num_accepted_tokens"] += acc
+            tot["accepted_per_pos"] = [a + b for a, b in zip(tot["accepted_per_pos"], per_pos)]
+        error = "HTTP 500: synthetic" if i == n - 1 else ""   # the last request failed
+        recs.append({"kind": "serve", "pid": f"p{i % 5:06d}", "request_index": i, "experiment": "E17",
+                     "leg": leg["name"], "run_id": "20260101T000000Z-5e7e", "mode": "spec" if spec_mode else "vanilla",
+                     "tier": tier, "concurrency": conc, "gamma": GAMMA if spec_mode else None,
+                     "ttft_s": ttft, "tpot_s": (e2el - ttft) / (out_tokens - 1) if out_tokens > 1 else None,
+                     "itl_s": itl, "e2el_s": e2el, "output_tokens": out_tokens, "generated_text": "w " * out_tokens,
+                     "error": error, "spec": spec, "knobs": {"relax_logtau": 0.7 if tier == "relaxed" else 0.0}})
+    ok = [r for r in recs if not r["error"]]
+    duration = sum(r["e2el_s"] for r in ok) / conc
+    summary = {"status": "complete", "runner": "serve", "leg": leg["name"], "mode": recs[0]["mode"], "tier": tier,
+               "gamma": recs[0]["gamma"], "concurrency": conc, "n_requests": n, "completed": len(ok),
+               "duration_s": duration,
+               "output_throughput": sum(r["output_tokens"] for r in ok) / duration,
+               "request_throughput": len(ok) / duration, "percentiles": {},
+               "spec": ({"num_drafts": tot["num_drafts"], "num_draft_tokens": tot["num_draft_tokens"],
+                         # the server counts a little more than the requests' traces (warm-up requests)
+                         "num_accepted_tokens": tot["num_accepted_tokens"] + 3,
+                         "accepted_per_pos": tot["accepted_per_pos"],
+                         "acceptance_rate": (tot["num_accepted_tokens"] + 3) / tot["num_draft_tokens"]}
+                        if spec_mode else None),
+               "client": {}, "engine_report": {}}
+    return recs, summary
+
+
+def write_serving_run(root: Path, n: int = 12, drift: dict | None = None) -> Path:
+    rdir = root / "E17" / "20260101T000000Z-5e7e"
+    (rdir / "legs").mkdir(parents=True)
+    (rdir / "run.json").write_text(json.dumps({"experiment": "E17", "run_id": rdir.name, "profile": "tiny",
+                                               "smoke": True, "runner": "serve", "analyses": list(NAMES),
+                                               "legs": [dict(leg) for leg in LEGS]}))
+    for k, leg in enumerate(LEGS):
+        ldir = rdir / "legs" / leg["name"]
+        ldir.mkdir()
+        recs, summary = _leg(leg, n, seed=k, drift=(drift or {}).get(leg["name"], 1.0))
+        (ldir / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        (ldir / "summary.json").write_text(json.dumps(summary))
+        (ldir / "leg.json").write_text(json.dumps({"name": leg["name"], "runner": "serve"}))
+    return rdir
+
+
+@pytest.fixture
+def run(tmp_path):
+    return write_serving_run(tmp_path, drift={"vanilla_c1b": 1.3, "vanilla_c4b": 0.9, "vanilla_c4c": 1.2})
+
+
+def _records(rdir: Path, leg: str) -> list[dict]:
+    return [json.loads(line) for line in (rdir / "legs" / leg / "records.jsonl").read_text().splitlines()]
+
+
+def test_leg_table_percentiles_are_numpys_of_the_records(run):
+    table, _, requests = serving.load(run)
+    assert list(table["leg"]) == [leg["name"] for leg in LEGS]
+    for leg in LEGS:
+        row = table[table["leg"] == leg["name"]].iloc[0]
+        recs = _records(run, leg["name"])
+        ok = [r for r in recs if not r["error"]]
+        assert (row["n"], row["completed"], row["concurrency"]) == (len(recs), len(ok), leg["concurrency"])
+        values = {"ttft": [r["ttft_s"] for r in ok], "tpot": [r["tpot_s"] for r in ok if r["tpot_s"] is not None],
+                  "itl": [x for r in ok for x in r["itl_s"]], "e2el": [r["e2el_s"] for r in ok]}
+        assert len(values["tpot"]) == len(ok) - 1        # the one-token request has no TPOT
+        for m, v in values.items():
+            ms = np.asarray(v) * 1000
+            assert row[f"{m}_ms_mean"] == pytest.approx(ms.mean())
+            assert row[f"{m}_ms_median"] == pytest.approx(np.percentile(ms, 50))
+            assert row[f"{m}_ms_p90"] == pytest.approx(np.percentile(ms, 90))
+            assert row[f"{m}_ms_p99"] == pytest.approx(np.percentile(ms, 99))
+        summary = json.loads((run / "legs" / leg["name"] / "summary.json").read_text())
+        assert row["output_throughput"] == pytest.approx(summary["output_throughput"])
+        assert row["request_throughput"] == pytest.approx(summary["request_throughput"])
+        if leg["tier"] == "vanilla":
+            assert np.isnan(row["acceptance_rate"]) and np.isnan(row["trace_acceptance_rate"])
+        else:
+            s = summary["spec"]
+            assert row["acceptance_rate"] == pytest.approx(s["num_accepted_tokens"] / s["num_draft_tokens"])
+            assert row["acceptance_length"] == pytest.approx(1 + s["num_accepted_tokens"] / s["num_drafts"])
+            sums = [sum(r["spec"][k] for r in ok) for k in ("accepted", "draft_tokens", "drafts")]
+            assert row["trace_acceptance_rate"] == pytest.approx(sums[0] / sums[1])
+            assert row["trace_acceptance_length"] == pytest.approx(1 + sums[0] / sums[2])
+            assert row["trace_acceptance_rate"] < row["acceptance_rate"]
+    # the long form: one row per request, failures kept and marked
+    assert len(requests) == sum(len(_records(run, leg["name"])) for leg in LEGS)
+    assert (~requests["ok"]).sum() == len(LEGS)
+    r0 = requests[(requests["leg"] == "strict_c4") & (requests["request_index"] == 3)].iloc[0]
+    rec = _records(run, "strict_c4")[3]
+    assert r0["tpot_ms"] == pytest.approx(rec["tpot_s"] * 1000) and r0["ttft_ms"] == pytest.approx(rec["ttft_s"] * 1000)
+
+
+def test_paired_speedups_are_medians_over_the_bracketing_vanilla_legs_of_the_same_concurrency(run):
+    table, speed, _ = serving.load(run)
+    t = table.set_index("leg")
+    med = lambda vals: float(np.median(vals))   # noqa: E731
+    expect = {  # spec leg -> its neighbouring vanilla legs at its concurrency
+        "strict_c1": ["vanilla_c1", "vanilla_c1b"], "relaxed_c1": ["vanilla_c1", "vanilla_c1b"],
+        "strict_c4": ["vanilla_c4", "vanilla_c4b"], "relaxed_c4": ["vanilla_c4b", "vanilla_c4c"],
+    }
+    assert list(speed["leg"]) == list(expect)
+    for leg, vans in expect.items():
+        row = speed[speed["leg"] == leg].iloc[0]
+        assert [row["vanilla_before"], row["vanilla_after"]] == vans and row["n_pairs"] == 2
+        tpot = [t.loc[v, "tpot_ms_median"] / t.loc[leg, "tpot_ms_median"] for v in vans]
+        thr = [t.loc[leg, "output_throughput"] / t.loc[v, "output_throughput"] for v in vans]
+        assert row["tpot_speedup"] == pytest.approx(med(tpot))
+        assert row["throughput_ratio"] == pytest.approx(med(thr))
+        # quartiles as the offline speedup forms them (pandas' linear quantiles)
+        q25, q75 = np.percentile(tpot, [25, 75])
+        assert (row["tpot_speedup_q25"], row["tpot_speedup_q75"]) == (pytest.approx(q25), pytest.approx(q75))
+        assert row["tpot_speedup_iqr"] == pytest.approx(q75 - q25)
+        assert row["throughput_ratio_iqr"] == pytest.approx(np.subtract(*np.percentile(thr, [75, 25])))
+        assert row["tpot_speedup"] > 1.4   # spec legs' ITL is half the vanilla legs'
+
+
+def test_a_failed_vanilla_leg_is_skipped_over_and_one_side_suffices(run):
+    (run / "legs" / "vanilla_c1b" / "summary.json").unlink()
+    (run / "legs" / "vanilla_c1b" / "failure.json").write_text(json.dumps({"status": "failed", "error": "x"}))
+    table, speed, _ = serving.load(run)
+    assert "vanilla_c1b" not in set(table["leg"])
+    row = speed[speed["leg"] == "strict_c1"].iloc[0]
+    assert (row["vanilla_before"], row["n_pairs"]) == ("vanilla_c1", 1) and pd.isna(row["vanilla_after"])
+    t = table.set_index("leg")
+    assert row["tpot_speedup"] == pytest.approx(t.loc["vanilla_c1", "tpot_ms_median"] / t.loc["strict_c1", "tpot_ms_median"])
+    assert row["tpot_speedup_iqr"] == 0
+
+
+def test_registry_tables_and_figures(run):
+    assert set(NAMES) <= set(analyses.ANALYSES) and set(NAMES) <= set(analysis_names())
+    assert analyses.check_names(NAMES, "E17") == list(NAMES)
+    r = load_run(run)                           # serving records stay out of the prompt records
+    assert r.records.empty and set(r.legs["status"]) == {"complete"}
+    tables = analyses.RunTables(r)
+    avail = tables.available()
+    assert {"serving_legs", "serving_speedup", "serving_requests"} <= set(avail)
+    assert "speedup" not in avail and not tables.errors     # offline tables: not applicable, not errors
+    figs = analyses.draw(tables, NAMES)
+    assert set(figs) == set(NAMES) and not tables.errors
+    assert all(isinstance(f, go.Figure) for f in figs.values())
+    table = figs["serving_summary"].data[0]
+    assert isinstance(table, go.Table) and list(table.cells.values[0]) == [leg["name"] for leg in LEGS]
+    lat = figs["serving_latency"].data
+    assert all(isinstance(tr, go.Box) for tr in lat)
+    assert sorted((tr.meta["role"], tr.name) for tr in lat) == sorted(
+        (m, s) for m in ("tpot_ms", "ttft_ms") for s in ("vanilla", "strict", "relaxed"))
+    box = next(tr for tr in lat if tr.meta["role"] == "tpot_ms" and tr.name == "strict")
+    assert sorted(set(box.x)) == ["1", "4"]
+    thr = figs["serving_throughput"].data
+    assert [tr.name for tr in thr] == ["vanilla", "strict", "relaxed"]
+    legs = avail["serving_legs"]
+    van = thr[0]
+    assert list(van.x) == [1, 4]
+    assert van.y[1] == pytest.approx(legs.loc[legs["tier"].eq("vanilla") & legs["concurrency"].eq(4),
+                                              "output_throughput"].median())
+    acc = figs["serving_acceptance"].data
+    assert sorted((tr.meta["role"], tr.meta["tier"]) for tr in acc) == [
+        ("server", "relaxed"), ("server", "strict"), ("trace", "relaxed"), ("trace", "strict")]
+    srv = next(tr for tr in acc if tr.meta["role"] == "server" and tr.meta["tier"] == "strict")
+    assert list(srv.y) == pytest.approx(list(legs[legs["tier"] == "strict"].sort_values("concurrency")["acceptance_rate"]))
+    assert plots_violin_builds(avail["serving_requests"])
+
+
+def plots_violin_builds(requests) -> bool:
+    from workbench import plots
+    fig = plots.serving_latency(requests, kind="violin")
+    return len(fig.data) == 6 and all(isinstance(t, go.Violin) for t in fig.data)
+
+
+def test_analyze_run_writes_the_serving_tables(run):
+    out = analyses.analyze_run(run, figures=True)
+    assert set(out["_figures"]) == set(NAMES)
+    assert (run / "tables" / "serving_legs.csv").is_file() and (run / "tables" / "serving_speedup.csv").is_file()
+    assert [r["leg"] for r in out["serving_speedup"]] == ["strict_c1", "relaxed_c1", "strict_c4", "relaxed_c4"]
+    assert "serving_requests" not in out and out["not_computed"] == {}
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda r: r.pop("tpot_s"), r"lacks field\(s\) \['tpot_s'\]"),
+    (lambda r: r.pop("concurrency"), r"lacks field\(s\) \['concurrency'\]"),
+    (lambda r: r["spec"].pop("draft_tokens"), r"'spec' lacks field\(s\) \['draft_tokens'\]"),
+])
+def test_a_bad_record_raises_naming_the_file(run, mutate, message):
+    path = run / "legs" / "strict_c4" / "records.jsonl"
+    recs = _records(run, "strict_c4")
+    mutate(recs[2])
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    with pytest.raises(ValueError, match=message) as exc:
+        serving.load(run)
+    assert f"{path}:3:" in str(exc.value)
+    # through the registry the reason is kept, not swallowed
+    tables = analyses.RunTables(load_run(run))
+    assert tables.get("serving_legs") is None and str(path) in tables.errors["serving_legs"]
+
+
+def test_a_spec_leg_without_the_trace_has_server_acceptance_only(run):
+    path = run / "legs" / "strict_c1" / "records.jsonl"
+    recs = _records(run, "strict_c1")
+    for r in recs:
+        r["spec"] = None
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    row = serving.load(run)[0].set_index("leg").loc["strict_c1"]
+    assert row["acceptance_rate"] > 0 and np.isnan(row["trace_acceptance_rate"])
+
+
+def test_the_explorer_shows_a_serving_run_with_the_serving_views(run):
+    from workbench.widgets import Explorer
+
+    ex = Explorer(run=load_run(run))
+    assert ex.pre.group == "serving"
+    for name, view in analyses.views().items():
+        shown = view.group == "serving"
+        assert ex.boxes[name].layout.display == (None if shown else "none"), name
+        assert (name in ex._drawn) == shown, name
+    assert ex._divergence_box.layout.display == "none"

@@ -1,0 +1,260 @@
+"""Serving legs (E17): per-leg latency/throughput table, bracketed speedups, per-request rows.
+
+A serving leg (``runner: serve``) drives ``vllm serve`` with ``vllm bench serve`` at a fixed
+max concurrency and writes ``legs/<leg>/records.jsonl`` (one line per request, ``kind: serve``)
+and ``legs/<leg>/summary.json`` (``runner: serve``, the client's throughput, the server's spec
+counters). Those records are not prompt records (no ``tok_s``): ``workbench.results.load_run``
+leaves them out of ``Run.records`` and this module reads them from the run folder itself.
+
+Pure pandas/numpy over the files:
+
+- ``leg_table``: per leg, TTFT/TPOT/ITL/E2EL mean, median, p90, p99 in ms (``np.percentile``
+  of the successful requests' values, ITL pooled over every inter-token gap, as vLLM's bench
+  does), output and request throughput (the client's), acceptance from the server counters
+  and from the per-request trace sums (``metrics.acceptance_rate`` / ``acceptance_length``);
+- ``paired_speedups``: per spec leg, against the bracketing vanilla legs *of its concurrency*
+  (``metrics.bracketing_vanilla``: the nearest finished one before and after in run order, one
+  side if only one exists): one pair per neighbouring vanilla leg, TPOT speedup = vanilla median
+  TPOT / spec median TPOT and throughput ratio = spec / vanilla output throughput; the leg's
+  value is the median over its pairs with quartiles and IQR (``metrics.median_iqr``, the
+  pandas quantiles ``metrics.ratio_summary`` uses);
+- ``request_table``: one row per request (for distributions).
+
+A record that lacks a field raises a ValueError naming the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from . import metrics
+from .runfolder import RECORDS, RUN_JSON, SUMMARY, leg_status, read_json
+
+RUNNER = "serve"
+# What every serving record must carry (the record schema of docs/run-folders.md, serving legs).
+RECORD_FIELDS = ("pid", "request_index", "mode", "tier", "concurrency", "gamma", "ttft_s", "tpot_s", "itl_s",
+                 "e2el_s", "output_tokens", "error", "spec")
+SPEC_FIELDS = ("drafts", "draft_tokens", "accepted")
+LATENCIES = ("ttft", "tpot", "itl", "e2el")
+STATS = ("mean", "median", "p90", "p99")
+LEG_COLUMNS = (["leg", "leg_index", "mode", "tier", "gamma", "concurrency", "n", "completed"]
+               + [f"{m}_ms_{s}" for m in LATENCIES for s in STATS]
+               + ["output_throughput", "request_throughput", "duration_s",
+                  "acceptance_rate", "acceptance_length", "trace_acceptance_rate", "trace_acceptance_length"])
+PAIR_METRICS = ("tpot_speedup", "throughput_ratio")
+SPEEDUP_COLUMNS = (["leg", "leg_index", "tier", "gamma", "concurrency"]
+                   + [f"{m}{s}" for m in PAIR_METRICS for s in ("", "_q25", "_q75", "_iqr")]
+                   + ["n_pairs", "vanilla_before", "vanilla_after"])
+REQUEST_COLUMNS = ["leg", "leg_index", "mode", "tier", "gamma", "concurrency", "pid", "request_index", "ok",
+                   "ttft_ms", "tpot_ms", "e2el_ms", "itl_ms_mean", "output_tokens",
+                   "drafts", "draft_tokens", "accepted", "acceptance_rate", "acceptance_length"]
+
+
+@dataclass(frozen=True)
+class ServingLeg:
+    name: str
+    index: int                      # position in the run's leg order
+    summary: dict[str, Any]
+    records: list[dict[str, Any]]
+    path: Path
+
+
+def _summary(folder: Path) -> dict[str, Any] | None:
+    try:
+        info = read_json(folder / SUMMARY)
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def _leg_order(run_dir: Path) -> list[str]:
+    cfg = read_json(run_dir / RUN_JSON)
+    planned = [leg["name"] for leg in cfg.get("legs", []) if isinstance(leg, dict) and "name" in leg]
+    root = run_dir / "legs"
+    on_disk = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    return planned + [n for n in on_disk if n not in planned]
+
+
+def is_serving_leg(folder: str | Path) -> bool:
+    """A leg folder whose summary says ``runner: serve``."""
+    info = _summary(Path(folder))
+    return bool(info) and info.get("runner") == RUNNER
+
+
+def _read_records(path: Path, leg: str) -> list[dict[str, Any]]:
+    out = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc})") from None
+            if not isinstance(rec, dict):
+                raise ValueError(f"{path}:{lineno}: a serving record must be a JSON object")
+            missing = [f for f in RECORD_FIELDS if f not in rec]
+            if missing:
+                raise ValueError(f"{path}:{lineno}: serving record lacks field(s) {missing}")
+            spec = rec["spec"]   # null: a vanilla leg, or a spec leg run without the trace
+            if spec is not None:
+                lack = list(SPEC_FIELDS) if not isinstance(spec, dict) else [f for f in SPEC_FIELDS if f not in spec]
+                if lack:
+                    raise ValueError(f"{path}:{lineno}: spec record's 'spec' lacks field(s) {lack}")
+            if rec.get("leg") not in (None, leg):
+                raise ValueError(f"{path}:{lineno}: record says leg {rec['leg']!r} but lies in leg folder {leg!r}")
+            out.append(rec)
+    return out
+
+
+def serving_legs(run_dir: str | Path) -> list[ServingLeg]:
+    """The complete serving legs of a run folder, in run order (records read and checked)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / RUN_JSON).is_file():
+        raise FileNotFoundError(f"{run_dir} is not a run folder: {RUN_JSON} not found")
+    out = []
+    for index, name in enumerate(_leg_order(run_dir)):
+        folder = run_dir / "legs" / name
+        if leg_status(folder) != "complete" or not is_serving_leg(folder):
+            continue
+        out.append(ServingLeg(name, index, _summary(folder) or {}, _read_records(folder / RECORDS, name), folder))
+    return out
+
+
+def has_serving(run_dir: str | Path) -> bool:
+    """Whether the run folder has a complete serving leg (without reading records)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / RUN_JSON).is_file():
+        return False
+    return any(leg_status(run_dir / "legs" / n) == "complete" and is_serving_leg(run_dir / "legs" / n)
+               for n in _leg_order(run_dir))
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _stats_ms(values_s: np.ndarray) -> dict[str, float]:
+    v = np.asarray(values_s, dtype=float) * 1000.0
+    v = v[np.isfinite(v)]
+    if not v.size:
+        return dict.fromkeys(STATS, np.nan)
+    return {"mean": float(v.mean()), "median": float(np.median(v)),
+            "p90": float(np.percentile(v, 90)), "p99": float(np.percentile(v, 99))}
+
+
+def _ok(rec: dict[str, Any]) -> bool:
+    return not rec.get("error")
+
+
+def _num(v: Any) -> float:
+    return np.nan if v is None else float(v)
+
+
+def _identity(leg: ServingLeg) -> dict[str, Any]:
+    s, first = leg.summary, (leg.records[0] if leg.records else {})
+    gamma = first.get("gamma", s.get("gamma"))
+    return {"leg": leg.name, "leg_index": leg.index, "mode": s.get("mode", first.get("mode")),
+            "tier": s.get("tier", first.get("tier")), "gamma": gamma,
+            "concurrency": s.get("concurrency", first.get("concurrency"))}
+
+
+def leg_table(legs: list[ServingLeg]) -> pd.DataFrame:
+    """(a) One row per serving leg: request counts, latency statistics (ms), throughput, acceptance."""
+    rows = []
+    for leg in legs:
+        ok = [r for r in leg.records if _ok(r)]
+        row = _identity(leg)
+        row.update(n=len(leg.records), completed=len(ok))
+        values = {"ttft": [_num(r["ttft_s"]) for r in ok],
+                  "tpot": [_num(r["tpot_s"]) for r in ok if r["tpot_s"] is not None],
+                  "itl": [float(x) for r in ok for x in (r["itl_s"] or [])],
+                  "e2el": [_num(r["e2el_s"]) for r in ok]}
+        for m in LATENCIES:
+            row.update({f"{m}_ms_{s}": v for s, v in _stats_ms(np.array(values[m], dtype=float)).items()})
+        s = leg.summary
+        row.update(output_throughput=_num(s.get("output_throughput")),
+                   request_throughput=_num(s.get("request_throughput")), duration_s=_num(s.get("duration_s")))
+        server = s.get("spec") if isinstance(s.get("spec"), dict) else None
+        if row["mode"] == "spec" and server:
+            row["acceptance_rate"] = metrics.acceptance_rate(server.get("num_accepted_tokens", 0),
+                                                             server.get("num_draft_tokens", 0))
+            row["acceptance_length"] = metrics.acceptance_length(server.get("num_accepted_tokens", 0),
+                                                                 server.get("num_drafts", 0))
+        traced = [r["spec"] for r in ok if isinstance(r.get("spec"), dict)]
+        if row["mode"] == "spec" and traced:
+            acc = sum(float(t["accepted"]) for t in traced)
+            row["trace_acceptance_rate"] = metrics.acceptance_rate(acc, sum(float(t["draft_tokens"]) for t in traced))
+            row["trace_acceptance_length"] = metrics.acceptance_length(acc, sum(float(t["drafts"]) for t in traced))
+        rows.append(row)
+    out = pd.DataFrame(rows, columns=LEG_COLUMNS)
+    for c in ("acceptance_rate", "acceptance_length", "trace_acceptance_rate", "trace_acceptance_length"):
+        out[c] = pd.to_numeric(out[c], errors="coerce")
+    return out
+
+
+def paired_speedups(table: pd.DataFrame) -> pd.DataFrame:
+    """(b) One row per spec leg of ``leg_table``: median over its pairs with the bracketing vanilla legs of its
+    concurrency (each neighbouring vanilla leg one pair) of the TPOT speedup (vanilla median TPOT / spec
+    median TPOT) and the output-throughput ratio (spec / vanilla), with q25, q75 and IQR."""
+    rows = []
+    t = table.sort_values("leg_index", kind="stable")
+    for conc, part in t.groupby("concurrency", sort=True):
+        order = list(part["leg"])
+        vanilla = list(part.loc[part["tier"] == "vanilla", "leg"])
+        by_leg = part.set_index("leg")
+        brackets = metrics.bracketing_vanilla(order, vanilla)
+        for leg in order:
+            if by_leg.loc[leg, "tier"] not in metrics.SPEC_TIERS:
+                continue
+            before, after = brackets[leg]
+            sides = [v for v in (before, after) if v is not None]
+            spec = by_leg.loc[leg]
+            pairs = {"tpot_speedup": [by_leg.loc[v, "tpot_ms_median"] / spec["tpot_ms_median"] for v in sides],
+                     "throughput_ratio": [spec["output_throughput"] / by_leg.loc[v, "output_throughput"]
+                                          for v in sides]}
+            row = {"leg": leg, "leg_index": spec["leg_index"], "tier": spec["tier"], "gamma": spec["gamma"],
+                   "concurrency": conc}
+            for m, vals in pairs.items():
+                vals = [v for v in vals if np.isfinite(v)]
+                st = metrics.median_iqr(vals)
+                row.update({m: st["median"], f"{m}_q25": st["q25"], f"{m}_q75": st["q75"], f"{m}_iqr": st["iqr"]})
+            row.update(n_pairs=len(sides), vanilla_before=before, vanilla_after=after)
+            rows.append(row)
+    out = pd.DataFrame(rows, columns=SPEEDUP_COLUMNS)
+    return out.sort_values("leg_index", kind="stable").reset_index(drop=True)
+
+
+def request_table(legs: list[ServingLeg]) -> pd.DataFrame:
+    """(c) One row per request of every serving leg (latencies in ms; failed requests kept, ``ok`` False)."""
+    rows = []
+    for leg in legs:
+        ident = _identity(leg)
+        for r in leg.records:
+            spec = r["spec"] if isinstance(r.get("spec"), dict) else {}
+            itl = np.asarray(r["itl_s"] or [], dtype=float)
+            row = {**ident, "pid": r["pid"], "request_index": r["request_index"], "ok": _ok(r),
+                   "ttft_ms": _num(r["ttft_s"]) * 1000, "tpot_ms": _num(r["tpot_s"]) * 1000,
+                   "e2el_ms": _num(r["e2el_s"]) * 1000, "itl_ms_mean": float(itl.mean()) * 1000 if itl.size else np.nan,
+                   "output_tokens": r["output_tokens"]}
+            for k in SPEC_FIELDS:
+                row[k] = _num(spec.get(k))
+            row["acceptance_rate"] = metrics.acceptance_rate(row["accepted"], row["draft_tokens"]) if spec else None
+            row["acceptance_length"] = metrics.acceptance_length(row["accepted"], row["drafts"]) if spec else None
+            rows.append(row)
+    out = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
+    for c in ("acceptance_rate", "acceptance_length"):
+        out[c] = pd.to_numeric(out[c], errors="coerce")
+    return out
+
+
+def load(run_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(leg_table, paired_speedups, request_table) of a run folder's serving legs."""
+    legs = serving_legs(run_dir)
+    table = leg_table(legs)
+    return table, paired_speedups(table), request_table(legs)
