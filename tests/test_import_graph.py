@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "workbench.registry", "workbench.planning", "workbench.envcapture", "workbench.teacher",
                 "workbench.exactness", "workbench.testing")),
     # one leg = one process: engine legs, score legs, cost-ladder engines
-    ("runners", ("workbench.leg", "workbench.score", "workbench.ladder_engine")),
+    ("runners", ("workbench.leg", "workbench.score", "workbench.ladder_engine", "workbench.serve_leg")),
     # reading a run folder: records, legs, the cost ladder's rows and tables
     ("results", ("workbench.results", "workbench.ladder", "workbench.serving")),
     ("plots", ("workbench.plots",)),

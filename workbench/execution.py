@@ -21,7 +21,8 @@ through the same folder, lock, resume and failure records; only its legs differ:
 engine run by ``python -m workbench.ladder_engine`` (no prompt set; the rows are
 ``legs/<leg>/steps.jsonl`` and ``walls.jsonl``, written whole at the run's top once the legs ran).
 A profile on a GPU is refused before anything is created where the host has no CUDA device.
-A new kind of leg (a serving leg, say) is one more entry of the table.
+An experiment whose ``runner`` is ``serve`` (E17) runs each leg behind vLLM's OpenAI server,
+driven by vLLM's benchmark client (``python -m workbench.serve_leg``, the same ``leg.json``).
 """
 
 from __future__ import annotations
@@ -451,6 +452,8 @@ def _merge_ladder_rows(run_dir: Path) -> None:
 RUNNERS: dict[str, Runner] = {
     "leg": Runner("leg", "workbench.leg", _engine_leg_json, _config_args),
     "score": Runner("score", "workbench.score", lambda *a: None, _score_args, engine_preflight=False),
+    # a serving leg: the same leg.json as an engine leg, run behind `vllm serve` (workbench.serve_leg)
+    "serve": Runner("serve", "workbench.serve_leg", _engine_leg_json, _config_args),
     "ladder": Runner("ladder", "workbench.ladder_engine",
                      lambda leg, cfg, run_dir, folder, earlier: ladder_leg_config(leg, cfg, run_dir),
                      _config_args, finish=_merge_ladder_rows, reads_prompts=False, gpu_profile_needs_cuda=True),

@@ -56,7 +56,8 @@ DATASETS = ("mathvista", "mmvet", "tiny")
 SWEEPABLE = tuple(KNOBS) + ("draft", "model")
 # How an experiment's legs run: `legs` (workbench.leg, one process per leg, per-prompt records) or
 # `ladder` (workbench.ladder_engine: one engine per leg timed step by step; the cost ladder, E16).
-RUNNERS = ("legs", "ladder")
+# `serve` (workbench.serve_leg: each leg behind vLLM's OpenAI server, driven by `vllm bench serve`).
+RUNNERS = ("legs", "ladder", "serve")
 # A ladder experiment's own settings (`ladder:` in experiments.yaml, `-p batches=1,4` on the command line).
 LADDER_FIELDS = ("batches", "repeats", "prompt_len")
 LADDER_DEFAULTS = {"prompt_len": 128}

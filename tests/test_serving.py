@@ -1,0 +1,196 @@
+"""Issue 20: serving legs, the patched engine behind `vllm serve`, measured by vLLM's own benchmark client.
+
+One E17 smoke run (vanilla, strict, relaxed, vanilla at concurrency 2, images included, float32 so that
+strict must equal vanilla), killed while its second leg's server is up and then resumed; and a bounded
+load test (192 requests at concurrency 16 against the twin drafting, strict, and a vanilla server).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, TINY_PROMPTS
+
+pytestmark = pytest.mark.vllm
+
+SPEC_LEGS = ("strict_c2", "relaxed_c2")
+VANILLA_LEGS = ("vanilla_1", "vanilla_2")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.is_file() and stat.read_text().split()[2] == "Z")
+
+
+def _records(leg: Path) -> list[dict]:
+    return [json.loads(line) for line in (leg / "records.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def e17(tmp_path_factory, tiny_models):
+    """The E17 smoke run: interrupted during the strict leg (its server up), then resumed."""
+    root = tmp_path_factory.mktemp("serving")
+    cmd = [sys.executable, "-m", "workbench.cli", "run", "E17", "--profile", "tiny", "--smoke", "-p",
+           "dtype=float32", "--results", str(root), "--formats", "html", "--no-notebook"]
+    log = (root / "first.log").open("w")
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
+    killed_server = None
+    deadline = time.time() + 900
+    while time.time() < deadline and proc.poll() is None:
+        found = list(root.glob("E17/*/legs/strict_c2/server.json"))
+        if found:
+            killed_server = json.loads(found[0].read_text())
+            break
+        time.sleep(1)
+    assert killed_server is not None, (root / "first.log").read_text()[-3000:]
+    proc.send_signal(signal.SIGTERM)            # the workbench, mid-leg
+    first_rc = proc.wait(timeout=180)
+    log.close()
+    run_dir = next(root.glob("E17/*/"))
+    after_kill = {
+        "rc": first_rc,
+        "server_alive": _alive(killed_server["pid"]),
+        "failure": json.loads((run_dir / "legs" / "strict_c2" / "failure.json").read_text())
+        if (run_dir / "legs" / "strict_c2" / "failure.json").is_file() else None,
+        "vanilla_1_summary": (run_dir / "legs" / "vanilla_1" / "summary.json").read_bytes(),
+    }
+    resumed = subprocess.run([*cmd[:-1], "--resume", str(run_dir), "--no-notebook"], cwd=REPO,
+                             capture_output=True, text=True, timeout=1800)
+    (root / "resume.log").write_text(resumed.stdout + "\n--- stderr\n" + resumed.stderr)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    return {"run": run_dir, "after_kill": after_kill, "resume": resumed}
+
+
+def test_killed_mid_leg_leaves_no_server_and_a_failure_record(e17):
+    k = e17["after_kill"]
+    assert k["rc"] != 0
+    assert not k["server_alive"], "the interrupted leg's server outlived the workbench"
+    assert k["failure"] is not None and k["failure"]["status"] == "failed"
+
+
+def test_resume_redoes_only_the_interrupted_leg(e17):
+    run = e17["run"]
+    out = e17["resume"].stdout + e17["resume"].stderr
+    assert "1 already complete, 3 to run" in out, out[-2000:]
+    # the leg that had finished was not run again
+    assert (run / "legs" / "vanilla_1" / "summary.json").read_bytes() == e17["after_kill"]["vanilla_1_summary"]
+    for leg in (*VANILLA_LEGS, *SPEC_LEGS):
+        s = json.loads((run / "legs" / leg / "summary.json").read_text())
+        assert s["status"] == "complete" and s["completed"] == s["n_requests"] == 6, leg
+        # no leg's server outlived its leg
+        assert not _alive(json.loads((run / "legs" / leg / "server.json").read_text())["pid"]), leg
+
+
+def test_spec_counters_equal_the_per_request_trace(e17):
+    """The server's own /metrics counters (difference over the leg) = the sum of the per-request trace."""
+    for leg in SPEC_LEGS:
+        d = e17["run"] / "legs" / leg
+        s, recs = json.loads((d / "summary.json").read_text()), _records(d)
+        c = s["spec"]
+        assert c["num_drafts"] > 0
+        assert sum(r["spec"]["drafts"] for r in recs) == c["num_drafts"]
+        assert sum(r["spec"]["draft_tokens"] for r in recs) == c["num_draft_tokens"]
+        assert sum(r["spec"]["accepted"] for r in recs) == c["num_accepted_tokens"]
+        per_pos = [sum(r["spec"]["accepted_per_pos"][i] for r in recs) for i in range(len(c["accepted_per_pos"]))]
+        assert per_pos == c["accepted_per_pos"]
+        # and vLLM's benchmark client read the same counters off the server
+        assert s["client"]["spec_decode_accepted_tokens"] == c["num_accepted_tokens"]
+
+
+def test_percentiles_are_the_benchmark_clients(e17):
+    """Percentiles recomputed from the per-request records equal vLLM's benchmark client's summary."""
+    for leg in (*VANILLA_LEGS, *SPEC_LEGS):
+        d = e17["run"] / "legs" / leg
+        s = json.loads((d / "summary.json").read_text())
+        bench = json.loads((d / "bench.json").read_text())
+        for metric in ("ttft", "tpot", "itl", "e2el"):
+            ours = s["percentiles"][f"{metric}_ms"]
+            for stat in ("mean", "median", "p50", "p90", "p99"):
+                assert ours[stat] == pytest.approx(bench[f"{stat}_{metric}_ms"], rel=1e-9, abs=1e-9), (leg, metric, stat)
+        assert s["output_throughput"] == bench["output_throughput"]
+
+
+def test_strict_serving_is_exact_and_relaxed_accepts_more(e17):
+    run = e17["run"]
+    texts = {leg: [r["generated_text"] for r in sorted(_records(run / "legs" / leg), key=lambda r: r["request_index"])]
+             for leg in (*VANILLA_LEGS, *SPEC_LEGS)}
+    assert texts["vanilla_1"] == texts["vanilla_2"]
+    assert texts["strict_c2"] == texts["vanilla_1"], "strict serving leg differs from the vanilla server (fp32)"
+    n_images = {r["n_images"] for r in _records(run / "legs" / "strict_c2")}
+    assert max(n_images) >= 1, "the smoke prompts include images"
+    acc = {leg: json.loads((run / "legs" / leg / "summary.json").read_text())["spec"]["acceptance_rate"]
+           for leg in SPEC_LEGS}
+    assert acc["relaxed_c2"] > acc["strict_c2"]
+
+
+def test_serving_tables_pair_each_spec_leg_with_its_vanilla_brackets(e17):
+    import pandas as pd
+
+    t = pd.read_csv(e17["run"] / "tables" / "serving_speedup.csv")
+    assert sorted(t["leg"]) == sorted(SPEC_LEGS)
+    assert (t["n_pairs"] == 2).all()
+    assert set(t["vanilla_before"]) == {"vanilla_1"} and set(t["vanilla_after"]) == {"vanilla_2"}
+    assert (e17["run"] / "figures" / "serving_latency.html").is_file()
+
+
+# --------------------------------------------------------------------------- bounded load test
+def _load_prompts(path: Path, n: int) -> Path:
+    base = [json.loads(line) for line in TINY_PROMPTS.read_text().splitlines()]
+    with path.open("w") as f:
+        for i in range(n):
+            p = dict(base[i % len(base)])
+            p["pid"] = f"{p['pid']}-r{i:03d}"
+            p["images"] = [str((TINY_PROMPTS.parent / im).resolve()) for im in p["images"]]
+            f.write(json.dumps(p) + "\n")
+    return path
+
+
+def test_bounded_load_strict_twin_at_concurrency_16(tmp_path, tiny_models):
+    """192 requests (images included) at concurrency 16, strict twin vs a vanilla server: every request
+    answered, every output equal, counters = the per-request trace, the server's memory flat after warm-up."""
+    from workbench.knobs import Knobs
+    from workbench.leg import LegConfig
+
+    prompts = _load_prompts(tmp_path / "load.jsonl", 192)
+    summaries = {}
+    for name, draft, knobs in (("vanilla", None, Knobs()),
+                               ("strict", str(tiny_models["twin-int4"]), Knobs(gamma=4))):
+        out = tmp_path / name
+        out.mkdir()
+        cfg = LegConfig(target=str(tiny_models["target"]), prompts=str(prompts), out=str(out), max_tokens=12,
+                        draft=draft, knobs=knobs, max_model_len=1024, max_num_seqs=16, dtype="float32",
+                        ignore_eos=True, leg=f"load_{name}", cpu_threads=2)
+        (out / "leg.json").write_text(json.dumps(cfg.to_dict()))
+        proc = subprocess.run([sys.executable, "-m", "workbench.serve_leg", "--config", str(out / "leg.json")],
+                              cwd=REPO, capture_output=True, text=True, timeout=1200)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        summaries[name] = json.loads((out / "summary.json").read_text())
+        assert not _alive(json.loads((out / "server.json").read_text())["pid"])
+    for s in summaries.values():
+        assert s["completed"] == s["n_requests"] == 192
+    van = sorted(_records(tmp_path / "vanilla"), key=lambda r: r["request_index"])
+    spec = sorted(_records(tmp_path / "strict"), key=lambda r: r["request_index"])
+    assert [r["generated_text"] for r in spec] == [r["generated_text"] for r in van]
+    assert all(r["output_tokens"] == 12 for r in spec)
+    c = summaries["strict"]["spec"]
+    assert sum(r["spec"]["accepted"] for r in spec) == c["num_accepted_tokens"] > 0
+    assert sum(r["spec"]["drafts"] for r in spec) == c["num_drafts"]
+    # memory: after the first quarter of the load, the server's resident memory stays within 5 % (and 100 MiB)
+    rss = summaries["strict"]["server"]["rss_mb"]
+    assert len(rss) >= 8, rss
+    t_end = rss[-1][0]
+    warm = [mb for t, mb in rss if t >= t_end / 4]
+    growth = max(warm) - warm[0]
+    assert growth <= max(0.05 * warm[0], 100.0), f"server memory grew {growth:.0f} MiB under load: {rss}"

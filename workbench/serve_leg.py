@@ -1,0 +1,547 @@
+"""A serving leg: the patched engine behind vLLM's OpenAI server, driven by vLLM's own benchmark client.
+
+    python -m workbench.serve_leg --config legs/<leg>/leg.json
+    python -m workbench.serve_leg --dataset PROMPTS.jsonl requests.jsonl   # the dataset, for runs by hand
+
+The leg's ``leg.json`` is an ordinary leg's (``workbench.leg.LegConfig``: target, draft, knobs,
+prompt set, ``max_num_seqs`` = the client's ``--max-concurrency`` and the server's
+``--max-num-seqs``). The leg
+
+1. checks what an offline leg checks (``workbench.leg.preflight``) and writes the prompt set as a
+   ``custom_image`` dataset of vLLM's benchmark (``requests.jsonl``: images as data URLs, in order);
+2. starts ``python -m vllm.entrypoints.openai.api_server`` (what ``vllm serve`` runs) on a free
+   loopback port, its own process group, the plugin's knobs in its environment (the one knob table,
+   ``Knobs.to_env``), and waits for ``/health``;
+3. reads the server's Prometheus ``/metrics`` (the spec-decode counters), runs vLLM's benchmark
+   client (``vllm.benchmarks.serve``, what ``vllm bench serve`` runs: chat endpoint, greedy, the leg's
+   output length, ``--ignore-eos`` when the leg asks, its seed, request ids ``<leg>-<i>``), flushes the
+   plugin's acceptance trace through the server's dev RPC route, reads ``/metrics`` again;
+4. stops the server (SIGTERM to its group, then SIGKILL), whatever happened, and writes
+   ``records.jsonl`` (per request: TTFT, TPOT, ITL list, E2E latency, output tokens and text, the
+   acceptance trace's committed steps), ``summary.json`` (percentiles, throughput, the counters'
+   difference, the client's own summary, the engine report) and ``bench.json`` (the client's file).
+
+A failure leaves ``failure.json`` with the server log's tail and no ``summary.json``; the run's
+``--resume`` then redoes the leg.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import mimetypes
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from workbench import leg as legmod
+from workbench.runfolder import (FAILURE, LEG_JSON, RECORDS, SUMMARY, archive_leg, leg_status, write_summary,
+                                 write_json_atomic)
+
+__all__ = ["run_serving_leg", "server_command", "client_args", "parse_metrics", "bench_dataset", "main"]
+
+HEALTH_TIMEOUT_S = float(os.environ.get("WORKBENCH_SERVE_START_TIMEOUT", "900"))
+SERVER_LOG = "server.log"
+SERVER_JSON = "server.json"
+BENCH_JSON = "bench.json"
+REQUESTS = "requests.jsonl"
+TIMINGS = "request_timings.jsonl"
+PERCENTILES = (50, 90, 99)
+_COUNTERS = {
+    "vllm:spec_decode_num_drafts_total": "num_drafts",
+    "vllm:spec_decode_num_draft_tokens_total": "num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens_total": "num_accepted_tokens",
+}
+_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+
+
+class ServeError(RuntimeError):
+    """The server or the client failed; the message names which and points to the log."""
+
+
+# --------------------------------------------------------------------------- inputs
+def bench_dataset(prompts: list, path: Path) -> None:
+    """The prompt set as vLLM's ``custom_image`` benchmark dataset: one chat turn per line, the images
+    first (as data URLs, so the server reads no local file) and the text after, as offline legs do."""
+    with path.open("w") as f:
+        for p in prompts:
+            content: list[dict[str, Any]] = []
+            for img in p.images:
+                mime = mimetypes.guess_type(str(img))[0] or "image/png"
+                data = base64.b64encode(Path(img).read_bytes()).decode()
+                content.append({"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}})
+            content.append({"type": "text", "text": p.text})
+            f.write(json.dumps({"content": content}) + "\n")
+
+
+def _flag(name: str, value: Any) -> list[str]:
+    opt = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return [opt] if value else ["--no-" + name.replace("_", "-")]
+    return [opt, str(value)]
+
+
+def server_command(cfg: legmod.LegConfig, port: int, on_cuda: bool) -> list[str]:
+    """``vllm serve`` of the leg's engine (the module the console script runs), on 127.0.0.1:``port``."""
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", cfg.target,
+           "--host", "127.0.0.1", "--port", str(port), "--dtype", cfg.dtype,
+           "--max-model-len", str(cfg.max_model_len), "--max-num-seqs", str(cfg.max_num_seqs),
+           "--seed", str(cfg.seed), "--limit-mm-per-prompt", json.dumps({"image": cfg.limit_images, "video": 0}),
+           *_flag("enable_prefix_caching", cfg.enable_prefix_caching),
+           *_flag("enable_chunked_prefill", cfg.enable_chunked_prefill)]
+    if cfg.max_num_batched_tokens is not None:
+        cmd += ["--max-num-batched-tokens", str(cfg.max_num_batched_tokens)]
+    if cfg.attention_backend:
+        cmd += ["--attention-backend", cfg.attention_backend]
+    if cfg.kv_cache_memory_bytes is not None and on_cuda:
+        cmd += ["--kv-cache-memory-bytes", str(cfg.kv_cache_memory_bytes)]
+    gpu_mem = cfg.gpu_memory_utilization if cfg.gpu_memory_utilization is not None else (None if on_cuda else 0.05)
+    if gpu_mem is not None:
+        cmd += ["--gpu-memory-utilization", str(gpu_mem)]
+    if (not on_cuda) if cfg.enforce_eager is None else cfg.enforce_eager:
+        cmd.append("--enforce-eager")
+    if cfg.draft is not None:
+        from workbench import engine as engines
+
+        cmd += ["--speculative-config", json.dumps(engines.spec_config(cfg.draft, cfg.knobs.gamma))]
+        for name, value in cfg.knobs.engine_args(on_cuda).items():
+            cmd += _flag(name, value)
+    return cmd
+
+
+def client_args(cfg: legmod.LegConfig, base_url: str, dataset: Path, out: Path, n: int, leg_name: str) -> list[str]:
+    """The arguments of ``vllm bench serve`` for this leg (vLLM's benchmark client)."""
+    args = ["--backend", "openai-chat", "--base-url", base_url, "--endpoint", "/v1/chat/completions",
+            "--model", cfg.target, "--dataset-name", "custom_image", "--dataset-path", str(dataset),
+            "--disable-shuffle", "--num-prompts", str(n), "--max-concurrency", str(cfg.max_num_seqs),
+            "--custom-output-len", str(cfg.max_tokens), "--temperature", "0", "--seed", str(cfg.seed),
+            "--request-id-prefix", f"{leg_name}-", "--percentile-metrics", "ttft,tpot,itl,e2el",
+            "--metric-percentiles", ",".join(str(p) for p in PERCENTILES),
+            "--save-result", "--save-detailed", "--result-dir", str(out), "--result-filename", BENCH_JSON]
+    if cfg.ignore_eos:
+        args.append("--ignore-eos")
+    return args
+
+
+# --------------------------------------------------------------------------- the server
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http(url: str, data: bytes | None = None, timeout: float = 10.0) -> str:
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def parse_metrics(text: str) -> dict[str, Any]:
+    """The spec-decode counters of a Prometheus ``/metrics`` page, summed over label sets."""
+    out: dict[str, Any] = {v: 0 for v in _COUNTERS.values()}
+    per_pos: dict[int, int] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)", line)
+        if not m:
+            continue
+        name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
+        if name in _COUNTERS:
+            out[_COUNTERS[name]] += int(value)
+        elif name == _PER_POS:
+            pos = re.search(r'position="(\d+)"', labels)
+            if pos:
+                per_pos[int(pos.group(1))] = per_pos.get(int(pos.group(1)), 0) + int(value)
+    out["accepted_per_pos"] = [per_pos[i] for i in sorted(per_pos)]
+    return out
+
+
+def _counter_delta(after: dict, before: dict) -> dict:
+    d = {k: after[k] - before[k] for k in _COUNTERS.values()}
+    a, b = after["accepted_per_pos"], before["accepted_per_pos"]
+    n = max(len(a), len(b))
+    a, b = a + [0] * (n - len(a)), b + [0] * (n - len(b))
+    d["accepted_per_pos"] = [x - y for x, y in zip(a, b)]
+    d["acceptance_rate"] = legmod.acceptance_rate(d["num_accepted_tokens"], d["num_draft_tokens"])
+    return d
+
+
+class Server:
+    """The leg's server: its own process group, stopped on exit, on a signal and on error."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], log: Path):
+        self.cmd, self.env, self.log_path = cmd, env, log
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, base_url: str, timeout: float = HEALTH_TIMEOUT_S) -> None:
+        from workbench import childproc
+
+        log = self.log_path.open("w")
+        # In the leg's own process group (a run that stops the leg's group stops the server with it),
+        # behind the parent-death trampoline (a leg killed alone takes its server down too).
+        self.proc = subprocess.Popen(childproc.wrap(os.getpid(), self.cmd), env=self.env, stdout=log,
+                                     stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise ServeError(f"the server exited with status {self.proc.returncode} before it was healthy "
+                                 f"(log: {self.log_path})")
+            try:
+                _http(f"{base_url}/health", timeout=5)
+                return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise ServeError(f"the server was not healthy within {timeout:.0f} s (log: {self.log_path})")
+            time.sleep(1.0)
+
+    def stop(self, grace: float = 30.0) -> None:
+        """SIGTERM to the server (it shuts its engine core down), then SIGKILL to it and every process
+        it started that is still there."""
+        p = self.proc
+        if p is None:
+            return
+        family = descendants(p.pid)
+        try:
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=grace)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            pass
+        for pid in [p.pid, *family, *descendants(p.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        self.proc = None
+
+    def rss_mb(self) -> float | None:
+        """Resident memory of the server and every process it started, in MiB (None once stopped)."""
+        if self.proc is None:
+            return None
+        total = 0
+        for pid in (self.proc.pid, *descendants(self.proc.pid)):
+            try:
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+            except (OSError, ValueError):
+                continue
+        return total / 1024.0
+
+    def sample_memory(self, stop, every: float = 0.5) -> list[list[float]]:
+        """``[[seconds, MiB], ...]`` until ``stop`` (a threading.Event) is set; runs in a thread."""
+        rows, t0 = [], time.monotonic()
+        while not stop.is_set():
+            mb = self.rss_mb()
+            if mb is not None:
+                rows.append([round(time.monotonic() - t0, 2), round(mb, 1)])
+            stop.wait(every)
+        return rows
+
+    def log_tail(self, chars: int = 6000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux ``/proc``), children first."""
+    out, todo = [], [pid]
+    while todo:
+        cur = todo.pop()
+        for task in Path(f"/proc/{cur}/task").glob("*/children") if Path(f"/proc/{cur}/task").is_dir() else []:
+            try:
+                kids = [int(x) for x in task.read_text().split()]
+            except (OSError, ValueError):
+                continue
+            out.extend(kids)
+            todo.extend(kids)
+    return out
+
+
+def server_env(cfg: legmod.LegConfig, report_dir: Path, on_cuda: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(cfg.knobs.to_env(report_dir=str(report_dir)))
+    env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+    env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    # the plugin's trace is flushed through the dev RPC route; the server listens on loopback only
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    if not on_cuda:
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        env.setdefault("OMP_NUM_THREADS", str(cfg.cpu_threads))
+    return env
+
+
+# --------------------------------------------------------------------------- the leg
+def _pct(values: list[float], scale: float = 1000.0) -> dict[str, float] | None:
+    import numpy as np
+
+    if not values:
+        return None
+    a = np.asarray(values, dtype=float) * scale
+    out = {"mean": float(a.mean()), "median": float(np.median(a))}
+    out.update({f"p{p}": float(np.percentile(a, p)) for p in PERCENTILES})
+    return out
+
+
+def _latencies(path: Path, leg_name: str, n: int) -> list[float]:
+    """Each request's latency as the client measured it (the last call per id: the client's warm-up
+    request repeats the first id)."""
+    by_id: dict[str, float] = {}
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        row = json.loads(line)
+        by_id[str(row["request_id"])] = float(row["latency"])
+    missing = [i for i in range(n) if f"{leg_name}-{i}" not in by_id]
+    if missing:
+        raise ServeError(f"{path}: no latency for request(s) {missing[:5]}")
+    return [by_id[f"{leg_name}-{i}"] for i in range(n)]
+
+
+def _records(cfg: legmod.LegConfig, prompts: list, bench: dict, trace: dict[str, list], knobs: dict,
+             latencies: list[float]) -> list[dict]:
+    n = len(prompts)
+    cols = {k: bench.get(k) for k in ("ttfts", "itls", "output_lens", "generated_texts", "errors")}
+    for k, v in cols.items():
+        if not isinstance(v, list) or len(v) != n:
+            raise ServeError(f"{BENCH_JSON}: '{k}' should list {n} requests, got {type(v).__name__}"
+                             f"{'' if not isinstance(v, list) else ' of ' + str(len(v))}")
+    by_index: dict[int, list] = {}
+    for rid, steps in trace.items():
+        m = re.search(rf"{re.escape(cfg.leg or 'leg')}-(\d+)", rid)
+        if m:
+            by_index.setdefault(int(m.group(1)), []).extend(steps)
+    tier = "vanilla" if cfg.draft is None else ("relaxed" if cfg.knobs.relax_logtau else "strict")
+    rows = []
+    for i, p in enumerate(prompts):
+        ttft, itl, out_len = cols["ttfts"][i], cols["itls"][i] or [], int(cols["output_lens"][i] or 0)
+        e2el = latencies[i]
+        rec = {"kind": "serve", "pid": p.pid, "request_index": i, "request_id": f"{cfg.leg}-{i}",
+               "experiment": cfg.experiment, "leg": cfg.leg, "run_id": cfg.run_id,
+               "mode": cfg.mode, "tier": tier, "concurrency": cfg.max_num_seqs, "gamma": cfg.knobs.gamma,
+               "n_images": p.n_images, "ttft_s": ttft, "itl_s": itl,
+               # vLLM's client's definition: (latency - TTFT) / (output tokens - 1)
+               "tpot_s": ((e2el - ttft) / (out_len - 1)) if out_len > 1 else None, "e2el_s": e2el,
+               "output_tokens": out_len, "generated_text": cols["generated_texts"][i],
+               "error": cols["errors"][i] or "", "knobs": knobs, "spec": None}
+        if cfg.draft is not None and cfg.knobs.trace:
+            steps = legmod.committed_steps(by_index.get(i, []), out_len)
+            rec["spec"] = legmod.per_prompt_spec(steps, cfg.knobs.gamma)
+        rows.append(rec)
+    return rows
+
+
+def run_serving_leg(cfg: legmod.LegConfig) -> dict:
+    out = Path(cfg.out)
+    if leg_status(out) == "complete" and not cfg.force:
+        raise legmod.LegError(f"{out} already holds a finished leg ({SUMMARY}); use --force to redo it")
+    prompts, _images, lengths = legmod.preflight(cfg)
+    if out.is_dir() and any((out / f).exists() for f in (RECORDS, SUMMARY, FAILURE)):
+        print(f"[serve] earlier result moved to {archive_leg(out)}", file=sys.stderr, flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / LEG_JSON, dict(cfg.to_file_dict(out), force=False))
+    on_cuda = legmod._cuda_present()
+    dataset = out / REQUESTS
+    bench_dataset(prompts, dataset)
+    report_dir = Path(tempfile.mkdtemp(prefix="engine-", dir=out))
+    port = _free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    server = Server(server_command(cfg, port, on_cuda), server_env(cfg, report_dir, on_cuda), out / SERVER_LOG)
+
+    def _on_signal(signum, _frame):
+        server.stop(grace=5.0)
+        raise SystemExit(128 + signum)
+
+    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        t0 = time.perf_counter()
+        server.start(base_url)
+        # which processes are this leg's server (a test, or a user, can check none outlives the leg)
+        write_json_atomic(out / SERVER_JSON, {"pid": server.proc.pid if server.proc else None, "port": port,
+                                              "base_url": base_url})
+        start_s = time.perf_counter() - t0
+        before = parse_metrics(_http(f"{base_url}/metrics"))
+        (out / BENCH_JSON).unlink(missing_ok=True)
+        timing = out / TIMINGS
+        timing.unlink(missing_ok=True)
+        import threading
+
+        stop_sampling, memory = threading.Event(), []
+        sampler = threading.Thread(target=lambda: memory.extend(server.sample_memory(stop_sampling)),
+                                   name="serve-memory", daemon=True)
+        sampler.start()
+        client = subprocess.run([sys.executable, "-m", "workbench.serve_leg", "--bench",
+                                 *client_args(cfg, base_url, dataset, out, len(prompts), cfg.leg or "leg")],
+                                capture_output=True, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", "WORKBENCH_SERVE_TIMING": str(timing)})
+        stop_sampling.set()
+        sampler.join(timeout=10)
+        (out / "client.log").write_text(client.stdout[-200000:] + "\n--- stderr\n" + client.stderr[-200000:])
+        if client.returncode != 0 or not (out / BENCH_JSON).is_file():
+            raise ServeError(f"vllm bench serve failed (status {client.returncode}; log: {out / 'client.log'}): "
+                             + (client.stderr.strip().splitlines() or ["no output"])[-1])
+        traced = 0
+        if cfg.knobs.trace and cfg.draft is not None:
+            res = json.loads(_http(f"{base_url}/collective_rpc", json.dumps(
+                {"method": "twin_spec_flush_trace"}).encode(), timeout=120))
+            traced = sum(int(x or 0) for x in res.get("results", []))
+        after = parse_metrics(_http(f"{base_url}/metrics"))
+    except BaseException:
+        server_tail = server.log_tail()
+        server.stop()
+        for s, h in old.items():
+            signal.signal(s, h)
+        raise _WithLog(server_tail) from sys.exc_info()[1]
+    server.stop()
+    for s, h in old.items():
+        signal.signal(s, h)
+
+    bench = json.loads((out / BENCH_JSON).read_text())
+    report = legmod.read_engine_reports(report_dir)
+    trace = legmod.TraceTail(report_dir).read_new() if cfg.knobs.trace else {}
+    knobs = cfg.knobs.as_dict()
+    rows = _records(cfg, prompts, bench, trace, knobs, _latencies(out / TIMINGS, cfg.leg or "leg", len(prompts)))
+    failed = [r["pid"] for r in rows if r["error"]]
+    if failed:
+        raise ServeError(f"{len(failed)} of {len(rows)} requests failed ({', '.join(failed[:5])}): "
+                         f"{rows[[r['pid'] for r in rows].index(failed[0])]['error'][:300]}")
+    counters = _counter_delta(after, before) if cfg.draft is not None else None
+    ok = [r for r in rows if not r["error"]]
+    summary = {
+        "runner": "serve", "experiment": cfg.experiment, "leg": cfg.leg, "run_id": cfg.run_id, "mode": cfg.mode,
+        "tier": rows[0]["tier"] if rows else None, "concurrency": cfg.max_num_seqs, "gamma": cfg.knobs.gamma,
+        "n_requests": len(rows), "completed": len(ok), "duration_s": bench.get("duration"),
+        "output_throughput": bench.get("output_throughput"), "request_throughput": bench.get("request_throughput"),
+        "total_output_tokens": sum(r["output_tokens"] for r in ok),
+        "percentiles": {"ttft_ms": _pct([r["ttft_s"] for r in ok]),
+                        "tpot_ms": _pct([r["tpot_s"] for r in ok if r["tpot_s"] is not None]),
+                        "itl_ms": _pct([x for r in ok for x in r["itl_s"]]),
+                        "e2el_ms": _pct([r["e2el_s"] for r in ok])},
+        "spec": counters, "trace_steps_flushed": traced,
+        "client": {k: v for k, v in bench.items() if k not in ("ttfts", "itls", "generated_texts", "errors",
+                                                                "output_lens", "input_lens", "start_times")},
+        "server": {"command": server.cmd[1:], "start_s": start_s, "log": SERVER_LOG,
+                   # the server's resident memory (its whole process tree) while the client ran
+                   "rss_mb": memory},
+        "engine_report": report, "knobs": knobs, "prompt_lengths": lengths,
+        "versions": __import__("workbench.engine", fromlist=["versions"]).versions(),
+    }
+    legmod.append_jsonl(out / (RECORDS + ".partial"), rows)
+    os.replace(out / (RECORDS + ".partial"), out / RECORDS)
+    write_summary(out, summary)
+    return summary
+
+
+class _WithLog(Exception):
+    """Carries the server log's tail to the failure record."""
+
+    def __init__(self, tail: str):
+        super().__init__(tail)
+        self.tail = tail
+
+
+# --------------------------------------------------------------------------- entry points
+def _bench(argv: list[str]) -> int:
+    """vLLM's benchmark client, as ``vllm bench serve`` runs it (its parser, its ``main``)."""
+    from vllm.benchmarks.serve import add_cli_args, main as bench_main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="vllm bench serve")
+    add_cli_args(parser)
+    args = parser.parse_args(argv)
+    timing = os.environ.get("WORKBENCH_SERVE_TIMING")
+    if timing:
+        _record_request_timings(args.backend, Path(timing))
+    bench_main(args)
+    return 0
+
+
+def _record_request_timings(backend: str, path: Path) -> None:
+    """Keep each request's own end-to-end latency: the client's detailed file lists TTFT and ITLs per
+    request but not the latency its TPOT and E2EL percentiles are computed from. The client's request
+    function is wrapped (vLLM's table of request functions); each call appends one JSON line."""
+    from vllm.benchmarks.lib import endpoint_request_func as erf
+
+    inner = erf.ASYNC_REQUEST_FUNCS[backend]
+
+    async def timed(request_func_input, session, pbar=None):
+        out = await inner(request_func_input, session, pbar)
+        with path.open("a") as f:
+            f.write(json.dumps({"request_id": request_func_input.request_id, "latency": out.latency,
+                                "ttft": out.ttft, "output_tokens": out.output_tokens,
+                                "success": out.success}) + "\n")
+        return out
+
+    erf.ASYNC_REQUEST_FUNCS[backend] = timed
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--bench"]:
+        return _bench(argv[1:])
+    if argv[:1] == ["--dataset"]:
+        # a prompt set as `vllm bench serve --dataset-name custom_image` reads it (for runs by hand)
+        if len(argv) != 3:
+            print("usage: python -m workbench.serve_leg --dataset PROMPTS.jsonl OUT.jsonl", file=sys.stderr)
+            return 2
+        from workbench.prompts import PromptError, load_prompts
+
+        try:
+            prompts = load_prompts(argv[1])
+        except PromptError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        bench_dataset(prompts, Path(argv[2]))
+        print(f"{len(prompts)} requests -> {argv[2]}")
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True, help="the leg's leg.json")
+    args = ap.parse_args(argv)
+    legmod.die_with_parent()
+    cfg = None
+    try:
+        cfg = legmod.load_leg_config(args.config)
+        summary = run_serving_leg(cfg)
+    except legmod.LegError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except BaseException as exc:  # noqa: BLE001 - every failure leaves failure.json
+        cause = exc.__cause__ if isinstance(exc, _WithLog) and exc.__cause__ is not None else exc
+        out = Path(cfg.out) if cfg is not None else None
+        if out is not None:
+            legmod.write_failure(out, cause, cfg)
+            tail = exc.tail if isinstance(exc, _WithLog) else ""
+            if tail:
+                rec = json.loads((out / FAILURE).read_text())
+                rec["server_log_tail"] = tail
+                write_json_atomic(out / FAILURE, rec)
+        print(f"error: serving leg failed: {type(cause).__name__}: {cause}", file=sys.stderr)
+        return 130 if isinstance(cause, KeyboardInterrupt) else (cause.code if isinstance(cause, SystemExit)
+                                                                 and isinstance(cause.code, int) else 1)
+    s = summary
+    print(f"[serve {cfg.leg}] {s['completed']}/{s['n_requests']} requests at concurrency {s['concurrency']}: "
+          f"TPOT median {s['percentiles']['tpot_ms']['median'] if s['percentiles']['tpot_ms'] else float('nan'):.1f} ms, "
+          f"{s['output_throughput']:.1f} tok/s" + (f", acceptance {s['spec']['acceptance_rate']:.3f}"
+                                                   if s['spec'] else ""), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
