@@ -16,8 +16,9 @@ from vllm.config import CUDAGraphMode
 from vllm.v1.spec_decode.utils import PADDING_SLOT_ID
 
 GRAPH_MODES = ("none", "piecewise", "full")
-# FULL decode graphs of the drafter are written but not yet verified on a GPU (tests/test_gpu.py,
-# test_draft_cudagraph_modes_exact): until then ``auto`` stays on vLLM's piecewise drafter graphs.
+# FULL single-token graphs of the drafter are exact on the H200 (tests/test_gpu.py,
+# test_draft_cudagraph_modes_exact; results/cuda-verify/20261201T1200Z-h200-077f25d), but their speed at
+# real shapes is not measured yet: until the cost ladder shows them ahead, ``auto`` stays piecewise.
 FULL_VERIFIED = False
 
 
@@ -35,7 +36,7 @@ def resolve_graph_mode(requested: str, draft_cudagraph: bool, on_cuda: bool,
         return "none", "draft_cudagraph is off"
     if requested == "auto":
         return ("full", "auto: FULL decode graphs") if full_verified else (
-            "piecewise", "auto: vLLM's piecewise drafter graphs (FULL not yet verified on a GPU)")
+            "piecewise", "auto: vLLM's piecewise drafter graphs (FULL not yet measured faster)")
     return requested, "requested"
 
 
