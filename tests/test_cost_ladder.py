@@ -92,7 +92,7 @@ def test_bad_ladder_definitions_are_named(tmp_path, mutate, message):
 
 @pytest.mark.parametrize("argv, message", [
     (["run", "E16", "--profile", "8b-thinking"], "E16 runs under profile(s) 8b-shape, 32b-shape"),
-    (["run", "E1", "--profile", "8b-shape"], "only a cost-ladder experiment runs under it, not E1"),
+    (["run", "E1", "--profile", "8b-shape"], "only the cost ladder and the serving experiment run under it, not E1"),
     (["run", "E16", "--profile", "tiny", "-p", "batches=0"], "batches must be a list of distinct integers >= 1"),
     (["run", "E16", "--profile", "tiny", "-p", "repeats=x"], "repeats takes integers"),
     (["run", "E16", "--profile", "tiny", "-p", "dataset=tiny"], "takes no dataset"),

@@ -194,3 +194,24 @@ def test_bounded_load_strict_twin_at_concurrency_16(tmp_path, tiny_models):
     warm = [mb for t, mb in rss if t >= t_end / 4]
     growth = max(warm) - warm[0]
     assert growth <= max(0.05 * warm[0], 100.0), f"server memory grew {growth:.0f} MiB under load: {rss}"
+
+
+def test_serving_ladder_plans_under_the_shape_profiles_with_random_weights():
+    """The H200 serving ladder (E17 under 32b-shape / 8b-shape): the plan is accepted, bracketed per
+    concurrency, and each leg's server loads random weights (load_format dummy)."""
+    from workbench.knobs import Knobs
+    from workbench.leg import LegConfig
+    from workbench.planning import plan
+    from workbench.serve_leg import server_command
+
+    p = plan("E17", "32b-shape", ["dataset=tiny", "relax_logtau=1e9", "gamma=4"])
+    assert p.config()["load_format"] == "dummy"
+    names = [leg.name for leg in p.legs]
+    assert names[:4] == ["vanilla_1", "strict_c1", "relaxed_c1", "vanilla_2"] and len(names) == 12
+    cfg = LegConfig(target="/m/32b-target", prompts="/p.jsonl", out="/o", max_tokens=8, draft="/m/32b-twin",
+                    knobs=Knobs(gamma=4), load_format="dummy", max_num_seqs=16)
+    cmd = server_command(cfg, 8000, on_cuda=True)
+    assert cmd[cmd.index("--load-format") + 1] == "dummy"
+    assert json.loads(cmd[cmd.index("--speculative-config") + 1]) == {
+        "method": "draft_model", "model": "/m/32b-twin", "num_speculative_tokens": 4}
+    assert "--enforce-eager" not in cmd and cmd[cmd.index("--max-num-seqs") + 1] == "16"

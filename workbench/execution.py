@@ -374,6 +374,7 @@ def leg_config(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path, resume_from:
         # on CPU the leg picks its own small host-memory share for the KV cache
         gpu_memory_utilization=float(gpu_mem) if cfg.get("device") == "gpu" and gpu_mem is not None else None,
         experiment=cfg["experiment"], leg=leg.name, run_id=cfg["run_id"],
+        load_format=cfg.get("load_format") or "auto",
         resume_from=str(resume_from) if resume_from else None)
 
 
@@ -453,7 +454,7 @@ RUNNERS: dict[str, Runner] = {
     "leg": Runner("leg", "workbench.leg", _engine_leg_json, _config_args),
     "score": Runner("score", "workbench.score", lambda *a: None, _score_args, engine_preflight=False),
     # a serving leg: the same leg.json as an engine leg, run behind `vllm serve` (workbench.serve_leg)
-    "serve": Runner("serve", "workbench.serve_leg", _engine_leg_json, _config_args),
+    "serve": Runner("serve", "workbench.serve_leg", _engine_leg_json, _config_args, gpu_profile_needs_cuda=True),
     "ladder": Runner("ladder", "workbench.ladder_engine",
                      lambda leg, cfg, run_dir, folder, earlier: ladder_leg_config(leg, cfg, run_dir),
                      _config_args, finish=_merge_ladder_rows, reads_prompts=False, gpu_profile_needs_cuda=True),

@@ -75,6 +75,8 @@ class LegConfig:
     # KV cache size in bytes on a GPU (vLLM's kv_cache_memory_bytes): skips vLLM's start-up memory
     # profile, which refuses to start while another process on the same GPU frees memory.
     kv_cache_memory_bytes: int | None = None
+    # vLLM's load_format: "dummy" (random weights) under the shape profiles (cost ladder, serving ladder)
+    load_format: str = "auto"
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     limit_images: int = 4
@@ -355,6 +357,8 @@ def engine_args(cfg: LegConfig) -> dict[str, Any]:
         kw["distributed_executor_backend"] = "uni"
     if cfg.max_num_batched_tokens is not None:
         kw["max_num_batched_tokens"] = cfg.max_num_batched_tokens
+    if cfg.load_format != "auto":
+        kw["load_format"] = cfg.load_format
     if cfg.attention_backend:
         kw["attention_backend"] = cfg.attention_backend
     if cfg.kv_cache_memory_bytes is not None and on_cuda:

@@ -180,10 +180,10 @@ def plan(experiment: str | Experiment, profile: str | None = None, overrides: An
     if exp.profiles and not prof.stand_in and prof.name not in exp.profiles:
         raise RegistryError(f"{exp.id} runs under profile(s) {', '.join(exp.profiles)} (or a stand-in such as "
                             f"tiny), not {prof.name!r}")
-    if prof.shapes and exp.runner != "ladder":
+    if prof.shapes and exp.runner not in ("ladder", "serve"):
         raise RegistryError(f"profile {prof.name!r} binds shape-only stand-ins with random weights "
-                            f"(load_format {prof.load_format or 'auto'}): only a cost-ladder experiment runs under it, "
-                            f"not {exp.id}")
+                            f"(load_format {prof.load_format or 'auto'}): only the cost ladder and the serving "
+                            f"experiment run under it, not {exp.id}")
     if smoke is None:
         smoke = prof.default_smoke
     ov = parse_overrides(overrides, exp)

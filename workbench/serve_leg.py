@@ -101,6 +101,8 @@ def server_command(cfg: legmod.LegConfig, port: int, on_cuda: bool) -> list[str]
            *_flag("enable_chunked_prefill", cfg.enable_chunked_prefill)]
     if cfg.max_num_batched_tokens is not None:
         cmd += ["--max-num-batched-tokens", str(cfg.max_num_batched_tokens)]
+    if cfg.load_format != "auto":
+        cmd += ["--load-format", cfg.load_format]
     if cfg.attention_backend:
         cmd += ["--attention-backend", cfg.attention_backend]
     if cfg.kv_cache_memory_bytes is not None and on_cuda:
