@@ -1,7 +1,8 @@
-"""A trained model organism: a synthetic visual-QA corpus (and, later, a tiny Qwen3-VL trained on it).
+"""A trained model organism: a synthetic visual-QA corpus and a small Qwen3-VL trained on it.
 
     python -m workbench.organism.corpus --out data/organism --seed 0 --train 4000 --val 200 --test 200
+    python -m workbench.organism.train --variant instruct [--steps N] [--out DIR]
 
-Only the corpus exists so far (`workbench.organism.corpus`); nothing is imported here, so importing the
-package costs nothing.
+`workbench.organism.corpus` writes the corpus; `workbench.organism.train` trains and caches the organism
+(`ensure_organism`). Nothing is imported here, so importing the package costs nothing.
 """

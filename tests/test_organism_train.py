@@ -1,0 +1,137 @@
+"""The organism's training loop (#21): deterministic, the loss falls, fingerprinted manifest, cached reuse, a
+rebuild on a new seed, a checkpoint transformers loads and generates from. Light: a ~100-item corpus, a
+smaller shape than the organism's, 16 steps; no engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import pytest
+
+from workbench import tiny
+from workbench.organism import corpus as C
+from workbench.organism import train as T
+
+SIZES = {"train": 90, "validation": 8, "test": 2}
+STEPS = 16
+# the tiny target's architecture at test size (one layer each side, head_dim 32 as the organism's)
+SHAPE = tiny.VLShape(text_layers=1, text_hidden=64, text_intermediate=128, text_heads=2, text_kv_heads=1,
+                     vision_depth=1, vision_hidden=32, vision_intermediate=64, vision_heads=1, vision_pos_side=8)
+RECIPE = T.Recipe(batch_size=4, warmup_steps=2, lr=5e-3, eval_every=STEPS, eval_batch=8, shape=SHAPE)
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("organism") / "corpus"
+    C.write_corpus(out, seed=5, sizes=SIZES)
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(corpus_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    folder = T.ensure_organism("instruct", STEPS, root=root, corpus_dir=corpus_dir, recipe=RECIPE)
+    return root, folder, json.loads((folder / T.MANIFEST_NAME).read_text())
+
+
+def test_same_seed_same_weights_and_loss_curve(trained, corpus_dir, tmp_path):
+    _, folder, manifest = trained
+    again = T.build_organism(tmp_path / "instruct", corpus_dir, dataclasses.replace(RECIPE, steps=STEPS))
+    assert again["loss_curve"] == manifest["loss_curve"]
+    assert (tmp_path / "instruct" / "model.safetensors").read_bytes() == (folder / "model.safetensors").read_bytes()
+    assert again["files"] == manifest["files"] and again["recipe"] == manifest["recipe"]
+
+
+def test_the_loss_decreases(trained):
+    curve = trained[2]["loss_curve"]
+    assert len(curve) == STEPS
+    assert sum(curve[-4:]) / 4 < 0.7 * sum(curve[:4]) / 4, curve
+
+
+def test_manifest_fingerprints(trained, corpus_dir):
+    _, folder, m = trained
+    recipe = dataclasses.replace(RECIPE, steps=STEPS).resolved()
+    assert m["recipe"] == T.recipe_fingerprint(recipe)
+    assert m["corpus"] == json.loads((corpus_dir / C.MANIFEST_NAME).read_text())["fingerprint"]
+    assert m["steps"] == STEPS and m["variant"] == "instruct" and m["seed"] == 0
+    assert m["hyperparameters"]["shape"]["text_hidden"] == SHAPE.text_hidden
+    assert 0.0 <= m["val_accuracy"] <= 1.0 and 0.0 <= m["blank_accuracy"] <= 1.0
+    assert m["val_items"] == SIZES["validation"] and m["best_step"] == STEPS and m["steps_per_s"] > 0
+    assert m["files"] == T._files(folder)
+    assert {"model.safetensors", "config.json", "tokenizer.json", "chat_template.jinja",
+            "preprocessor_config.json", "generation_config.json"} <= set(m["files"])
+    # the tokenizer and processor files are the tiny target's own writers' output
+    assert (folder / "chat_template.jinja").read_text() == tiny.CHAT_TEMPLATE
+    # the recipe fingerprint sees the seed, the steps, the hyperparameters and the shape
+    for change in ({"seed": 1}, {"steps": STEPS + 1}, {"lr": 1e-3},
+                   {"shape": dataclasses.replace(SHAPE, text_layers=2)}):
+        assert T.recipe_fingerprint(dataclasses.replace(recipe, **change)) != m["recipe"], change
+
+
+def test_reuse_without_rebuild_and_rebuild_on_a_new_seed(trained, corpus_dir, tmp_path):
+    root, _, manifest = trained
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy)
+    weights = copy / "instruct" / "model.safetensors"
+    before = weights.stat().st_mtime_ns
+    assert T.ensure_organism("instruct", STEPS, root=copy, corpus_dir=corpus_dir, recipe=RECIPE) == copy / "instruct"
+    assert weights.stat().st_mtime_ns == before, "ensure_organism retrained although nothing changed"
+
+    folder = T.ensure_organism("instruct", STEPS, root=copy, corpus_dir=corpus_dir,
+                               recipe=dataclasses.replace(RECIPE, seed=1))
+    m = json.loads((folder / T.MANIFEST_NAME).read_text())
+    assert m["seed"] == 1 and m["recipe"] != manifest["recipe"] and m["corpus"] == manifest["corpus"]
+    assert weights.read_bytes() != (root / "instruct" / "model.safetensors").read_bytes()
+    assert m["loss_curve"] != manifest["loss_curve"]
+
+
+def test_the_checkpoint_loads_with_transformers_and_generates(trained, corpus_dir):
+    import torch
+    from transformers import AutoProcessor, Qwen3VLForConditionalGeneration
+
+    from workbench.chat import load_images, render_prompt
+    from workbench.prompts import load_prompts
+
+    _, folder, _ = trained
+    model = Qwen3VLForConditionalGeneration.from_pretrained(folder).eval()
+    assert model.config.architectures == ["Qwen3VLForConditionalGeneration"]
+    assert model.config.text_config.hidden_size == SHAPE.text_hidden
+    assert list(model.config.vision_config.deepstack_visual_indexes) == list(SHAPE.deepstack)
+    processor = AutoProcessor.from_pretrained(folder)
+    prompt = load_prompts(corpus_dir / "validation" / C.PROMPTS_NAME)[0]
+    enc = processor(text=[render_prompt(processor.tokenizer, prompt)], images=load_images(prompt),
+                    return_tensors="pt")
+    assert int((enc["input_ids"] == model.config.image_token_id).sum()) == 16  # 128x128 -> 4x4 merged tokens
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=4, do_sample=False)
+    assert out.shape[1] > enc["input_ids"].shape[1]
+
+
+def test_the_organism_config_is_tinys_architecture_at_other_sizes():
+    cfg = T.organism_config()
+    ref = T.organism_config(tiny.TARGET_SHAPE)
+    assert cfg.architectures == ref.architectures == ["Qwen3VLForConditionalGeneration"]
+    assert cfg.image_token_id == ref.image_token_id and cfg.text_config.vocab_size == tiny.MODEL_VOCAB_SIZE
+    assert cfg.text_config.rope_parameters["mrope_interleaved"] is True
+    assert cfg.text_config.hidden_size == T.ORGANISM_SHAPE.text_hidden
+    assert cfg.vision_config.depth == T.ORGANISM_SHAPE.vision_depth
+    assert cfg.text_config.head_dim == 32
+    assert 1_000_000 < T.parameter_count() < 3_000_000
+
+
+@pytest.mark.parametrize("variant", T.VARIANTS)
+def test_the_loss_sees_only_the_target_completion(corpus_dir, trained, variant):
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(trained[1])
+    examples = T._examples(corpus_dir / "train" / C.PROMPTS_NAME, processor.tokenizer, variant, limit=3)
+    collate = T.Collator(processor)
+    batch = collate(examples)
+    collate.check(examples, batch)  # raises unless the labelled tokens spell target + <|im_end|>
+    tok = processor.tokenizer
+    n_target = sum(len(tok(ex.target + "<|im_end|>", add_special_tokens=False)["input_ids"]) for ex in examples)
+    assert int((batch["labels"] != -100).sum()) == n_target
+    # the image tokens and the prompt are never labelled
+    assert not ((batch["labels"] != -100) & (batch["input_ids"] == processor.image_token_id)).any()

@@ -1,0 +1,500 @@
+"""The model organism: a small Qwen3-VL trained on the organism corpus until it looks at its images.
+
+The architecture is the tiny target's (transformers' ``Qwen3VLForConditionalGeneration``: vision tower,
+deepstack, interleaved M-RoPE), its config, tokenizer, processor files and seeded init come from
+`workbench.tiny` unchanged; only the sizes (``ORGANISM_SHAPE``) differ. Training is plain torch: AdamW,
+one fixed seed, a fixed thread count, deterministic algorithms, loss only on the target completion (the
+tokens after the chat template's ``<|im_start|>assistant\\n``, through ``<|im_end|>``). Every
+``eval_every`` steps the validation split is answered by greedy generation and scored with
+`workbench.organism.corpus.score_output`; the best checkpoint is kept. The same validation prompts are
+then answered with every picture replaced by a blank one of the same size: a model that looks scores near
+chance there.
+
+Cached like the tiny models: ``<root>/<variant>/`` (root ``models/organism`` beside ``models/tiny``) holds
+the ``save_pretrained`` checkpoint (safetensors), the tokenizer/processor files and ``manifest.json`` with
+the corpus fingerprint, the recipe fingerprint (this file, the tiny builder's recipe, the hyperparameters
+and the seed), the steps, the accuracies and the loss curve. `ensure_organism` rebuilds only when a
+fingerprint or a file differs.
+
+    python -m workbench.organism.train --variant instruct [--steps N] [--out DIR] [--force]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workbench import tiny
+from workbench.organism import corpus as C
+
+BUILDER_VERSION = "1"
+VARIANTS = C.STYLES  # ("thinking", "instruct")
+DEFAULT_ROOT = tiny.DEFAULT_ROOT.parent / "organism"
+MANIFEST_NAME = "manifest.json"
+CORPUS_DIRNAME = "corpus"
+
+# The organism: the tiny target's architecture, somewhat wider and one layer deeper, so that it can learn to
+# read shapes, colours, counts, bars and words off 128x128 pictures (8x8 patches of 16 px, 16 image tokens).
+# head_dim stays 32 (vLLM's CPU attention backend accepts it); vision_pos_side 8 is the pictures' patch grid.
+ORGANISM_SHAPE = tiny.VLShape(
+    text_layers=3, text_hidden=128, text_intermediate=384, text_heads=4, text_kv_heads=2, head_dim=32,
+    vision_depth=2, vision_hidden=96, vision_intermediate=192, vision_heads=2, vision_pos_side=8, deepstack=(0,),
+)
+
+# A full training on 2 CPU cores in <= 15 minutes, planned from short runs of this shape at batch 16 on a
+# loaded 2-core host (instruct ~0.33 steps/s, 156-token rows; thinking ~0.25 steps/s, ~300-token rows; greedy
+# validation: instruct ~0.14 s an item, thinking ~1.4 s an item, so thinking evaluates a validation subset):
+#   instruct: 250 steps ~ 750 s + 3 evaluations of 200 items (2 on the way, 1 blank) ~ 80 s
+#   thinking: 150 steps ~ 600 s + 3 evaluations of 64 items ~ 270 s
+PLANNED_STEPS = {"instruct": 250, "thinking": 150}
+EVAL_EVERY = {"instruct": 125, "thinking": 75}
+VAL_ITEMS = {"instruct": 0, "thinking": 64}  # 0: the whole validation split
+MAX_NEW_TOKENS = {"instruct": 16, "thinking": 224}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything besides the code and the corpus that decides the trained weights."""
+
+    variant: str = "instruct"
+    seed: int = 0
+    steps: int = 0  # 0: PLANNED_STEPS[variant]
+    batch_size: int = 16
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 20
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.98)
+    grad_clip: float = 1.0
+    eval_every: int = 0  # 0: EVAL_EVERY[variant]; an evaluation also follows the last step
+    eval_batch: int = 32
+    max_new_tokens: int = 0  # 0: MAX_NEW_TOKENS[variant]
+    val_items: int = -1  # -1: VAL_ITEMS[variant]; 0: the whole validation split
+    threads: int = 2
+    init_seed: int = 0  # 0: derived from seed
+    shape: tiny.VLShape = field(default_factory=lambda: ORGANISM_SHAPE)
+    # the corpus ensure_organism writes when none is given
+    corpus_seed: int = 0
+    corpus_sizes: tuple[tuple[str, int], ...] = tuple(C.DEFAULT_SIZES.items())
+
+    def resolved(self) -> "Recipe":
+        if self.variant not in VARIANTS:
+            raise ValueError(f"unknown variant {self.variant!r}; expected one of {list(VARIANTS)}")
+        return dataclasses.replace(
+            self,
+            steps=self.steps or PLANNED_STEPS[self.variant],
+            max_new_tokens=self.max_new_tokens or MAX_NEW_TOKENS[self.variant],
+            eval_every=self.eval_every or EVAL_EVERY[self.variant],
+            val_items=VAL_ITEMS[self.variant] if self.val_items < 0 else self.val_items,
+            init_seed=self.init_seed or 1000 + self.seed,
+        )
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["shape"]["deepstack"] = list(d["shape"]["deepstack"])
+        d["betas"] = list(d["betas"])
+        d["corpus_sizes"] = dict(d["corpus_sizes"])
+        return d
+
+
+def recipe_fingerprint(recipe: Recipe) -> str:
+    """sha256 over this file, the tiny builder's recipe (its source and library releases) and the recipe."""
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    h.update(tiny.recipe_fingerprint().encode())
+    h.update(f"builder={BUILDER_VERSION}\0".encode())
+    h.update(json.dumps(recipe.resolved().as_dict(), sort_keys=True).encode())
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- model and processor
+
+def organism_config(shape: tiny.VLShape = ORGANISM_SHAPE):
+    """The organism's Qwen3VLConfig: tiny's config builder with the organism's sizes, tiny's token ids."""
+    return tiny._vl_config(shape, tiny._token_ids(tiny._build_tokenizer()))
+
+
+def parameter_count(shape: tiny.VLShape = ORGANISM_SHAPE) -> int:
+    import torch
+    from transformers import Qwen3VLForConditionalGeneration
+
+    with torch.device("meta"):
+        model = Qwen3VLForConditionalGeneration(organism_config(shape))
+    return sum(p.numel() for p in model.parameters())
+
+
+def _write_common(out: Path) -> dict[str, int]:
+    """Tokenizer, chat template, processors and generation config: the tiny target's files, byte for byte."""
+    tok = tiny._build_tokenizer()
+    ids = tiny._token_ids(tok)
+    tiny._write_tokenizer(tok, out)
+    tiny._write_processors(out)
+    tiny._write_json(out / "generation_config.json", tiny._generation_config(ids))
+    return ids
+
+
+def _new_model(recipe: Recipe, ids: dict[str, int]):
+    from transformers import Qwen3VLForConditionalGeneration
+
+    model = Qwen3VLForConditionalGeneration(tiny._vl_config(recipe.shape, ids))
+    tiny._init_weights(model, recipe.init_seed, tiny.BPE_VOCAB_SIZE)
+    return model
+
+
+# --------------------------------------------------------------------------- data
+
+@dataclass
+class Example:
+    prompt: object  # workbench.prompts.Prompt
+    text: str       # chat-templated prompt (one image placeholder) + target + <|im_end|>
+    target: str
+
+
+def _examples(prompts_path: Path, tokenizer, variant: str, limit: int = 0) -> list[Example]:
+    from workbench.chat import render_prompt
+    from workbench.prompts import load_prompts
+
+    prompts = load_prompts(prompts_path)
+    if limit:
+        prompts = prompts[:limit]
+    out = []
+    for p in prompts:
+        target = p.meta[f"target_{variant}"]
+        out.append(Example(p, render_prompt(tokenizer, p) + target + "<|im_end|>", target))
+    return out
+
+
+def _images(examples: list[Example], blank: bool = False) -> list:
+    from PIL import Image
+
+    from workbench.chat import load_images
+
+    images = [im for ex in examples for im in load_images(ex.prompt)]
+    if blank:
+        images = [Image.new("RGB", im.size, (255, 255, 255)) for im in images]
+    return images
+
+
+class Collator:
+    """Training batches through the HF processor; labels only on the completion after ``assistant\\n``."""
+
+    def __init__(self, processor):
+        self.processor = processor
+        tok = processor.tokenizer
+        self.im_start = tok.convert_tokens_to_ids("<|im_start|>")
+        self.head = len(tok("assistant\n", add_special_tokens=False)["input_ids"])
+        self.pad = tok.pad_token_id
+
+    def __call__(self, examples: list[Example]) -> dict:
+        tok = self.processor.tokenizer
+        tok.padding_side = "right"
+        enc = self.processor(text=[ex.text for ex in examples], images=_images(examples), padding=True,
+                             return_tensors="pt")
+        ids = enc["input_ids"]
+        labels = ids.clone()
+        for i in range(ids.shape[0]):
+            starts = (ids[i] == self.im_start).nonzero().flatten()
+            begin = int(starts[-1]) + 1 + self.head
+            labels[i, :begin] = -100
+        labels[enc["attention_mask"] == 0] = -100
+        enc["labels"] = labels
+        return enc
+
+    def check(self, examples: list[Example], batch: dict) -> None:
+        """The labelled tokens spell exactly the target and ``<|im_end|>``."""
+        tok = self.processor.tokenizer
+        for ex, row in zip(examples, batch["labels"]):
+            got = tok.decode([int(t) for t in row if t != -100], skip_special_tokens=False)
+            if got != ex.target + "<|im_end|>":
+                raise RuntimeError(f"organism: label span {got!r} is not the target {ex.target!r}")
+
+
+# --------------------------------------------------------------------------- evaluation
+
+def evaluate(model, processor, examples: list[Example], variant: str, max_new_tokens: int, batch: int = 32,
+             blank: bool = False) -> dict:
+    """Greedy answers to the examples' prompts, scored by `corpus.score_output`: accuracy and outputs."""
+    import torch
+
+    from workbench.chat import render_prompt
+
+    tok = processor.tokenizer
+    eos = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
+    outputs: list[str] = []
+    scores: list[float] = []
+    was_training = model.training
+    model.eval()
+    try:
+        for i in range(0, len(examples), batch):
+            chunk = examples[i:i + batch]
+            tok.padding_side = "left"
+            enc = processor(text=[render_prompt(tok, ex.prompt) for ex in chunk], images=_images(chunk, blank),
+                            padding=True, return_tensors="pt")
+            with torch.no_grad():
+                gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
+                                     pad_token_id=tok.pad_token_id)
+            for ex, row in zip(chunk, gen[:, enc["input_ids"].shape[1]:]):
+                text = tok.decode(row, skip_special_tokens=True)
+                outputs.append(text)
+                scores.append(C.score_output(text, ex.prompt.meta, style=variant)["score"])
+    finally:
+        tok.padding_side = "right"
+        model.train(was_training)
+    return {"accuracy": sum(scores) / max(1, len(scores)), "n": len(scores), "outputs": outputs}
+
+
+# --------------------------------------------------------------------------- training
+
+@contextlib.contextmanager
+def _deterministic(threads: int):
+    import torch
+
+    old_threads, old_det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(old_det)
+        torch.set_num_threads(old_threads)
+
+
+def _lr_at(step: int, recipe: Recipe) -> float:
+    """Linear warmup, then cosine down to ``min_lr_ratio`` of the peak."""
+    if step < recipe.warmup_steps:
+        return recipe.lr * (step + 1) / recipe.warmup_steps
+    span = max(1, recipe.steps - recipe.warmup_steps)
+    t = min(1.0, (step - recipe.warmup_steps) / span)
+    return recipe.lr * (recipe.min_lr_ratio + (1 - recipe.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def train(corpus_dir: Path, out: Path, recipe: Recipe, log=None) -> dict:
+    """Train into ``out`` (a fresh folder): checkpoint, tokenizer/processor files; returns the run's record."""
+    import torch
+    from transformers import AutoProcessor
+
+    recipe = recipe.resolved()
+    log = log or (lambda msg: None)
+    corpus_dir, out = Path(corpus_dir), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ids = _write_common(out)
+    processor = AutoProcessor.from_pretrained(out)
+    tok = processor.tokenizer
+    train_set = _examples(corpus_dir / "train" / C.PROMPTS_NAME, tok, recipe.variant)
+    val_set = _examples(corpus_dir / "validation" / C.PROMPTS_NAME, tok, recipe.variant, recipe.val_items)
+    if not train_set or not val_set:
+        raise ValueError(f"organism: {corpus_dir} has an empty train or validation split")
+    collate = Collator(processor)
+
+    with _deterministic(recipe.threads):
+        torch.manual_seed(recipe.seed)
+        model = _new_model(recipe, ids).train()
+        decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
+        no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
+                                 {"params": no_decay, "weight_decay": 0.0}],
+                                lr=recipe.lr, betas=recipe.betas, eps=1e-8)
+        order_gen = torch.Generator().manual_seed(recipe.seed)
+        order: list[int] = []
+        losses: list[float] = []
+        evals: list[dict] = []
+        best = {"accuracy": -1.0, "step": 0, "state": None}
+        train_seconds = 0.0
+        for step in range(recipe.steps):
+            t0 = time.perf_counter()
+            if len(order) < recipe.batch_size:
+                order += torch.randperm(len(train_set), generator=order_gen).tolist()
+            idx, order = order[:recipe.batch_size], order[recipe.batch_size:]
+            examples = [train_set[i] for i in idx]
+            batch = collate(examples)
+            if step == 0:
+                collate.check(examples, batch)
+            for g in opt.param_groups:
+                g["lr"] = _lr_at(step, recipe)
+            loss = model(**batch).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+            opt.step()
+            losses.append(float(loss.detach()))
+            train_seconds += time.perf_counter() - t0
+            done = step + 1
+            if done % 10 == 0 or done == recipe.steps:
+                log(f"step {done}/{recipe.steps} loss {losses[-1]:.4f} {done / train_seconds:.3f} steps/s")
+            if done % recipe.eval_every == 0 or done == recipe.steps:
+                t1 = time.perf_counter()
+                res = evaluate(model, processor, val_set, recipe.variant, recipe.max_new_tokens, recipe.eval_batch)
+                evals.append({"step": done, "accuracy": res["accuracy"], "seconds": time.perf_counter() - t1})
+                log(f"eval step {done}: validation accuracy {res['accuracy']:.3f}")
+                if res["accuracy"] > best["accuracy"]:
+                    best = {"accuracy": res["accuracy"], "step": done,
+                            "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+        model.load_state_dict(best["state"])
+        model.eval()
+        t1 = time.perf_counter()
+        blank = evaluate(model, processor, val_set, recipe.variant, recipe.max_new_tokens, recipe.eval_batch,
+                         blank=True)
+        eval_seconds = sum(e["seconds"] for e in evals) + time.perf_counter() - t1
+    model.save_pretrained(out, safe_serialization=True)
+    tiny._normalise_config(out / "config.json")
+    return {
+        "steps": recipe.steps,
+        "best_step": best["step"],
+        "val_accuracy": best["accuracy"],
+        "blank_accuracy": blank["accuracy"],
+        "val_items": len(val_set),
+        "evals": evals,
+        "loss_curve": losses,
+        "train_seconds": train_seconds,
+        "eval_seconds": eval_seconds,
+        "steps_per_s": recipe.steps / train_seconds if train_seconds else None,
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+
+
+# --------------------------------------------------------------------------- cache
+
+def _files(folder: Path) -> dict[str, str]:
+    return {p.relative_to(folder).as_posix(): tiny.sha256_file(p) for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != MANIFEST_NAME}
+
+
+def _corpus_fingerprint(corpus_dir: Path) -> str | None:
+    """The corpus manifest's fingerprint if every split folder still matches it, else None."""
+    try:
+        man = json.loads((Path(corpus_dir) / C.MANIFEST_NAME).read_text())
+        for split in C.SPLITS:
+            if C.folder_fingerprint(Path(corpus_dir) / split) != man["splits"][split]:
+                return None
+        return man["fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _ensure_corpus(corpus_dir: Path, recipe: Recipe) -> str:
+    sizes = dict(recipe.corpus_sizes)
+    try:
+        man = json.loads((corpus_dir / C.MANIFEST_NAME).read_text())
+        wanted = (man.get("seed") == recipe.corpus_seed and man.get("sizes") == sizes
+                  and man.get("generator_version") == C.GENERATOR_VERSION)
+    except (OSError, ValueError):
+        wanted = False
+    fp = _corpus_fingerprint(corpus_dir) if wanted else None
+    if fp is None:
+        fp = C.write_corpus(corpus_dir, seed=recipe.corpus_seed, sizes=sizes)["fingerprint"]
+    return fp
+
+
+def _manifest_ok(folder: Path, recipe_fp: str, corpus_fp: str) -> bool:
+    try:
+        man = json.loads((folder / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return False
+    if man.get("recipe") != recipe_fp or man.get("corpus") != corpus_fp or man.get("builder_version") != BUILDER_VERSION:
+        return False
+    try:
+        return man.get("files") == _files(folder)
+    except OSError:
+        return False
+
+
+def build_organism(folder: Path, corpus_dir: Path, recipe: Recipe, corpus_fp: str | None = None, log=None) -> dict:
+    """Train from scratch into ``folder`` (built beside it and swapped in at the end); returns the manifest."""
+    recipe = recipe.resolved()
+    folder = Path(folder).resolve()
+    corpus_fp = corpus_fp or _corpus_fingerprint(corpus_dir)
+    if corpus_fp is None:
+        raise ValueError(f"organism: {corpus_dir} holds no intact organism corpus")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.build-", dir=folder.parent))
+    try:
+        record = train(corpus_dir, staging, recipe, log=log)
+        manifest = {
+            "builder_version": BUILDER_VERSION,
+            "variant": recipe.variant,
+            "recipe": recipe_fingerprint(recipe),
+            "hyperparameters": recipe.as_dict(),
+            "seed": recipe.seed,
+            "corpus": corpus_fp,
+            "corpus_dir": str(Path(corpus_dir).resolve()),
+            **record,
+            "files": _files(staging),
+        }
+        tiny._write_json(staging / MANIFEST_NAME, manifest)
+        staging.chmod(0o755)
+        if folder.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old-", dir=folder.parent))
+            os.replace(folder, old / "x")
+            shutil.rmtree(old)
+        os.replace(staging, folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return manifest
+
+
+def ensure_organism(variant: str = "instruct", steps: int | None = None, *, root: Path = DEFAULT_ROOT,
+                    corpus_dir: Path | None = None, recipe: Recipe | None = None, force: bool = False,
+                    log=None) -> Path:
+    """The organism's checkpoint folder ``<root>/<variant>``, trained first if missing, stale or ``force``.
+
+    ``corpus_dir`` defaults to ``<root>/corpus`` (written from the recipe's corpus seed and sizes when absent
+    or different); ``steps`` overrides the recipe's (default ``PLANNED_STEPS[variant]``).
+    """
+    recipe = dataclasses.replace(recipe or Recipe(), variant=variant)
+    if steps is not None:
+        recipe = dataclasses.replace(recipe, steps=int(steps))
+    recipe = recipe.resolved()
+    root = Path(root).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    folder = root / variant
+    with tiny._exclusive_lock(root / f".{variant}.lock"):
+        if corpus_dir is None:
+            corpus_dir = root / CORPUS_DIRNAME
+            corpus_fp = _ensure_corpus(corpus_dir, recipe)
+        else:
+            corpus_fp = _corpus_fingerprint(corpus_dir)
+            if corpus_fp is None:
+                raise ValueError(f"organism: {corpus_dir} holds no intact organism corpus")
+        if force or not _manifest_ok(folder, recipe_fingerprint(recipe), corpus_fp):
+            build_organism(folder, corpus_dir, recipe, corpus_fp, log=log)
+    return folder
+
+
+# --------------------------------------------------------------------------- CLI
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m workbench.organism.train", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--variant", choices=VARIANTS, default="instruct")
+    ap.add_argument("--steps", type=int, default=None, help="training steps (default: the planned full run)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=DEFAULT_ROOT, help="root folder (<out>/<variant>, <out>/corpus)")
+    ap.add_argument("--corpus", type=Path, default=None, help="an existing corpus folder (default <out>/corpus)")
+    ap.add_argument("--force", action="store_true", help="retrain even when the manifest matches")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    folder = ensure_organism(args.variant, args.steps, root=args.out, corpus_dir=args.corpus,
+                             recipe=Recipe(seed=args.seed), force=args.force,
+                             log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    man = json.loads((folder / MANIFEST_NAME).read_text())
+    sps = man.get("steps_per_s")
+    print(f"organism {args.variant}: {folder}")
+    print(f"steps {man['steps']} (best {man['best_step']})  {sps:.3f} steps/s" if sps else f"steps {man['steps']}")
+    print(f"validation accuracy {man['val_accuracy']:.3f}  blank-image accuracy {man['blank_accuracy']:.3f}  "
+          f"({man['val_items']} items)")
+    print(f"ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
