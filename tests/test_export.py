@@ -127,9 +127,11 @@ def test_notebook_and_export_write_one_file_per_table(tmp_path):
                              "per_position_acceptance.csv", "acceptance_over_position.csv",
                              "counterfactual_acceptance.csv", "legs_throughput.csv", "summary.json"])
     figures = sorted(p.stem for p in (rdir / "figures").glob("*.html"))
-    # every figure its records support: not E7's agreement, nor the cost ladder's (E16)
+    # every figure its records support: not E7's agreement, nor the cost ladder's (E16), nor the serving ones (E17)
     assert figures == sorted(set(analyses.ANALYSES) - {"agreement_vs_acceptance", "step_cost_vs_batch",
-                                                       "c_by_graphs", "speedup_curves"})
+                                                       "c_by_graphs", "speedup_curves", "serving_summary",
+                                                       "serving_latency", "serving_throughput",
+                                                       "serving_acceptance"})
     summary = json.loads((rdir / "tables" / "summary.json").read_text())
     assert {r["leg"] for r in summary["speedup"]} == {"strict_g2", "strict_g4", "strict_g6", "relaxed_g6_x0.693"}
     assert summary["not_computed"] == {}
