@@ -360,10 +360,11 @@ def test_leg_config_is_what_the_leg_command_line_would_build(tmp_path):
 
 
 def test_runners_are_one_table_with_one_dispatch_point(tmp_path):
-    """A leg's runner comes from ``execution.RUNNERS`` through ``runner_for``: engine legs, score legs, ladder."""
+    """A leg's runner comes from ``execution.RUNNERS`` through ``runner_for``: engine legs, score legs, ladder,
+    serving legs."""
     from workbench import execution
 
-    assert set(execution.RUNNERS) == {"leg", "score", "ladder"}
+    assert set(execution.RUNNERS) == {"leg", "score", "ladder", "serve"}
     rdir = _prepare(tmp_path, "E5")
     cfg = json.loads((rdir / "run.json").read_text())
     leg = protocol.PlannedLeg.from_dict(cfg["legs"][0])
@@ -372,8 +373,13 @@ def test_runners_are_one_table_with_one_dispatch_point(tmp_path):
     assert execution.runner_for(leg, "ladder") is execution.RUNNERS["ladder"]
     score = protocol.PlannedLeg.from_dict(dict(cfg["legs"][0], kind="score", reference=leg.name))
     assert execution.runner_for(score, "legs") is execution.RUNNERS["score"]
-    with pytest.raises(ProtocolError, match="unknown runner 'serve'"):
-        execution.runner_for(leg, "serve")
+    assert execution.runner_for(leg, "serve") is execution.RUNNERS["serve"]
+    # a serving leg's leg.json is an engine leg's: the same LegConfig
+    assert execution.RUNNERS["serve"].leg_json is execution.RUNNERS["leg"].leg_json
+    assert protocol.leg_command(leg, dict(cfg, runner="serve"), rdir, python="py")[:3] == [
+        "py", "-m", "workbench.serve_leg"]
+    with pytest.raises(ProtocolError, match="unknown runner 'nope'"):
+        execution.runner_for(leg, "nope")
     # the command is the runner's module and arguments; a fake runner command replaces `python -m <module>`
     assert protocol.leg_command(leg, dict(cfg, runner="ladder"), rdir, python="py")[:3] == [
         "py", "-m", "workbench.ladder_engine"]
