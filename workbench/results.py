@@ -101,8 +101,11 @@ def _planned_legs(config: dict[str, Any], run_json: Path) -> list[str]:
     return names
 
 
-def _read_records(path: Path, leg: str, leg_index: int) -> list[dict[str, Any]]:
-    rows = []
+def read_leg_records(path: Path, leg: str, required: tuple[str, ...], what: str = "record") -> list[tuple[int, dict]]:
+    """``(line number, record)`` of a leg's records.jsonl: each line a JSON object with the ``required``
+    fields and the leg's own name (if it names one); a bad line raises a ValueError naming ``path:line``.
+    ``what`` names the kind of record in those messages (a serving leg's: "serving record")."""
+    out = []
     with path.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
@@ -112,22 +115,36 @@ def _read_records(path: Path, leg: str, leg_index: int) -> list[dict[str, Any]]:
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({exc})") from None
             if not isinstance(rec, dict):
-                raise ValueError(f"{path}:{lineno}: a record must be a JSON object")
-            missing = [f for f in REQUIRED_RECORD_FIELDS if f not in rec]
+                raise ValueError(f"{path}:{lineno}: a {what} must be a JSON object")
+            missing = [f for f in required if f not in rec]
             if missing:
-                raise ValueError(f"{path}:{lineno}: record lacks field(s) {missing}")
+                raise ValueError(f"{path}:{lineno}: {what} lacks field(s) {missing}")
             if rec.get("leg") not in (None, leg):
                 raise ValueError(
                     f"{path}:{lineno}: record says leg {rec['leg']!r} but lies in leg folder {leg!r}"
                 )
-            rec["leg"] = leg
-            rec["leg_index"] = leg_index
-            knobs = rec.get("knobs") or {}
-            rec.setdefault("relax_logtau", knobs.get("relax_logtau", 0.0 if rec["mode"] == "spec" else None))
-            for name in RECORD_KNOBS:  # the knob columns as the engine reported them; gamma the record states
-                if name != "gamma":
-                    rec.setdefault(name, knobs.get(name))
-            rows.append(rec)
+            out.append((lineno, rec))
+    return out
+
+
+def leg_order(run_dir: Path, planned: list[str]) -> list[str]:
+    """The run's legs: the planned ones in order, then unplanned folders (a leg added by hand, an older plan)."""
+    legs_root = Path(run_dir) / "legs"
+    on_disk = sorted(p.name for p in legs_root.iterdir() if p.is_dir()) if legs_root.is_dir() else []
+    return planned + [name for name in on_disk if name not in planned]
+
+
+def _read_records(path: Path, leg: str, leg_index: int) -> list[dict[str, Any]]:
+    rows = []
+    for _, rec in read_leg_records(path, leg, REQUIRED_RECORD_FIELDS):
+        rec["leg"] = leg
+        rec["leg_index"] = leg_index
+        knobs = rec.get("knobs") or {}
+        rec.setdefault("relax_logtau", knobs.get("relax_logtau", 0.0 if rec["mode"] == "spec" else None))
+        for name in RECORD_KNOBS:  # the knob columns as the engine reported them; gamma the record states
+            if name != "gamma":
+                rec.setdefault(name, knobs.get(name))
+        rows.append(rec)
     return rows
 
 
@@ -199,11 +216,8 @@ def load_run(run_dir: str | Path, damaged: str = "raise") -> Run:
     env_json = path / ENV_JSON
     env = _read_json(env_json) if env_json.is_file() else {}
 
-    planned = _planned_legs(config, run_json)
+    order = leg_order(path, _planned_legs(config, run_json))
     legs_root = path / "legs"
-    on_disk = sorted(p.name for p in legs_root.iterdir() if p.is_dir()) if legs_root.is_dir() else []
-    # Unplanned folders (a leg added by hand, an older plan) still count, after the plan.
-    order = planned + [name for name in on_disk if name not in planned]
 
     leg_rows, record_rows = [], []
     for index, name in enumerate(order):

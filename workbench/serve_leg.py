@@ -44,9 +44,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from workbench import engine as engines
 from workbench import leg as legmod
 from workbench.runfolder import (FAILURE, LEG_JSON, RECORDS, SUMMARY, archive_leg, leg_status, write_summary,
-                                 write_json_atomic)
+                                 write_json_atomic, write_jsonl_atomic)
 
 __all__ = ["run_serving_leg", "server_command", "client_args", "parse_metrics", "bench_dataset", "main"]
 
@@ -113,8 +114,6 @@ def server_command(cfg: legmod.LegConfig, port: int, on_cuda: bool) -> list[str]
     if (not on_cuda) if cfg.enforce_eager is None else cfg.enforce_eager:
         cmd.append("--enforce-eager")
     if cfg.draft is not None:
-        from workbench import engine as engines
-
         cmd += ["--speculative-config", json.dumps(engines.spec_config(cfg.draft, cfg.knobs.gamma))]
         for name, value in cfg.knobs.engine_args(on_cuda).items():
             cmd += _flag(name, value)
@@ -170,11 +169,8 @@ def parse_metrics(text: str) -> dict[str, Any]:
 
 
 def _counter_delta(after: dict, before: dict) -> dict:
-    d = {k: after[k] - before[k] for k in _COUNTERS.values()}
-    a, b = after["accepted_per_pos"], before["accepted_per_pos"]
-    n = max(len(a), len(b))
-    a, b = a + [0] * (n - len(a)), b + [0] * (n - len(b))
-    d["accepted_per_pos"] = [x - y for x, y in zip(a, b)]
+    """The counters' difference over the leg (the offline leg's rule) and the acceptance rate it gives."""
+    d = legmod._counter_delta(after, before)
     d["acceptance_rate"] = legmod.acceptance_rate(d["num_accepted_tokens"], d["num_draft_tokens"])
     return d
 
@@ -330,7 +326,7 @@ def _records(cfg: legmod.LegConfig, prompts: list, bench: dict, trace: dict[str,
         m = re.search(rf"{re.escape(cfg.leg or 'leg')}-(\d+)", rid)
         if m:
             by_index.setdefault(int(m.group(1)), []).extend(steps)
-    tier = "vanilla" if cfg.draft is None else ("relaxed" if cfg.knobs.relax_logtau else "strict")
+    tier = cfg.knobs.tier
     rows = []
     for i, p in enumerate(prompts):
         ttft, itl, out_len = cols["ttfts"][i], cols["itls"][i] or [], int(cols["output_lens"][i] or 0)
@@ -428,7 +424,7 @@ def run_serving_leg(cfg: legmod.LegConfig) -> dict:
     ok = [r for r in rows if not r["error"]]
     summary = {
         "runner": "serve", "experiment": cfg.experiment, "leg": cfg.leg, "run_id": cfg.run_id, "mode": cfg.mode,
-        "tier": rows[0]["tier"] if rows else None, "concurrency": cfg.max_num_seqs, "gamma": cfg.knobs.gamma,
+        "tier": cfg.knobs.tier, "concurrency": cfg.max_num_seqs, "gamma": cfg.knobs.gamma,
         "n_requests": len(rows), "completed": len(ok), "duration_s": bench.get("duration"),
         "output_throughput": bench.get("output_throughput"), "request_throughput": bench.get("request_throughput"),
         "total_output_tokens": sum(r["output_tokens"] for r in ok),
@@ -443,10 +439,9 @@ def run_serving_leg(cfg: legmod.LegConfig) -> dict:
                    # the server's resident memory (its whole process tree) while the client ran
                    "rss_mb": memory},
         "engine_report": report, "knobs": knobs, "prompt_lengths": lengths,
-        "versions": __import__("workbench.engine", fromlist=["versions"]).versions(),
+        "versions": engines.versions(),
     }
-    legmod.append_jsonl(out / (RECORDS + ".partial"), rows)
-    os.replace(out / (RECORDS + ".partial"), out / RECORDS)
+    write_jsonl_atomic(out / RECORDS, rows)
     write_summary(out, summary)
     return summary
 

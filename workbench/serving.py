@@ -25,7 +25,6 @@ A record that lacks a field raises a ValueError naming the file and line.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from . import metrics
+from .results import leg_order, read_leg_records
 from .runfolder import RECORDS, RUN_JSON, SUMMARY, leg_status, read_json
 
 RUNNER = "serve"
@@ -76,9 +76,7 @@ def _summary(folder: Path) -> dict[str, Any] | None:
 def _leg_order(run_dir: Path) -> list[str]:
     cfg = read_json(run_dir / RUN_JSON)
     planned = [leg["name"] for leg in cfg.get("legs", []) if isinstance(leg, dict) and "name" in leg]
-    root = run_dir / "legs"
-    on_disk = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
-    return planned + [n for n in on_disk if n not in planned]
+    return leg_order(run_dir, planned)
 
 
 def is_serving_leg(folder: str | Path) -> bool:
@@ -89,27 +87,13 @@ def is_serving_leg(folder: str | Path) -> bool:
 
 def _read_records(path: Path, leg: str) -> list[dict[str, Any]]:
     out = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc})") from None
-            if not isinstance(rec, dict):
-                raise ValueError(f"{path}:{lineno}: a serving record must be a JSON object")
-            missing = [f for f in RECORD_FIELDS if f not in rec]
-            if missing:
-                raise ValueError(f"{path}:{lineno}: serving record lacks field(s) {missing}")
-            spec = rec["spec"]   # null: a vanilla leg, or a spec leg run without the trace
-            if spec is not None:
-                lack = list(SPEC_FIELDS) if not isinstance(spec, dict) else [f for f in SPEC_FIELDS if f not in spec]
-                if lack:
-                    raise ValueError(f"{path}:{lineno}: spec record's 'spec' lacks field(s) {lack}")
-            if rec.get("leg") not in (None, leg):
-                raise ValueError(f"{path}:{lineno}: record says leg {rec['leg']!r} but lies in leg folder {leg!r}")
-            out.append(rec)
+    for lineno, rec in read_leg_records(path, leg, RECORD_FIELDS, what="serving record"):
+        spec = rec["spec"]   # null: a vanilla leg, or a spec leg run without the trace
+        if spec is not None:
+            lack = list(SPEC_FIELDS) if not isinstance(spec, dict) else [f for f in SPEC_FIELDS if f not in spec]
+            if lack:
+                raise ValueError(f"{path}:{lineno}: spec record's 'spec' lacks field(s) {lack}")
+        out.append(rec)
     return out
 
 
