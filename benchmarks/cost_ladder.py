@@ -65,7 +65,7 @@ def run_size(size: str, roles: dict[str, str], args, out: Path, cpu: bool) -> No
                           draft=roles["twin"] if kind == "spec" else None, gamma=gamma, batches=args.batches,
                           repeats=args.repeats, tokens=args.tokens, cpu=cpu, dummy=(size != "tiny"),
                           steps_f=steps_f, walls_f=walls_f,
-                          engine_args=_knobs(args, gamma or 1).engine_args(on_cuda=not cpu),
+                          engine_args=_knobs(args, gamma or 1).engine_args(on_cuda=not cpu), eager=not args.no_eager,
                           tag={"draft_cudagraph_mode": args.draft_cudagraph_mode,
                                "draft_linear_kernel": args.draft_linear_kernel,
                                "async_scheduling": args.async_scheduling})
@@ -150,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="only recompute a ladder folder's tables and figures from its rows")
     ap.add_argument("--static", default="", metavar="FORMATS",
                     help="with the figures also static files, e.g. svg or png,svg (needs Chromium)")
+    ap.add_argument("--no-eager", action="store_true",
+                    help="spec engines skip the eager-drafter cells (graphs-on cells only: piecewise, and "
+                         "with --draft-cudagraph-mode full also full)")
     ap.add_argument("--only", help=argparse.SUPPRESS)  # one engine ("vanilla" or a gamma) in this process
     from vllm_patch.knobs import SWITCHES
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 import subprocess
 import sys
 
@@ -44,7 +45,7 @@ def test_registry_declares_the_cost_experiment_and_its_profiles():
     e = reg.experiment("E16")
     assert e.runner == "ladder" and e.title == "GPU cost ladder"
     assert e.profiles == ["8b-shape", "32b-shape"] and e.sweep == {"gamma": [2, 4, 6]}
-    assert e.ladder == {"batches": [1, 4, 16], "repeats": 3, "prompt_len": 128}
+    assert e.ladder == {"batches": [1, 4, 16], "repeats": 3, "prompt_len": 128, "eager": True}
     assert set(e.analyses) == {"step_cost_vs_batch", "c_by_graphs", "speedup_curves"} <= set(analyses.ANALYSES)
     for size in ("8b", "32b"):
         prof = reg.profile(f"{size}-shape")
@@ -53,7 +54,7 @@ def test_registry_declares_the_cost_experiment_and_its_profiles():
 
     full = planning.plan("E16", "32b-shape")
     assert [l.name for l in full.legs] == ["vanilla", "forced_g2", "forced_g4", "forced_g6"]
-    assert full.ladder == {"batches": [1, 4, 16], "repeats": 3, "prompt_len": 128, "size": "32b"}
+    assert full.ladder == {"batches": [1, 4, 16], "repeats": 3, "prompt_len": 128, "eager": True, "size": "32b"}
     assert all(l.knobs["relax_logtau"] >= 1e9 and l.tier == "relaxed" for l in full.legs if l.kind == "spec")
     assert all(l.knobs["max_num_seqs"] == 16 for l in full.legs)
     cfg = full.config()
@@ -65,6 +66,13 @@ def test_registry_declares_the_cost_experiment_and_its_profiles():
     over = planning.plan("E16", "8b-shape", ["batches=1,2", "repeats=5", "gamma=4"])
     assert over.ladder["batches"] == [1, 2] and over.ladder["repeats"] == 5
     assert [l.name for l in over.legs] == ["vanilla", "forced_g4"]
+    assert over.ladder["eager"] is True
+    lean = planning.plan("E16", "32b-shape", ["eager=false", "gamma=4"])
+    assert lean.ladder["eager"] is False  # graphs-on cells only (the eager drafter's cost is known)
+    from workbench.execution import ladder_leg_config
+
+    cfg = {**lean.config(), "run_id": "r", "models": {"target": "t", "twin": "d"}}
+    assert ladder_leg_config(lean.legs[1], cfg, Path("/nonexistent"))["eager"] is False  # what the leg engine reads
 
 
 @pytest.mark.parametrize("mutate, message", [
@@ -96,6 +104,7 @@ def test_bad_ladder_definitions_are_named(tmp_path, mutate, message):
     (["run", "E16", "--profile", "tiny", "-p", "batches=0"], "batches must be a list of distinct integers >= 1"),
     (["run", "E16", "--profile", "tiny", "-p", "repeats=x"], "repeats takes integers"),
     (["run", "E16", "--profile", "tiny", "-p", "dataset=tiny"], "takes no dataset"),
+    (["run", "E16", "--profile", "tiny", "-p", "eager=sometimes"], "eager takes true or false"),
     (["run", "E1", "--profile", "tiny", "-p", "batches=1"], "unknown parameter 'batches'"),
     (["run", "E16", "--profile", "8b-shape"], "runs on a CUDA GPU"),
     (["run", "E16", "--profile", "32b-shape", "-p", "gamma=4"], "runs on a CUDA GPU"),
@@ -367,3 +376,48 @@ def test_a_before_and_an_after_in_one_folder_are_told_apart_by_their_drafter_set
     # a folder of one setup keeps its plain size label
     one = ladder.step_costs(pd.DataFrame([r for r in steps if r.get("draft_linear_kernel") != "marlin"]))
     assert set(one["size"]) == {"32b"}
+
+
+@pytest.mark.parametrize("built,eager,expected", [
+    ("full", True, [("full", True, "built"), ("piecewise", True, "piecewise"), ("full", False, "none")]),
+    ("full", False, [("full", True, "built"), ("piecewise", True, "piecewise")]),
+    ("piecewise", True, [("piecewise", True, "built"), ("piecewise", False, "none")]),
+    ("none", True, [("none", True, "built"), ("none", False, "none")]),
+])
+def test_a_spec_engine_measures_every_dispatch_its_graphs_allow(built, eager, expected):
+    """FULL graphs built: their single-token steps are also timed piecewise in the same engine."""
+    from workbench.ladder_engine import spec_cells
+
+    cells = spec_cells({"draft_cudagraph_mode": built}, eager=eager)
+    assert [(c["draft_cudagraph_mode"], c["draft_graphs"], mode) for c, mode in cells] == expected
+
+
+def test_full_and_piecewise_cells_of_one_engine_are_two_setups_against_one_vanilla():
+    import pandas as pd
+
+    from workbench import ladder
+
+    steps, walls = [], []
+    tags = {"draft_linear_kernel": "marlin", "async_scheduling": True}
+    for b in (1, 4):
+        steps.append({"kind": "vanilla", "gamma": None, "draft_graphs": None, "size": "32b", "batch": b, "rep": 0,
+                      "reqs": b, "tokens": b, "prefill": False, "target_ms": 18.0, "draft_ms": None,
+                      "draft_cudagraph_mode": "full", **tags})
+        walls.append({"kind": "vanilla", "gamma": None, "draft_graphs": None, "size": "32b", "batch": b,
+                      "wall_s": 1.2, "draft_cudagraph_mode": "full", **tags})
+        for mode, graphs, propose, wall in (("full", True, 32.0, 0.8), ("piecewise", True, 40.0, 0.95),
+                                            ("full", False, 90.0, 2.0)):
+            cell = {"kind": "spec", "gamma": 4, "draft_graphs": graphs, "size": "32b", "batch": b, "rep": 0,
+                    "draft_cudagraph_mode": mode, **tags}
+            steps.append({**cell, "reqs": b, "tokens": 5 * b, "prefill": False, "target_ms": 18.5,
+                          "draft_ms": propose})
+            walls.append({**cell, "wall_s": wall})
+    costs = ladder.step_costs(pd.DataFrame(steps))
+    ratios = ladder.cost_ratio(costs, pd.DataFrame(walls)).set_index(["size", "batch", "draft_graphs"])
+    full, pw = "32b [marlin full async]", "32b [marlin piecewise async]"
+    assert ratios.loc[(full, 1, True), "c"] == pytest.approx(32.0 / 4 / 18.5)
+    assert ratios.loc[(pw, 1, True), "c"] == pytest.approx(40.0 / 4 / 18.5)
+    assert ratios.loc[(full, 4, False), "S_measured_alpha1"] == pytest.approx(1.2 / 2.0)  # eager: under full
+    assert (pw, 1, False) not in ratios.index
+    table = ladder.summary_markdown(ratios=ratios.reset_index())
+    assert "| 32b [marlin full async] | 1 | 4 |" in table and "| 32b [marlin piecewise async] | 4 | 4 |" in table

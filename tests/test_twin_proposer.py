@@ -317,3 +317,33 @@ def test_async_scheduling_trace_keeps_only_committed_steps():
         assert (totals["drafts"], totals["draft_tokens"], totals["accepted"]) == (
             counters["num_drafts"], counters["num_draft_tokens"], counters["num_accepted_tokens"]), name
         assert (dropped > 0) == extra, (name, dropped)
+
+
+@pytest.mark.parametrize("built,asked,expect", [
+    ("full", True, ("full", False, False)), ("full", "piecewise", ("piecewise", False, True)),
+    ("full", False, ("none", True, True)), ("piecewise", "built", ("piecewise", False, True)),
+    ("piecewise", "none", ("none", True, True)), ("none", True, ("none", True, True)),
+])
+def test_the_dispatch_switch_sets_what_the_built_graphs_allow(built, asked, expect):
+    from types import SimpleNamespace
+
+    from vllm_patch.twin_proposer import TwinDraftProposer
+
+    fake = SimpleNamespace(built_graph_mode=lambda: built, _twin_graphs_off=None, _twin_full_off=None)
+    got = TwinDraftProposer.set_dispatch(fake, asked)
+    assert (got, fake._twin_graphs_off, fake._twin_full_off) == expect
+
+
+@pytest.mark.parametrize("built,asked,message", [
+    ("piecewise", "full", "this engine built 'piecewise'"), ("none", "piecewise", "this engine built 'none'"),
+    ("full", "loop", "expected one of"),
+])
+def test_the_dispatch_switch_refuses_graphs_that_were_not_built(built, asked, message):
+    from types import SimpleNamespace
+
+    from vllm_patch.twin_proposer import TwinDraftProposer
+
+    fake = SimpleNamespace(built_graph_mode=lambda: built, _twin_graphs_off=False, _twin_full_off=False)
+    with pytest.raises(ValueError, match=message):
+        TwinDraftProposer.set_dispatch(fake, asked)
+    assert fake._twin_graphs_off is False and fake._twin_full_off is False  # nothing changed

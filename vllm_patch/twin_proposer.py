@@ -38,6 +38,7 @@ class TwinDraftProposer(DraftModelProposer):
         super().__init__(vllm_config=vllm_config, device=device, runner=runner)
         knobs = self._twin_engine.knobs
         self._twin_graphs_off = False      # run-time switch: dispatch forced to eager (cost ladder)
+        self._twin_full_off = False        # run-time switch: FULL graphs built, single-token steps piecewise
         self._twin_calls = 0               # dispatches in this propose: the first is the first pass
         self._twin_full = None             # FULL decode graph state (see initialize_cudagraph_keys)
         self._twin_dispatched = {m: 0 for m in draft_graphs.GRAPH_MODES}  # single-token steps by graph mode
@@ -167,7 +168,8 @@ class TwinDraftProposer(DraftModelProposer):
         self._twin_calls += 1
         # FULL only inside a real propose: a dummy run's inputs are not the persistent buffers'
         # live contents, and a replay would write KV entries at stale slots
-        if single and use_cudagraphs and self._twin_full is not None and self._twin_in_propose:
+        if (single and use_cudagraphs and self._twin_full is not None and self._twin_in_propose
+                and not self._twin_full_off):
             padded = draft_graphs.padded_size(num_tokens, self._full_captured())
             if padded is not None:
                 self._twin_full_now = True
@@ -296,6 +298,26 @@ class TwinDraftProposer(DraftModelProposer):
         tw["seq_pos"] = self.mrope_positions[0, :batch_size].clone()
         self.mrope_positions[:, :batch_size] += tw["delta"][:batch_size].unsqueeze(0)
         return self.mrope_positions[:, :batch_size]
+
+    # -- run-time dispatch switch (cost ladder) ---------------------------------------------------------- #
+    def set_dispatch(self, mode) -> str:
+        """Dispatch the drafter's passes as ``mode`` from now on: ``True`` / ``"built"`` (the graphs that
+        were built), ``"piecewise"`` (with FULL graphs built: the single-token steps piecewise),
+        ``False`` / ``"none"`` (eager). A mode that needs graphs that were not built is an error."""
+        built = self.built_graph_mode()
+        if mode is True or mode == "built":
+            mode = built
+        elif mode is False:
+            mode = "none"
+        if mode not in draft_graphs.GRAPH_MODES:
+            raise ValueError(f"draft dispatch mode {mode!r}: expected one of {draft_graphs.GRAPH_MODES}, "
+                             "True or 'built'")
+        order = draft_graphs.GRAPH_MODES  # none < piecewise < full: each one's graphs include the previous
+        if order.index(mode) > order.index(built):
+            raise ValueError(f"draft dispatch mode {mode!r}: this engine built {built!r} drafter graphs")
+        self._twin_graphs_off = mode == "none"
+        self._twin_full_off = mode != "full"
+        return mode
 
     # -- what was built ------------------------------------------------------------------------------ #
     def built_graph_mode(self) -> str:

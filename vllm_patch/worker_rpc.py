@@ -8,8 +8,10 @@ ladder and the trace-cost benchmark:
 * ``twin_spec_set_trace(on)``: switch tracing off/on in a running engine; whether it is on.
 * ``twin_spec_trace_stats()``: steps traced and the host time the trace took on the decode path.
 * ``twin_spec_flush_steps()``: write out the step timer's rows; its file (None: no step timer).
-* ``twin_spec_set_draft_graphs(on)``: the twin drafter's dispatch forced to eager although its
-  graphs exist (cost ladder: on and off in one engine).
+* ``twin_spec_set_draft_graphs(mode)``: how the twin drafter dispatches from now on although its
+  graphs exist: ``True`` / ``"built"`` (what was built), ``"piecewise"`` (an engine with FULL graphs
+  runs its single-token steps piecewise), ``False`` / ``"none"`` (eager); the cost ladder measures
+  them side by side in one engine. Returns the mode set.
 * ``twin_spec_draft_graph_stats()``: single-token draft steps by graph mode, and the mode built.
 """
 
@@ -40,11 +42,9 @@ def install(state: EngineState) -> None:
     def twin_spec_flush_steps(self) -> str | None:
         return state.flush_steps()
 
-    def twin_spec_set_draft_graphs(self, on: bool) -> bool:
+    def twin_spec_set_draft_graphs(self, mode) -> str | None:
         drafter = _twin_drafter(self)
-        if drafter is not None:
-            drafter._twin_graphs_off = not on
-        return on
+        return drafter.set_dispatch(mode) if drafter is not None else None
 
     def twin_spec_draft_graph_stats(self) -> dict | None:
         drafter = _twin_drafter(self)

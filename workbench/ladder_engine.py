@@ -12,7 +12,8 @@ What one engine does (``run_engine``): vLLM's in-process engine core (so the plu
 is read directly) with the target alone (vanilla) or with the twin drafting (spec); a warm-up;
 then per batch and repeat one ``generate`` of ``batch`` random prompts, greedy, ``tokens`` output
 tokens each. A spec engine runs each batch with the drafter's CUDA graphs on and off, alternating,
-in the same engine (the drafter's dispatch forced to eager). Every timed step becomes one row of
+in the same engine (the drafter's dispatch forced to eager), and where FULL drafter graphs were
+built also with their single-token steps dispatched piecewise (``spec_cells``). Every timed step becomes one row of
 ``steps.jsonl`` tagged with its cell; every timed ``generate`` one row of ``walls.jsonl``.
 
 Times are engine-side (``VLLM_SPEC_STEP_TIMING``: CUDA events around the target's forward, the
@@ -117,8 +118,8 @@ def run_engine(*, size: str, kind: str, target: str, draft: str | None, gamma: i
                steps_f, walls_f, prompt_len: int = PROMPT_LEN, dtype: str = "bfloat16",
                max_model_len: int = MAX_MODEL_LEN, gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
                tag: dict[str, Any] | None = None, log: Callable[[str], None] | None = None,
-               engine_args: dict | None = None) -> dict[str, Any]:
-    """One engine's cells (every batch x repeat, drafter graphs on/off for spec) -> rows in the open files.
+               engine_args: dict | None = None, eager: bool = True) -> dict[str, Any]:
+    """One engine's cells (every batch x repeat, each drafter dispatch of ``spec_cells``) -> rows in the open files.
 
     Every cell (batch, drafter graphs on/off) is warmed up with its own batch size before it is
     timed: a batch size's first propose carries one-time costs (190-230 ms on the H200) that would
@@ -148,7 +149,7 @@ def run_engine(*, size: str, kind: str, target: str, draft: str | None, gamma: i
         wall = time.perf_counter() - t0
         G.steps.flush()
         rows, read_to["pos"] = read_new_rows(G.steps.path, read_to["pos"])
-        row_tag = {**cell, "size": size, "batch": b, "rep": rep, **extra}
+        row_tag = {**extra, **cell, "size": size, "batch": b, "rep": rep}
         for r in rows:
             steps_f.write(json.dumps({**row_tag, **r}) + "\n")
         n_out = sum(len(o.outputs[0].token_ids) for o in outs)
@@ -167,24 +168,23 @@ def run_engine(*, size: str, kind: str, target: str, draft: str | None, gamma: i
     report = dict(ep.G.report.facts) if ep.G.report else {}
     walls_f.write(json.dumps({"size": size, "kind": kind, "gamma": gamma, "engine_start_s": start_s,
                               "engine_report": report, **extra}) + "\n")
-    modes = [True] if kind == "vanilla" else [True, False]
+    cells = spec_cells(report, eager=eager) if kind == "spec" else [({"draft_graphs": None}, None)]
 
-    def draft_graphs(on: bool) -> None:
+    def dispatch(mode) -> None:
         if kind == "spec":  # the twin drafter's own switch, reached like every engine worker
-            llm.collective_rpc("twin_spec_set_draft_graphs", args=(on,))
+            llm.collective_rpc("twin_spec_set_draft_graphs", args=(mode,))
 
     try:
         for b in batches:
-            for graphs in modes:  # warm up this batch's cells, each graph setting
-                draft_graphs(graphs)
+            for _, mode in cells:  # warm up this batch's cells, each dispatch mode
+                dispatch(mode)
                 llm.generate(prompts(b, hi, seed=99, prompt_len=prompt_len), warm, use_tqdm=False)
             for rep in range(repeats):
-                for graphs in modes:  # alternating: graphs on, off, on, off, ...
-                    draft_graphs(graphs)
-                    timed(llm, {"kind": kind, "gamma": gamma, "draft_graphs": graphs if kind == "spec" else None},
-                          b, rep)
+                for cell, mode in cells:  # alternating: graphs on, off, on, off, ...
+                    dispatch(mode)
+                    timed(llm, {"kind": kind, "gamma": gamma, **cell}, b, rep)
     finally:
-        draft_graphs(True)
+        dispatch("built")
     (log or (lambda s: print(s, file=sys.stderr, flush=True)))(
         f"[ladder] {size} {kind} gamma={gamma}: engine start {start_s:.1f}s, done")
     free(llm)
@@ -192,7 +192,31 @@ def run_engine(*, size: str, kind: str, target: str, draft: str | None, gamma: i
             "n_walls": counts["walls"]}
 
 
+def spec_cells(report: dict[str, Any], eager: bool = True) -> list[tuple[dict[str, Any], Any]]:
+    """The cells a spec engine measures side by side: ``(row tags, dispatch mode)`` per cell.
+
+    The drafter graphs that were built (the engine report's ``draft_cudagraph_mode``); with FULL
+    graphs built also their single-token steps dispatched piecewise (the piecewise drafter it
+    replaces, in the same engine); with ``eager`` the dispatch forced to eager. A cell's rows carry
+    ``draft_graphs`` (graphs on) and the ``draft_cudagraph_mode`` it ran (the eager cell keeps the
+    built mode's label, so the analysis sets it beside that mode's graphs-on cell).
+    """
+    built = str(report.get("draft_cudagraph_mode") or "none")
+    cells = [({"draft_graphs": True, "draft_cudagraph_mode": built}, "built")]
+    if built == "full":
+        cells.append(({"draft_graphs": True, "draft_cudagraph_mode": "piecewise"}, "piecewise"))
+    if eager:
+        cells.append(({"draft_graphs": False, "draft_cudagraph_mode": built}, "none"))
+    return cells
+
+
 # --------------------------------------------------------------------------- a protocol leg
+
+
+def drafter_tags(knobs) -> dict[str, Any]:
+    """The drafter setup every row of a spec engine carries (the analysis tells setups apart by them)."""
+    return {"draft_linear_kernel": knobs.draft_linear_kernel, "draft_cudagraph_mode": knobs.draft_cudagraph_mode,
+            "async_scheduling": bool(knobs.async_scheduling)}
 
 
 def run_leg(conf: dict[str, Any]) -> dict[str, Any]:
@@ -218,8 +242,9 @@ def run_leg(conf: dict[str, Any]) -> dict[str, Any]:
                           dummy=conf.get("load_format") == "dummy", steps_f=steps_f, walls_f=walls_f,
                           prompt_len=int(conf["prompt_len"]), dtype=conf["dtype"],
                           max_model_len=int(conf["max_model_len"]),
-                          gpu_memory_utilization=float(conf["gpu_memory_utilization"]), tag={"leg": conf["leg"]},
-                          engine_args=knobs.engine_args(on_cuda=not cpu))
+                          gpu_memory_utilization=float(conf["gpu_memory_utilization"]),
+                          tag={"leg": conf["leg"], **drafter_tags(knobs)},
+                          engine_args=knobs.engine_args(on_cuda=not cpu), eager=bool(conf.get("eager", True)))
     for name, path in partial.items():
         os.replace(path, out / name)
     import vllm_patch

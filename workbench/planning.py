@@ -121,6 +121,14 @@ def parse_overrides(items: Iterable[str] | dict[str, Any] | None, experiment: Ex
         where = f"override {key}={value}"
         if key in out:
             raise RegistryError(f"{where}: {key!r} given twice")
+        if key == "eager" and ladder:
+            if isinstance(value, str):
+                low = value.strip().lower()
+                if low not in ("true", "false"):
+                    raise RegistryError(f"{where}: eager takes true or false")
+                value = low == "true"
+            out[key] = check_ladder(key, value, where)
+            continue
         if key in LADDER_FIELDS and ladder:
             if isinstance(value, str):
                 try:

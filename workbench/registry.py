@@ -59,8 +59,9 @@ SWEEPABLE = tuple(KNOBS) + ("draft", "model")
 # `serve` (workbench.serve_leg: each leg behind vLLM's OpenAI server, driven by `vllm bench serve`).
 RUNNERS = ("legs", "ladder", "serve")
 # A ladder experiment's own settings (`ladder:` in experiments.yaml, `-p batches=1,4` on the command line).
-LADDER_FIELDS = ("batches", "repeats", "prompt_len")
-LADDER_DEFAULTS = {"prompt_len": 128}
+# ``eager``: spec engines also time the drafter forced to eager (off: graphs-on cells only).
+LADDER_FIELDS = ("batches", "repeats", "prompt_len", "eager")
+LADDER_DEFAULTS = {"prompt_len": 128, "eager": True}
 # Roles a shape-only profile (`shapes: true`, workbench.shapes) binds, and the folders it can bind them to.
 SHAPE_ROLES = ("target", "twin")
 LOAD_FORMATS = ("auto", "dummy")
@@ -89,7 +90,7 @@ def check_knob(name: str, value: Any, where: str) -> Any:
 
 def check_ladder(name: str, value: Any, where: str) -> Any:
     """A ladder setting (``batches``: a non-empty list of distinct integers >= 1; ``repeats``, ``prompt_len``:
-    an integer >= 1), or raise naming ``where``."""
+    an integer >= 1; ``eager``: a boolean), or raise naming ``where``."""
     def whole(v: Any) -> bool:
         return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
@@ -100,6 +101,10 @@ def check_ladder(name: str, value: Any, where: str) -> Any:
         if not vals or not all(whole(v) for v in vals) or len(set(vals)) != len(vals):
             raise RegistryError(f"{where}: batches must be a list of distinct integers >= 1, got {value!r}")
         return list(vals)
+    if name == "eager":
+        if not isinstance(value, bool):
+            raise RegistryError(f"{where}: eager must be true or false, got {value!r}")
+        return value
     if not whole(value):
         raise RegistryError(f"{where}: {name} must be an integer >= 1, got {value!r}")
     return value
