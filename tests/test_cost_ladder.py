@@ -421,3 +421,57 @@ def test_full_and_piecewise_cells_of_one_engine_are_two_setups_against_one_vanil
     assert (pw, 1, False) not in ratios.index
     table = ladder.summary_markdown(ratios=ratios.reset_index())
     assert "| 32b [marlin full async] | 1 | 4 |" in table and "| 32b [marlin piecewise async] | 4 | 4 |" in table
+
+
+def test_rows_are_tagged_with_the_kernel_and_scheduling_that_ran():
+    from workbench.ladder_engine import ran_tags
+
+    tags = {"leg": "forced_g4", "draft_linear_kernel": "auto", "draft_cudagraph_mode": "full",
+            "async_scheduling": True}
+    report = {"draft_linear_kernel": "MarlinLinearKernel", "async_scheduling": False}
+    assert ran_tags(report, tags) == {"draft_linear_kernel": "marlin", "async_scheduling": False}
+    assert ran_tags({"draft_linear_kernel": "mixed"}, tags) == {"draft_linear_kernel": "mixed"}
+    assert ran_tags({}, tags) == {}  # a vanilla engine's report names no drafter: its tags stay
+
+
+def test_a_resume_rebuilds_shape_checkpoints_that_are_gone_and_names_any_other(tmp_path, monkeypatch):
+    """A GPU host that lost the run's shape stand-ins (a fresh copy of the checkout) rebuilds them on
+    resume; a missing checkpoint the project does not build is refused by name, before a leg starts."""
+    from workbench import execution, shapes
+    from workbench.registry import load_registry
+
+    gone = tmp_path / "shapes" / "32b-target"
+    calls = []
+
+    def fake_build(root=None):
+        calls.append(root)
+        gone.mkdir(parents=True, exist_ok=True)
+        return {"32b-target": gone}
+
+    monkeypatch.setattr(shapes, "build_shapes", fake_build)
+    reg = load_registry()
+    execution._rebuild_missing_models(tmp_path, {"profile": "32b-shape", "models": {"target": str(gone)}}, reg)
+    assert calls and gone.is_dir()
+    other = tmp_path / "elsewhere" / "ckpt"
+    with pytest.raises(execution.ProtocolError, match=f"checkpoint {other}, which is not on this host"):
+        execution._rebuild_missing_models(tmp_path, {"profile": "32b-shape", "models": {"twin": str(other)}}, reg)
+    with pytest.raises(execution.ProtocolError, match="not built by the project"):
+        execution._rebuild_missing_models(tmp_path, {"profile": "32b", "models": {"twin": str(other)}}, reg)
+    # hub ids and present folders are left alone
+    execution._rebuild_missing_models(tmp_path, {"profile": "32b", "models": {"target": "Qwen/Qwen3-VL-32B"}}, reg)
+
+
+def test_setups_of_one_size_share_its_c_panels_one_colour_each():
+    from workbench import plots
+
+    rows = []
+    for setup in ("marlin full async", "marlin piecewise async"):
+        for g in (2, 4):
+            for b in (1, 4):
+                rows.append({"size": f"32b [{setup}]", "batch": b, "gamma": g, "draft_graphs": True, "c": 0.5,
+                             "propose_per_token_ms": 9.0, "verify_ms": 18.0, "S_pred_alpha1": 1.5})
+    fig = plots.cost_ratio_by_graphs(pd.DataFrame(rows))
+    assert [a.text for a in fig.layout.annotations] == ["32b, γ=2", "32b, γ=4"]  # panels per size and γ
+    named = [t.name for t in fig.data if t.showlegend]
+    assert named == ["marlin full async, drafter graphs", "marlin piecewise async, drafter graphs"]
+    assert len({t.marker.color for t in fig.data}) == 2

@@ -115,6 +115,32 @@ def resolve_models(p: Plan, model_paths: dict[str, str] | None = None,
     return out
 
 
+def _rebuild_missing_models(run_dir: Path, cfg: dict[str, Any], reg: Registry) -> None:
+    """Before a resume: a checkpoint the project builds (tiny models, shape stand-ins) whose folder is gone
+    (a fresh host, a cleaned checkout) is built again, deterministically, at the path the run recorded;
+    any other missing local checkpoint is an error naming it (a hub id is left to vLLM)."""
+    built: dict[str, str] = {}
+    for ref, path in (cfg.get("models") or {}).items():
+        p = Path(str(path))
+        if not p.is_absolute() or p.exists():
+            continue
+        if not built:
+            try:
+                prof = reg.profile(cfg.get("profile"))
+            except (RegistryError, KeyError):
+                prof = None
+            if prof is not None and prof.shapes:
+                from workbench.shapes import build_shapes
+                built = {str(d): str(d) for d in build_shapes().values()}
+            elif prof is not None and prof.tiny:
+                from workbench.tiny import ensure_tiny_models
+                built = {str(d): str(d) for d in ensure_tiny_models().values()}
+        if not p.exists():
+            raise ProtocolError(f"cannot resume {run_dir}: role {ref!r} was prepared with the checkpoint {p}, "
+                                "which is not on this host" + ("" if built else
+                                                              " (the profile's models are not built by the project)"))
+
+
 def _load_prompts(p: Plan, dataset_sources: dict[str, str] | None) -> tuple[list, dict[str, Any]]:
     """First dataset candidate that loads wins; the run records which one and why the others did not."""
     from workbench.prompts import PromptError
@@ -177,6 +203,21 @@ def device_problem(p: Plan) -> str | None:
     return None
 
 
+def _tp_problems(tp: int, leg: PlannedLeg, models: dict[str, str], bad_models: set[str]) -> list[str]:
+    """A leg's tensor-parallel size against its models' heads and this host's devices (``workbench.parallel``)."""
+    from workbench import leg as legmod
+    from workbench.parallel import host_devices, tp_problems
+
+    roles = [("target", leg.model)] + ([("draft", leg.draft)] if leg.kind == "spec" and leg.draft else [])
+    configs = {}
+    for role, ref in roles:
+        path = models.get(ref)
+        ok = path is not None and ref not in bad_models and legmod.is_local(path)
+        configs[f"{role} ({ref})"] = legmod.read_model_config(path, ref) if ok else None
+    devices, kind = host_devices(_cuda_available())
+    return tp_problems(tp, configs, devices, kind)
+
+
 def preflight_problems(p: Plan, models: dict[str, str], prompts: list | None) -> list[str]:
     """Model folders and configs, gamma, prompt lengths with the real tokenizer; one line per problem.
 
@@ -202,6 +243,9 @@ def preflight_problems(p: Plan, models: dict[str, str], prompts: list | None) ->
         bad = legmod.gamma_problem(k.get("gamma"), int(k["max_model_len"])) if l.kind == "spec" else None
         if bad:
             problems.append(f"leg {l.name}: {bad}")
+        tp = int(k.get("tensor_parallel_size") or 1)
+        if tp > 1:
+            problems += [f"leg {l.name}: {msg}" for msg in _tp_problems(tp, l, models, bad_models)]
         path = models[l.model]
         if prompts is not None and l.model not in bad_models and legmod.is_local(path):
             # a hub id is resolved by the engine; its tokenizer is not fetched here
@@ -266,6 +310,7 @@ def prepare_run(experiment: str, profile: str | None = None, overrides: Any = No
                 and not _cuda_available()):
             raise ProtocolError(f"cannot resume {run_dir}: profile {cfg.get('profile')!r} runs on a CUDA GPU and "
                                 f"this host has none (torch.cuda.is_available() is False)")
+        _rebuild_missing_models(Path(run_dir), cfg, registry or load_registry())
         return Path(run_dir)
 
     reg = registry or load_registry()
@@ -371,6 +416,7 @@ def leg_config(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path, resume_from:
         prompts=str(run_dir / cfg.get("prompts_file", PROMPTS)), out=str(run_dir / LEGS / leg.name),
         max_tokens=int(k["max_tokens"]), knobs=knobs, n=int(k["n"]), max_model_len=int(k["max_model_len"]),
         max_num_seqs=int(k["max_num_seqs"]), dtype=str(k.get("dtype") or "auto"),
+        tensor_parallel_size=int(k.get("tensor_parallel_size") or 1),
         # on CPU the leg picks its own small host-memory share for the KV cache
         gpu_memory_utilization=float(gpu_mem) if cfg.get("device") == "gpu" and gpu_mem is not None else None,
         experiment=cfg["experiment"], leg=leg.name, run_id=cfg["run_id"],

@@ -166,6 +166,7 @@ def run_engine(*, size: str, kind: str, target: str, draft: str | None, gamma: i
         raise RuntimeError("the plugin's step timer is off in this engine (VLLM_SPEC_STEP_TIMING=1 and "
                            "VLLM_SPEC_REPORT_DIR must be set before vLLM is imported)")
     report = dict(ep.G.report.facts) if ep.G.report else {}
+    extra.update(ran_tags(report, extra))
     walls_f.write(json.dumps({"size": size, "kind": kind, "gamma": gamma, "engine_start_s": start_s,
                               "engine_report": report, **extra}) + "\n")
     cells = spec_cells(report, eager=eager) if kind == "spec" else [({"draft_graphs": None}, None)]
@@ -190,6 +191,22 @@ def run_engine(*, size: str, kind: str, target: str, draft: str | None, gamma: i
     free(llm)
     return {"engine_start_s": start_s, "engine_report": report, "n_steps": counts["steps"],
             "n_walls": counts["walls"]}
+
+
+def ran_tags(report: dict[str, Any], tags: dict[str, Any]) -> dict[str, Any]:
+    """The drafter tags of ``tags`` replaced by what the engine report says ran (``auto`` resolved:
+    ``draft_linear_kernel`` "marlin" where vLLM built the draft's layers with MarlinLinearKernel,
+    ``async_scheduling`` as vLLM's scheduler config has it); tags the report does not name stay."""
+    from vllm_patch.draft_kernels import KERNEL_CLASSES
+
+    out = {}
+    built = report.get("draft_linear_kernel")
+    names = {cls: name for name, cls in KERNEL_CLASSES.items()}
+    if "draft_linear_kernel" in tags and built:
+        out["draft_linear_kernel"] = names.get(built, built)
+    if "async_scheduling" in tags and "async_scheduling" in report:
+        out["async_scheduling"] = bool(report["async_scheduling"])
+    return out
 
 
 def spec_cells(report: dict[str, Any], eager: bool = True) -> list[tuple[dict[str, Any], Any]]:

@@ -431,35 +431,59 @@ def step_cost_vs_batch(costs: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def _size_and_setup(label: str) -> tuple[str, str | None]:
+    """``"32b [marlin full async]"`` -> ``("32b", "marlin full async")``; a plain size has no setup."""
+    if label.endswith("]") and " [" in label:
+        size, setup = label[:-1].split(" [", 1)
+        return size, setup
+    return label, None
+
+
+SETUP_COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+
 def cost_ratio_by_graphs(ratios: pd.DataFrame) -> go.Figure:
     """c = draft step / verification step per batch (``ladder.cost_ratio``), drafter graphs on and off side by side;
-    one panel per size and gamma."""
+    one panel per size and gamma. Drafter setups of one size measured together (``32b [marlin full async]``
+    beside ``32b [marlin piecewise async]``) share that size's panels, one bar colour per setup."""
     from plotly.subplots import make_subplots
 
-    panels = list(dict.fromkeys(zip(ratios["size"].astype(str), ratios["gamma"].astype(int))))
+    split = ratios["size"].astype(str).map(_size_and_setup)
+    ratios = ratios.assign(_base=split.map(lambda t: t[0]), _setup=split.map(lambda t: t[1]))
+    panels = list(dict.fromkeys(zip(ratios["_base"], ratios["gamma"].astype(int))))
+    setups = list(dict.fromkeys(ratios["_setup"]))
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[f"{s}, γ={g}" for s, g in panels],
                         shared_yaxes=True)
+    shown: set[str] = set()
     for col, (size, g) in enumerate(panels, start=1):
-        d = ratios[(ratios["size"].astype(str) == size) & (ratios["gamma"].astype(int) == g)]
-        for graphs in (True, False):
-            part = d[d["draft_graphs"].astype(bool) == graphs].sort_values("batch")
-            if part.empty:
-                continue
-            name = _graphs_label(graphs)
-            fig.add_trace(go.Bar(
-                x=part["batch"].astype(str), y=part["c"].to_numpy(float), name=name, legendgroup=name,
-                showlegend=col == 1, marker_color="#1f77b4" if graphs else "#ff7f0e",
-                customdata=np.stack([part["propose_per_token_ms"].to_numpy(float), part["verify_ms"].to_numpy(float),
-                                     part["S_pred_alpha1"].to_numpy(float)], axis=1),
-                hovertemplate=(f"{size}, γ={g}, {name}<br>batch %{{x}}: c = %{{y:.3f}}"
-                               "<br>propose/γ %{customdata[0]:.3f} ms / verification %{customdata[1]:.3f} ms"
-                               "<br>S(1, γ, c) = %{customdata[2]:.2f}<extra></extra>"),
-                meta={"role": "c", "gamma": g, "draft_graphs": graphs, "size": size}), row=1, col=col)
+        d = ratios[(ratios["_base"] == size) & (ratios["gamma"].astype(int) == g)]
+        for i, setup in enumerate(setups):
+            for graphs in (True, False):
+                part = d[(d["_setup"].map(lambda v: v == setup)) & (d["draft_graphs"].astype(bool) == graphs)]
+                part = part.sort_values("batch")
+                if part.empty:
+                    continue
+                name = _graphs_label(graphs) if setup is None else f"{setup}, {_graphs_label(graphs)}"
+                color = (SETUP_COLORS[i % len(SETUP_COLORS)] if graphs else "#ff7f0e") if setup is not None else (
+                    "#1f77b4" if graphs else "#ff7f0e")
+                fig.add_trace(go.Bar(
+                    x=part["batch"].astype(str), y=part["c"].to_numpy(float), name=name, legendgroup=name,
+                    showlegend=name not in shown, marker_color=color,
+                    marker_pattern_shape="" if graphs or setup is None or i == 0 else "/",
+                    customdata=np.stack([part["propose_per_token_ms"].to_numpy(float),
+                                         part["verify_ms"].to_numpy(float),
+                                         part["S_pred_alpha1"].to_numpy(float)], axis=1),
+                    hovertemplate=(f"{size}, γ={g}, {name}<br>batch %{{x}}: c = %{{y:.3f}}"
+                                   "<br>propose/γ %{customdata[0]:.3f} ms / verification %{customdata[1]:.3f} ms"
+                                   "<br>S(1, γ, c) = %{customdata[2]:.2f}<extra></extra>"),
+                    meta={"role": "c", "gamma": g, "draft_graphs": graphs, "size": size, "setup": setup}),
+                    row=1, col=col)
+                shown.add(name)
         fig.update_xaxes(title_text="batch", row=1, col=col)
     fig.add_hline(y=1.0, line_dash="dot", line_color="#888888")
     fig.update_yaxes(title_text="c = draft step / verification step", row=1, col=1)
-    fig.update_layout(title="Cost ratio c = draft step / verification step, drafter CUDA graphs on vs off",
-                      template=TEMPLATE, barmode="group")
+    fig.update_layout(title="Cost ratio c = draft step / verification step, by drafter setup and CUDA graphs",
+                      template=TEMPLATE, barmode="group", legend=dict(orientation="h", y=-0.15))
     return fig
 
 
