@@ -66,7 +66,9 @@ def run_size(size: str, roles: dict[str, str], args, out: Path, cpu: bool) -> No
                           repeats=args.repeats, tokens=args.tokens, cpu=cpu, dummy=(size != "tiny"),
                           steps_f=steps_f, walls_f=walls_f,
                           engine_args=_knobs(args, gamma or 1).engine_args(on_cuda=not cpu), eager=not args.no_eager,
-                          tag={"draft_cudagraph_mode": args.draft_cudagraph_mode,
+                          tensor_parallel_size=args.tensor_parallel_size,
+                          tag={"tensor_parallel_size": args.tensor_parallel_size,
+                               "draft_cudagraph_mode": args.draft_cudagraph_mode,
                                "draft_linear_kernel": args.draft_linear_kernel,
                                "async_scheduling": args.async_scheduling})
 
@@ -153,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-eager", action="store_true",
                     help="spec engines skip the eager-drafter cells (graphs-on cells only: piecewise, and "
                          "with --draft-cudagraph-mode full also full)")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1,
+                    help="tensor-parallel ranks of every engine (target and twin alike; one GPU per rank)")
     ap.add_argument("--only", help=argparse.SUPPRESS)  # one engine ("vanilla" or a gamma) in this process
     from vllm_patch.knobs import SWITCHES
 

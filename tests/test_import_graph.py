@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "workbench.datasets.mathvista", "workbench.datasets.mmvet", "workbench.datasets.pid_lists",
                 "workbench.datasets.stand_in", "workbench.datasets.tiny_set", "workbench.tiny", "workbench.shapes",
                 "workbench.registry", "workbench.planning", "workbench.envcapture", "workbench.teacher",
-                "workbench.exactness", "workbench.testing", "workbench.organism", "workbench.organism.corpus",
+                "workbench.exactness", "workbench.testing", "workbench.parallel", "workbench.organism", "workbench.organism.corpus",
                 "workbench.organism.train")),
     # one leg = one process: engine legs, score legs, cost-ladder engines
     ("runners", ("workbench.leg", "workbench.score", "workbench.ladder_engine", "workbench.serve_leg")),

@@ -57,6 +57,21 @@ class EngineState:
             steps = StepTimer(knobs.report_dir)
         return cls(knobs, report, trace, steps)
 
+    def set_parallel(self, tp_rank: int, tp_size: int) -> None:
+        """This worker's place in the tensor-parallel group (the runner hooks call it once the group exists).
+
+        Every rank verifies the same drafts from the same gathered logits, so one trace and one set of
+        step times describe the engine: rank 0 writes them, the other ranks write none (a trace file per
+        rank would count every step once per rank). Each rank still writes its engine report, naming
+        its rank: the workbench merges them and refuses ranks that disagree.
+        """
+        if self.report is not None:
+            self.report.update(tp_rank=int(tp_rank), tensor_parallel_size=int(tp_size))
+        if tp_rank != 0:
+            self.trace, self.trace_parked = None, None
+            if self.steps is not None:
+                self.steps.muted = True
+
     # -- what the worker RPC asks (see worker_rpc) ----------------------------------------------- #
     def flush_trace(self) -> int:
         """Write out every traced step of this process; the number of steps traced."""
@@ -78,7 +93,7 @@ class EngineState:
 
     def flush_steps(self) -> str | None:
         """Write out the step timer's rows; its file (None: no step timer)."""
-        if self.steps is None:
+        if self.steps is None or self.steps.muted:
             return None
         self.steps.flush()
         return self.steps.path

@@ -31,6 +31,16 @@ def _draft_model_module(drafter):
     return unwrap() if callable(unwrap) else model
 
 
+def _tp_place() -> tuple[int, int]:
+    """(rank, size) of this worker in its tensor-parallel group; (0, 1) when there is no group."""
+    from vllm.distributed import parallel_state as ps
+
+    try:
+        return ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
+    except (AssertionError, AttributeError, RuntimeError):  # no group initialised
+        return 0, 1
+
+
 def install(state: EngineState) -> None:
     """Wrap the runner's methods (once per process: ``engine_patches.apply``)."""
     from vllm.v1.worker import gpu_model_runner as gmr
@@ -135,6 +145,7 @@ def install(state: EngineState) -> None:
     orig_init_kv = runner_cls.initialize_kv_cache
 
     def initialize_kv_cache(self, *args, **kwargs):
+        state.set_parallel(*_tp_place())  # before the first step: only rank 0 writes trace and step rows
         result = orig_init_kv(self, *args, **kwargs)
         try:
             state.report.update(**build_facts(self))

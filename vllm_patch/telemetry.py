@@ -34,11 +34,14 @@ class _JsonlWriter:
         self._queue: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self.muted = False  # a tensor-parallel rank other than 0: nothing is written (EngineState.set_parallel)
 
     def lines(self, batch) -> list[str]:
         raise NotImplementedError
 
     def put(self, batch) -> None:
+        if self.muted:
+            return
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
             self._thread.start()

@@ -371,7 +371,9 @@ def prepare_run(experiment: str, profile: str | None = None, overrides: Any = No
         from workbench.prompts import save_prompts
         if prompts is not None:
             save_prompts(prompts, staging / PROMPTS)
-        envcapture.write_env(staging / ENV_JSON)
+        # the tensor-parallel sizes the legs run at (each leg's records state the one its engine ran with)
+        tps = sorted({int(l.knobs.get("tensor_parallel_size") or 1) for l in p.legs})
+        envcapture.write_env(staging / ENV_JSON, {"tensor_parallel_sizes": tps})
         cfg = p.config()
         cfg.update(run_id=run_id, created=_now(), models=models, model_paths=dict(model_paths or {}),
                    dataset=dinfo, prompts_file=PROMPTS if prompts is not None else None)
@@ -439,6 +441,7 @@ def ladder_leg_config(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path) -> di
             "draft": cfg["models"][leg.draft] if spec else None, "gamma": k.get("gamma") if spec else None,
             "batches": list(ladder["batches"]), "repeats": int(ladder["repeats"]),
             "prompt_len": int(ladder["prompt_len"]), "eager": bool(ladder.get("eager", True)),
+            "tensor_parallel_size": int(k.get("tensor_parallel_size") or 1),
             "tokens": int(k["max_tokens"]),
             "dtype": str(k.get("dtype") or "bfloat16"), "max_model_len": int(k["max_model_len"]),
             "gpu_memory_utilization": float(gpu_mem) if gpu_mem is not None else GPU_MEMORY_UTILIZATION,

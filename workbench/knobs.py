@@ -31,6 +31,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     *SWITCHES.values(),
     Knob("max_num_seqs", int, 1, _int_range(1, 4096), "an integer >= 1", "max concurrent sequences",
          flag="--max-num-seqs"),
+    Knob("tensor_parallel_size", int, 1, _int_range(1, 64), "an integer 1..64",
+         "tensor-parallel ranks of the target and its draft (vLLM's draft_model shards the draft like the "
+         "target); more than 1 runs vLLM's multiprocess executor, one worker per rank",
+         flag="--tensor-parallel-size", column="leg"),
     Knob("max_tokens", int, None, _int_range(1), "an integer >= 1", "tokens generated per prompt",
          flag="--max-tokens"),
     Knob("max_model_len", int, 4096, _int_range(32), "an integer >= 32", "engine context length",

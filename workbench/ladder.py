@@ -148,7 +148,9 @@ def _drafter(row: pd.Series) -> str:
     if all(t is None or t != t for t in tags):
         return "as shipped"
     kernel, mode, sched = tags
-    return f"{kernel} {mode}" + (" async" if sched is True else "")
+    tp = row.get("tensor_parallel_size")
+    return (f"{kernel} {mode}" + (" async" if sched is True else "")
+            + (f" tp{int(tp)}" if tp is not None and tp == tp and int(tp) > 1 else ""))
 
 
 def _by_drafter(rows: pd.DataFrame) -> pd.DataFrame:

@@ -71,10 +71,12 @@ def set_process_env(cpu: bool, report_dir: str, knob_env: dict[str, str] | None 
 
 def engine(target: str, draft: str | None, gamma: int | None, max_seqs: int, cpu: bool, dummy: bool,
            dtype: str = "bfloat16", max_model_len: int = MAX_MODEL_LEN,
-           gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION, engine_args: dict | None = None):
+           gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION, engine_args: dict | None = None,
+           tensor_parallel_size: int = 1):
     """An offline ``LLM`` of the target (with the twin drafting ``gamma`` tokens when ``draft``); its start time.
 
     ``engine_args``: what the leg's knobs add (``Knobs.engine_args``: async scheduling), spec engines only.
+    ``tensor_parallel_size`` > 1: vLLM's multiprocess executor, one worker process per rank.
     """
     kw: dict[str, Any] = dict(model=target, dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_seqs,
                               seed=0, skip_tokenizer_init=True, limit_mm_per_prompt={"image": 0, "video": 0},
@@ -86,10 +88,22 @@ def engine(target: str, draft: str | None, gamma: int | None, max_seqs: int, cpu
     else:
         kw.update(gpu_memory_utilization=gpu_memory_utilization,
                   compilation_config={"cudagraph_capture_sizes": list(CUDAGRAPH_CAPTURE_SIZES)})
+    if tensor_parallel_size > 1:
+        kw.update(tensor_parallel_size=tensor_parallel_size, distributed_executor_backend="mp")
     if draft is not None:
         kw["speculative_config"] = engines.spec_config(draft, gamma)
         kw.update(engine_args or {})
     return engines.build(kw)
+
+
+def flush_steps(llm) -> str:
+    """Write out the step timer's rows; the file that holds them. Rank 0's: under tensor parallelism the
+    other ranks time nothing (``EngineState.set_parallel``), and the workers are other processes."""
+    paths = [p for p in llm.collective_rpc("twin_spec_flush_steps") if p]
+    if len(paths) != 1:
+        raise RuntimeError(f"expected one step timer among the engine's workers, found {len(paths)} "
+                           "(VLLM_SPEC_STEP_TIMING=1 and VLLM_SPEC_REPORT_DIR must be set before vLLM is imported)")
+    return paths[0]
 
 
 def prompts(b: int, hi: int, seed: int, prompt_len: int = PROMPT_LEN) -> list[dict]:
@@ -118,7 +132,8 @@ def run_engine(*, size: str, kind: str, target: str, draft: str | None, gamma: i
                steps_f, walls_f, prompt_len: int = PROMPT_LEN, dtype: str = "bfloat16",
                max_model_len: int = MAX_MODEL_LEN, gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
                tag: dict[str, Any] | None = None, log: Callable[[str], None] | None = None,
-               engine_args: dict | None = None, eager: bool = True) -> dict[str, Any]:
+               engine_args: dict | None = None, eager: bool = True,
+               tensor_parallel_size: int = 1) -> dict[str, Any]:
     """One engine's cells (every batch x repeat, each drafter dispatch of ``spec_cells``) -> rows in the open files.
 
     Every cell (batch, drafter graphs on/off) is warmed up with its own batch size before it is
@@ -140,15 +155,12 @@ def run_engine(*, size: str, kind: str, target: str, draft: str | None, gamma: i
     read_to = {"pos": 0}  # how far the step timer's file has been read: each cell reads only its own rows
 
     def timed(llm, cell: dict, b: int, rep: int) -> None:
-        G = ep.G
-        G.steps.flush()
-        _, read_to["pos"] = read_new_rows(G.steps.path, read_to["pos"])  # the warm-up's steps, not a cell's
+        _, read_to["pos"] = read_new_rows(flush_steps(llm), read_to["pos"])  # the warm-up's steps, not a cell's
         batch_prompts = prompts(b, hi, seed=rep, prompt_len=prompt_len)
         t0 = time.perf_counter()
         outs = llm.generate(batch_prompts, sp, use_tqdm=False)
         wall = time.perf_counter() - t0
-        G.steps.flush()
-        rows, read_to["pos"] = read_new_rows(G.steps.path, read_to["pos"])
+        rows, read_to["pos"] = read_new_rows(flush_steps(llm), read_to["pos"])
         row_tag = {**extra, **cell, "size": size, "batch": b, "rep": rep}
         for r in rows:
             steps_f.write(json.dumps({**row_tag, **r}) + "\n")
@@ -161,11 +173,16 @@ def run_engine(*, size: str, kind: str, target: str, draft: str | None, gamma: i
 
     llm, start_s = engine(target, draft if kind == "spec" else None, gamma, max_b, cpu, dummy, dtype=dtype,
                           max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
-                          engine_args=engine_args)
+                          engine_args=engine_args, tensor_parallel_size=tensor_parallel_size)
     if ep.G.steps is None:
         raise RuntimeError("the plugin's step timer is off in this engine (VLLM_SPEC_STEP_TIMING=1 and "
                            "VLLM_SPEC_REPORT_DIR must be set before vLLM is imported)")
-    report = dict(ep.G.report.facts) if ep.G.report else {}
+    if tensor_parallel_size > 1:  # the workers' reports, merged over ranks (this process built no drafter)
+        from workbench.leg import read_engine_reports
+
+        report = read_engine_reports(Path(ep.G.knobs.report_dir))
+    else:
+        report = dict(ep.G.report.facts) if ep.G.report else {}
     extra.update(ran_tags(report, extra))
     walls_f.write(json.dumps({"size": size, "kind": kind, "gamma": gamma, "engine_start_s": start_s,
                               "engine_report": report, **extra}) + "\n")
@@ -261,7 +278,8 @@ def run_leg(conf: dict[str, Any]) -> dict[str, Any]:
                           max_model_len=int(conf["max_model_len"]),
                           gpu_memory_utilization=float(conf["gpu_memory_utilization"]),
                           tag={"leg": conf["leg"], **drafter_tags(knobs)},
-                          engine_args=knobs.engine_args(on_cuda=not cpu), eager=bool(conf.get("eager", True)))
+                          engine_args=knobs.engine_args(on_cuda=not cpu), eager=bool(conf.get("eager", True)),
+                          tensor_parallel_size=int(conf.get("tensor_parallel_size", 1)))
     for name, path in partial.items():
         os.replace(path, out / name)
     import vllm_patch

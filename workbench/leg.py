@@ -47,7 +47,8 @@ PARENT_ENV = "WORKBENCH_PARENT_PID"
 
 
 # Knobs of the table that are LegConfig fields of the same name (the speculative ones live in Knobs).
-WORKLOAD_KNOBS = ("n", "max_tokens", "max_model_len", "max_num_seqs", "dtype", "gpu_memory_utilization")
+WORKLOAD_KNOBS = ("n", "max_tokens", "max_model_len", "max_num_seqs", "dtype", "gpu_memory_utilization",
+                  "tensor_parallel_size")
 
 
 class LegError(ValueError):
@@ -66,6 +67,8 @@ class LegConfig:
     n: int | None = None
     max_model_len: int = 4096
     max_num_seqs: int = 1
+    # vLLM's tensor parallelism: target and draft sharded over this many worker processes (one per rank)
+    tensor_parallel_size: int = 1
     max_num_batched_tokens: int | None = None
     dtype: str = "auto"
     gpu_memory_utilization: float | None = None
@@ -296,6 +299,16 @@ def length_problems(prompts: list, lengths: list[int], max_model_len: int, model
             f"{shown}{more}; raise max_model_len or leave those prompts out"]
 
 
+def tensor_parallel_problems(cfg: LegConfig) -> list[str]:
+    """Why the leg's tensor-parallel size cannot run its models on this host (``workbench.parallel``)."""
+    from .parallel import host_devices, tp_problems
+
+    configs = {role: read_model_config(path, role) if is_local(path) else None
+               for role, path in (("target", cfg.target), ("draft", cfg.draft)) if path is not None}
+    devices, kind = host_devices(_cuda_present())
+    return tp_problems(cfg.tensor_parallel_size, configs, devices, kind)
+
+
 def preflight(cfg: LegConfig) -> tuple[list, list[list], list[int]]:
     """Everything that can be wrong before an engine starts; returns prompts, their images, their lengths."""
     import vllm_patch
@@ -313,6 +326,8 @@ def preflight(cfg: LegConfig) -> tuple[list, list[list], list[int]]:
     if cfg.draft is None and cfg.knobs.gamma is not None:
         raise LegError("--gamma given without --draft")
     problems = model_problems(cfg.target, cfg.draft)
+    if not problems and cfg.tensor_parallel_size > 1:
+        problems += tensor_parallel_problems(cfg)
     bad_gamma = gamma_problem(cfg.knobs.gamma, cfg.max_model_len, spec_len_limit())
     if bad_gamma:
         problems.append(bad_gamma)
@@ -351,7 +366,11 @@ def engine_args(cfg: LegConfig) -> dict[str, Any]:
         limit_mm_per_prompt={"image": cfg.limit_images, "video": 0},
         disable_log_stats=False,  # the spec-decode counters come from the stats
     )
-    if _in_process(cfg):
+    if cfg.tensor_parallel_size > 1:
+        # one worker process per rank (vLLM's multiprocess executor; on CPU its shared-memory communicator)
+        kw["tensor_parallel_size"] = cfg.tensor_parallel_size
+        kw["distributed_executor_backend"] = "mp"
+    elif _in_process(cfg):
         # Engine core and worker in the leg's own process: on CPU this cuts
         # engine start from ~30 s to ~6 s (no process spawns, no re-imports).
         kw["distributed_executor_backend"] = "uni"
@@ -431,19 +450,52 @@ def _counter_delta(after: dict, before: dict) -> dict:
     return d
 
 
+# Engine-report facts that differ between the ranks of one tensor-parallel engine by construction: the
+# process, its rank, and what its shard holds (weight bytes and memory are per rank).
+PER_RANK_FACTS = ("pid", "tp_rank", "weight_bytes", "target_weight_bytes", "draft_weight_bytes",
+                  "kv_cache_bytes", "draft_vision_calls")
+
+
+class RankDisagreement(RuntimeError):
+    """The workers of one tensor-parallel engine report different builds (a knob, a kernel, a drafter)."""
+
+
+def merge_rank_reports(reports: list[dict]) -> dict:
+    """One engine report from its workers' (one per tensor-parallel rank): the facts every rank shares,
+    rank 0's per-rank facts, ``tp_ranks`` (how many reported) and ``rank_pids``. Ranks that disagree on
+    anything else are an error naming the fact: the engine did not run one configuration."""
+    if len(reports) <= 1:
+        return dict(reports[0]) if reports else {}
+    by_rank = sorted(reports, key=lambda r: int(r.get("tp_rank", 0)))
+    ranks = [int(r.get("tp_rank", 0)) for r in by_rank]
+    if len(set(ranks)) != len(ranks):
+        raise RankDisagreement(f"engine reports of {len(ranks)} workers name ranks {ranks}: a rank twice")
+    base = by_rank[0]
+    for other in by_rank[1:]:
+        for key in sorted(set(base) | set(other)):
+            if key in PER_RANK_FACTS or key.startswith("build_facts_error"):
+                continue
+            if base.get(key) != other.get(key):
+                raise RankDisagreement(
+                    f"tensor-parallel ranks disagree on {key!r}: rank {ranks[0]} reports {base.get(key)!r}, "
+                    f"rank {other.get('tp_rank')} reports {other.get(key)!r}")
+    return {**base, "tp_ranks": len(by_rank), "rank_pids": [r.get("pid") for r in by_rank]}
+
+
 def read_engine_reports(report_dir: Path) -> dict:
-    """The engine process that built the drafter (or any, for vanilla legs)."""
+    """The engine's report: its workers' (merged over tensor-parallel ranks, ``merge_rank_reports``), or the
+    front end's when no worker wrote one (a vanilla leg before its KV cache existed)."""
     reports = []
     for path in sorted(report_dir.glob("engine-*.json")):
         try:
             reports.append(json.loads(path.read_text()))
         except (OSError, json.JSONDecodeError):
             continue
-    # The worker's report says what was built (drafter, kernels); the front
-    # end's only what it parsed.
-    with_drafter = [r for r in reports if "drafter" in r]
-    with_build = [r for r in reports if "attention_backend" in r]
-    return (with_drafter or with_build or reports or [{}])[0]
+    # A worker's report says what was built (drafter, kernels, its rank); the front end's only what it parsed.
+    workers = [r for r in reports if "tp_rank" in r or "drafter" in r or "attention_backend" in r]
+    if workers:
+        return merge_rank_reports(workers)
+    return (reports or [{}])[0]
 
 
 def read_trace(report_dir: Path) -> dict[str, list[list]]:
@@ -523,9 +575,11 @@ class TraceTail:
 
 
 def _knobs_in_effect(cfg: LegConfig, engine_report: dict) -> dict[str, Any]:
+    tp = engine_report.get("tensor_parallel_size", 1)  # what the workers ran with (1: no rank reported one)
     if cfg.draft is None:
-        return {"gamma": None}
+        return {"gamma": None, "tensor_parallel_size": tp}
     knobs = dict(engine_report.get("knobs", {}))
+    knobs["tensor_parallel_size"] = tp
     knobs.pop("report_dir", None)
     knobs["gamma"] = engine_report.get("num_speculative_tokens")
     # What was built, not what was asked; whether the switch can act on this host is its own field.
@@ -880,6 +934,7 @@ def config_from_args(args: argparse.Namespace) -> LegConfig:
         n=args.n,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
+        tensor_parallel_size=args.tensor_parallel_size,
         max_num_batched_tokens=args.max_num_batched_tokens,
         dtype=args.dtype,
         gpu_memory_utilization=args.gpu_memory_utilization,

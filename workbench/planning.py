@@ -22,7 +22,8 @@ from workbench.registry import (DATASETS, KNOBS, LADDER_FIELDS, ROLES, Experimen
 __all__ = ["PlannedLeg", "Plan", "parse_overrides", "plan", "ENGINE_SHAPE", "SPEC_ONLY", "template_fields"]
 
 # Knobs that shape the engine: a spec leg is compared only with vanilla legs that share them.
-ENGINE_SHAPE = ("max_num_seqs", "max_tokens", "max_model_len", "n", "dtype", "gpu_memory_utilization")
+ENGINE_SHAPE = ("max_num_seqs", "max_tokens", "max_model_len", "n", "dtype", "gpu_memory_utilization",
+                "tensor_parallel_size")
 
 
 # --- planning ----------------------------------------------------------------------------------

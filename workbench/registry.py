@@ -72,7 +72,7 @@ _LEG_FIELDS = {"name", "kind", "model", "draft", "tier", "reference"} | set(KNOB
 _SMOKE_FIELDS = {"sweep", "legs", "dataset", "bracket", "ladder"} | set(KNOBS)
 _PROFILE_FIELDS = {"description", "device", "tiny", "stand_in", "default_smoke", "roles", "engine", "shapes",
                    "load_format"}
-_ENGINE_KNOBS = {"dtype", "max_model_len", "gpu_memory_utilization", "max_num_seqs"}
+_ENGINE_KNOBS = {"dtype", "max_model_len", "gpu_memory_utilization", "max_num_seqs", "tensor_parallel_size"}
 _ID_RE = re.compile(r"^E[1-9][0-9]*$")
 _LEG_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
