@@ -16,7 +16,10 @@ in rotating order) and the effective bandwidth, for
   with the reason printed, where vLLM's CUDA build is not importable);
 - ``tinygemm``: ``torch._weight_int4pack_mm`` (bf16, group-wise only);
 - ``twin-gemv``: ``vllm_patch.twin_gemv_kernel`` (heuristic config); with the
-  sweep (default) also its alternative configs, in ``sweep.csv``.
+  sweep (default) also its alternative configs, in ``sweep.csv``;
+- ``gemlite``: GemLite's Triton W4A16 kernels (``pip install gemlite``; its GEMV
+  / RevSplit-K / split-K choice and autotuning), on the same weights in its
+  ``(W_q - zeros) * scales`` form (skipped, with the reason, where it is not installed).
 
 Weights are random ``pack-quantized`` int4 (asymmetric ``uint4`` with zero
 points by default, ``--symmetric`` for ``uint4b8``), group 128. Each GEMM
@@ -56,7 +59,7 @@ from workbench.shapes import SHAPES  # noqa: E402
 
 GEMMS = ("qkv", "o", "gate_up", "down")
 WORKING_SET = 256 << 20  # bytes per GEMM's rotating copies: well above the 50-60 MB L2
-KERNEL_ORDER = ("cublas-bf16", "machete", "marlin", "tinygemm", "twin-gemv")
+KERNEL_ORDER = ("cublas-bf16", "machete", "marlin", "tinygemm", "twin-gemv", "gemlite")
 CHECK_TOLERANCE = 2e-2  # max |y - ref| / max |ref|: bf16 output rounding is ~4e-3
 
 
@@ -171,6 +174,37 @@ class Tinygemm(Kernel):
     def run(self, state, x):
         w, sz, group = state
         return torch._weight_int4pack_mm(x, w, group, sz)
+
+
+class Gemlite(Kernel):
+    """GemLite's ``GemLiteLinear`` (Triton), bf16 activations and output, on the checkpoint's int4 values,
+    scales and zero points (symmetric ``uint4b8``: the integer shift 8)."""
+
+    name = "gemlite"
+
+    def prepare(self, packed, scales, zeros, group, dense_bf16):
+        from gemlite import DType, GemLiteLinear
+
+        if group == -1:
+            raise ValueError("channel-wise scales")
+        n, k8 = packed.shape
+        q = tl4.unpack_int4_cols(packed).to(torch.uint8)  # [N, K], natural column order
+        z = 8 if zeros is None else tl4.unpack_int4_rows(zeros, n).to(torch.bfloat16)  # [N, K / group]
+        lin = GemLiteLinear(4, group_size=group, in_features=8 * k8, out_features=n, input_dtype=DType.BF16,
+                            output_dtype=DType.BF16)
+        lin.pack(q, scales.to(torch.bfloat16), z, None)
+        return lin
+
+    def run(self, state, x):
+        return state(x)
+
+
+def gemlite_kernel() -> tuple[list[Kernel], dict[str, str]]:
+    try:
+        import gemlite  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - not installed, or no CUDA build of triton
+        return [], {"gemlite": f"gemlite not importable ({type(e).__name__}: {e})"}
+    return [Gemlite()], {}
 
 
 class VllmKernel(Kernel):
@@ -516,6 +550,12 @@ def dry_run(sizes, group, symmetric) -> int:
             qw, s, z, gi = tl4.repack(packed, scales, zeros, group)
             assert torch.equal(tl4.dequant_repacked(qw, s, z, gi), w), (size, g)
             note = "repack == reference"
+            # the values GemLite is given, (W_q - zeros) * scales, are the checkpoint's dequantization
+            q = tl4.unpack_int4_cols(packed).to(torch.float32)
+            zz = 8.0 if zeros is None else tl4.unpack_int4_rows(zeros, 64).to(torch.float32)
+            zz = zz if isinstance(zz, float) else zz.repeat_interleave(group, dim=1)
+            assert torch.equal((q - zz) * scales.to(torch.float32).repeat_interleave(group, dim=1), w), (size, g)
+            note += " == gemlite's (W_q - zeros) * scales"
             if dequantize_packed is not None:
                 wt = scalar_types.uint4b8 if symmetric else scalar_types.uint4
                 assert torch.equal(dequantize_packed(packed, scales, zeros, None, wt, group, torch.float32), w)
@@ -555,6 +595,10 @@ def main(argv=None) -> int:
     kernels: list[Kernel] = [k for k in (Cublas(), Tinygemm(), Ours()) if k.name in wanted]
     vk, skipped = vllm_kernels() if {"machete", "marlin"} & wanted else ([], {})
     kernels += [k for k in vk if k.name in wanted]
+    if "gemlite" in wanted:
+        gk, why = gemlite_kernel()
+        kernels += gk
+        skipped.update(why)
     kernels.sort(key=lambda k: KERNEL_ORDER.index(k.name))
     for name, why in skipped.items():
         print(f"{name}: skipped ({why})")
