@@ -68,9 +68,7 @@ def run_size(size: str, roles: dict[str, str], args, out: Path, cpu: bool) -> No
                           engine_args=_knobs(args, gamma or 1).engine_args(on_cuda=not cpu), eager=not args.no_eager,
                           tensor_parallel_size=args.tensor_parallel_size,
                           tag={"tensor_parallel_size": args.tensor_parallel_size,
-                               "draft_cudagraph_mode": args.draft_cudagraph_mode,
-                               "draft_linear_kernel": args.draft_linear_kernel,
-                               "async_scheduling": args.async_scheduling})
+                               **le.drafter_tags(_knobs(args, gamma or 1))})
 
 
 def _knobs(args, gamma: int):

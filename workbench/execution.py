@@ -119,25 +119,25 @@ def _rebuild_missing_models(run_dir: Path, cfg: dict[str, Any], reg: Registry) -
     """Before a resume: a checkpoint the project builds (tiny models, shape stand-ins) whose folder is gone
     (a fresh host, a cleaned checkout) is built again, deterministically, at the path the run recorded;
     any other missing local checkpoint is an error naming it (a hub id is left to vLLM)."""
-    built: dict[str, str] = {}
-    for ref, path in (cfg.get("models") or {}).items():
-        p = Path(str(path))
-        if not p.is_absolute() or p.exists():
-            continue
-        if not built:
-            try:
-                prof = reg.profile(cfg.get("profile"))
-            except (RegistryError, KeyError):
-                prof = None
-            if prof is not None and prof.shapes:
-                from workbench.shapes import build_shapes
-                built = {str(d): str(d) for d in build_shapes().values()}
-            elif prof is not None and prof.tiny:
-                from workbench.tiny import ensure_tiny_models
-                built = {str(d): str(d) for d in ensure_tiny_models().values()}
+    missing = {ref: Path(str(path)) for ref, path in (cfg.get("models") or {}).items()
+               if Path(str(path)).is_absolute() and not Path(str(path)).exists()}
+    if not missing:
+        return
+    try:
+        prof = reg.profile(cfg.get("profile"))
+    except (RegistryError, KeyError):
+        prof = None
+    builds = prof is not None and (prof.shapes or prof.tiny)
+    if builds and prof.shapes:
+        from workbench.shapes import build_shapes
+        build_shapes()
+    elif builds:
+        from workbench.tiny import ensure_tiny_models
+        ensure_tiny_models()
+    for ref, p in missing.items():
         if not p.exists():
             raise ProtocolError(f"cannot resume {run_dir}: role {ref!r} was prepared with the checkpoint {p}, "
-                                "which is not on this host" + ("" if built else
+                                "which is not on this host" + ("" if builds else
                                                               " (the profile's models are not built by the project)"))
 
 
@@ -204,18 +204,12 @@ def device_problem(p: Plan) -> str | None:
 
 
 def _tp_problems(tp: int, leg: PlannedLeg, models: dict[str, str], bad_models: set[str]) -> list[str]:
-    """A leg's tensor-parallel size against its models' heads and this host's devices (``workbench.parallel``)."""
+    """A leg's tensor-parallel size against its models' heads and this host's devices."""
     from workbench import leg as legmod
-    from workbench.parallel import host_devices, tp_problems
 
     roles = [("target", leg.model)] + ([("draft", leg.draft)] if leg.kind == "spec" and leg.draft else [])
-    configs = {}
-    for role, ref in roles:
-        path = models.get(ref)
-        ok = path is not None and ref not in bad_models and legmod.is_local(path)
-        configs[f"{role} ({ref})"] = legmod.read_model_config(path, ref) if ok else None
-    devices, kind = host_devices(_cuda_available())
-    return tp_problems(tp, configs, devices, kind)
+    paths = {f"{role} ({ref})": None if ref in bad_models else models.get(ref) for role, ref in roles}
+    return legmod.tensor_parallel_problems(tp, paths, _cuda_available())
 
 
 def preflight_problems(p: Plan, models: dict[str, str], prompts: list | None) -> list[str]:

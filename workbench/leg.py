@@ -299,14 +299,15 @@ def length_problems(prompts: list, lengths: list[int], max_model_len: int, model
             f"{shown}{more}; raise max_model_len or leave those prompts out"]
 
 
-def tensor_parallel_problems(cfg: LegConfig) -> list[str]:
-    """Why the leg's tensor-parallel size cannot run its models on this host (``workbench.parallel``)."""
+def tensor_parallel_problems(tp: int, models: dict[str, str | None], on_cuda: bool) -> list[str]:
+    """Why ``tp`` cannot run these models (label -> checkpoint; a hub id is not checked) on this host
+    (``workbench.parallel``): the one check of a leg and of a run's preflight."""
     from .parallel import host_devices, tp_problems
 
-    configs = {role: read_model_config(path, role) if is_local(path) else None
-               for role, path in (("target", cfg.target), ("draft", cfg.draft)) if path is not None}
-    devices, kind = host_devices(_cuda_present())
-    return tp_problems(cfg.tensor_parallel_size, configs, devices, kind)
+    configs = {label: read_model_config(path, label) if path is not None and is_local(path) else None
+               for label, path in models.items()}
+    devices, kind = host_devices(on_cuda)
+    return tp_problems(tp, configs, devices, kind)
 
 
 def preflight(cfg: LegConfig) -> tuple[list, list[list], list[int]]:
@@ -327,7 +328,8 @@ def preflight(cfg: LegConfig) -> tuple[list, list[list], list[int]]:
         raise LegError("--gamma given without --draft")
     problems = model_problems(cfg.target, cfg.draft)
     if not problems and cfg.tensor_parallel_size > 1:
-        problems += tensor_parallel_problems(cfg)
+        models = {"target": cfg.target, **({"draft": cfg.draft} if cfg.draft is not None else {})}
+        problems += tensor_parallel_problems(cfg.tensor_parallel_size, models, _cuda_present())
     bad_gamma = gamma_problem(cfg.knobs.gamma, cfg.max_model_len, spec_len_limit())
     if bad_gamma:
         problems.append(bad_gamma)
@@ -451,9 +453,8 @@ def _counter_delta(after: dict, before: dict) -> dict:
 
 
 # Engine-report facts that differ between the ranks of one tensor-parallel engine by construction: the
-# process, its rank, and what its shard holds (weight bytes and memory are per rank).
-PER_RANK_FACTS = ("pid", "tp_rank", "weight_bytes", "target_weight_bytes", "draft_weight_bytes",
-                  "kv_cache_bytes", "draft_vision_calls")
+# process, its rank, and what its shard holds (weight bytes are per rank).
+PER_RANK_FACTS = ("pid", "tp_rank", "weight_bytes")
 
 
 class RankDisagreement(RuntimeError):
