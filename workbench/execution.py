@@ -203,6 +203,11 @@ def device_problem(p: Plan) -> str | None:
     return None
 
 
+def leg_tp(knobs: dict[str, Any]) -> int:
+    """A planned leg's tensor-parallel size (1 in a run planned before the knob existed)."""
+    return int(knobs.get("tensor_parallel_size") or 1)
+
+
 def _tp_problems(tp: int, leg: PlannedLeg, models: dict[str, str], bad_models: set[str]) -> list[str]:
     """A leg's tensor-parallel size against its models' heads and this host's devices."""
     from workbench import leg as legmod
@@ -237,7 +242,7 @@ def preflight_problems(p: Plan, models: dict[str, str], prompts: list | None) ->
         bad = legmod.gamma_problem(k.get("gamma"), int(k["max_model_len"])) if l.kind == "spec" else None
         if bad:
             problems.append(f"leg {l.name}: {bad}")
-        tp = int(k.get("tensor_parallel_size") or 1)
+        tp = leg_tp(k)
         if tp > 1:
             problems += [f"leg {l.name}: {msg}" for msg in _tp_problems(tp, l, models, bad_models)]
         path = models[l.model]
@@ -366,7 +371,7 @@ def prepare_run(experiment: str, profile: str | None = None, overrides: Any = No
         if prompts is not None:
             save_prompts(prompts, staging / PROMPTS)
         # the tensor-parallel sizes the legs run at (each leg's records state the one its engine ran with)
-        tps = sorted({int(l.knobs.get("tensor_parallel_size") or 1) for l in p.legs})
+        tps = sorted({leg_tp(l.knobs) for l in p.legs})
         envcapture.write_env(staging / ENV_JSON, {"tensor_parallel_sizes": tps})
         cfg = p.config()
         cfg.update(run_id=run_id, created=_now(), models=models, model_paths=dict(model_paths or {}),
@@ -412,7 +417,7 @@ def leg_config(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path, resume_from:
         prompts=str(run_dir / cfg.get("prompts_file", PROMPTS)), out=str(run_dir / LEGS / leg.name),
         max_tokens=int(k["max_tokens"]), knobs=knobs, n=int(k["n"]), max_model_len=int(k["max_model_len"]),
         max_num_seqs=int(k["max_num_seqs"]), dtype=str(k.get("dtype") or "auto"),
-        tensor_parallel_size=int(k.get("tensor_parallel_size") or 1),
+        tensor_parallel_size=leg_tp(k),
         # on CPU the leg picks its own small host-memory share for the KV cache
         gpu_memory_utilization=float(gpu_mem) if cfg.get("device") == "gpu" and gpu_mem is not None else None,
         experiment=cfg["experiment"], leg=leg.name, run_id=cfg["run_id"],
@@ -435,7 +440,7 @@ def ladder_leg_config(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path) -> di
             "draft": cfg["models"][leg.draft] if spec else None, "gamma": k.get("gamma") if spec else None,
             "batches": list(ladder["batches"]), "repeats": int(ladder["repeats"]),
             "prompt_len": int(ladder["prompt_len"]), "eager": bool(ladder.get("eager", True)),
-            "tensor_parallel_size": int(k.get("tensor_parallel_size") or 1),
+            "tensor_parallel_size": leg_tp(k),
             "tokens": int(k["max_tokens"]),
             "dtype": str(k.get("dtype") or "bfloat16"), "max_model_len": int(k["max_model_len"]),
             "gpu_memory_utilization": float(gpu_mem) if gpu_mem is not None else GPU_MEMORY_UTILIZATION,
