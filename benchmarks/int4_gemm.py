@@ -59,7 +59,7 @@ from workbench.shapes import SHAPES  # noqa: E402
 
 GEMMS = ("qkv", "o", "gate_up", "down")
 WORKING_SET = 256 << 20  # bytes per GEMM's rotating copies: well above the 50-60 MB L2
-KERNEL_ORDER = ("cublas-bf16", "machete", "marlin", "tinygemm", "twin-gemv", "gemlite")
+KERNEL_ORDER = ("cublas-bf16", "machete", "marlin", "humming", "tinygemm", "twin-gemv", "gemlite")
 CHECK_TOLERANCE = 2e-2  # max |y - ref| / max |ref|: bf16 output rounding is ~4e-3
 
 
@@ -253,10 +253,11 @@ def vllm_kernels() -> tuple[list[Kernel], dict[str, str]]:
         P.get_tensor_model_parallel_rank = lambda: 0
         P.get_tensor_model_parallel_world_size = lambda: 1
     except Exception as e:  # noqa: BLE001 - any import failure means: no vLLM kernels
-        return [], {"machete": f"vLLM not importable ({type(e).__name__}: {e})",
-                    "marlin": f"vLLM not importable ({type(e).__name__}: {e})"}
+        why = f"vLLM not importable ({type(e).__name__}: {e})"
+        return [], {"machete": why, "marlin": why, "humming": why}
     out = []
-    for name, mod, cls in (("machete", "machete", "MacheteLinearKernel"), ("marlin", "marlin", "MarlinLinearKernel")):
+    for name, mod, cls in (("machete", "machete", "MacheteLinearKernel"), ("marlin", "marlin", "MarlinLinearKernel"),
+                           ("humming", "humming", "HummingLinearKernel")):
         try:
             module = __import__(f"vllm.model_executor.kernels.linear.mixed_precision.{mod}", fromlist=[cls])
             out.append(VllmKernel(name, getattr(module, cls)))
@@ -593,7 +594,7 @@ def main(argv=None) -> int:
 
     wanted = set(args.kernels.split(","))
     kernels: list[Kernel] = [k for k in (Cublas(), Tinygemm(), Ours()) if k.name in wanted]
-    vk, skipped = vllm_kernels() if {"machete", "marlin"} & wanted else ([], {})
+    vk, skipped = vllm_kernels() if {"machete", "marlin", "humming"} & wanted else ([], {})
     kernels += [k for k in vk if k.name in wanted]
     if "gemlite" in wanted:
         gk, why = gemlite_kernel()

@@ -136,6 +136,13 @@ def sweep_configs(m: int, k8: int) -> list[Config]:
         for bn, bkp, waves in ((32, 64, 8), (16, 64, 8)):  # split-K reduced by the last CTA
             out.append(Config("gemv", bm=bm, bn=bn if bm < 4 else max(8, bn // 2), bkp=min(bkp, bkp_cap),
                               waves=waves, fused=True))
+        # tiles inside one quantization group (bkp divides the group's packed ints, e.g. 16 for group 128):
+        # one scale and zero-point load per row and tile instead of one per packed int
+        for bn, bkp, waves, warps, fused in ((64, 16, 4, 4, False), (128, 16, 4, 4, False), (128, 16, 2, 8, False),
+                                             (256, 16, 2, 8, False), (128, 8, 4, 4, False), (64, 16, 4, 4, True),
+                                             (128, 16, 4, 4, True), (256, 8, 2, 8, True)):
+            out.append(Config("gemv", bm=bm, bn=bn if bm < 4 else bn // 2, bkp=min(bkp, bkp_cap), warps=warps,
+                              waves=waves, fused=fused))
     if m <= 16:
         for bn, bkp, waves, warps, lowp in ((64, 32, 4, 4, True), (64, 64, 4, 4, True), (32, 32, 8, 4, True),
                                             (128, 32, 2, 4, True), (64, 32, 4, 4, False), (64, 64, 4, 4, False)):
@@ -183,12 +190,22 @@ if HAVE_TRITON:
             c_ok = cols < K8
             wmask = n_ok[:, None] & c_ok[None, :]
             w = tl.load(qw_ptr + offs_n[:, None] * K8 + cols[None, :], mask=wmask, other=0)
-            gn = (cols // GROUP_INTS)[None, :] * stride_sg + offs_n[:, None] * stride_sn
-            sc = tl.load(s_ptr + gn, mask=wmask, other=0.0).to(tl.float32)
-            if HAS_Z:
-                zp = tl.load(z_ptr + gn, mask=wmask, other=0).to(tl.float32)
+            if GROUP_INTS % BKP == 0:  # the tile lies in one group: one scale (zero point) per row
+                cb = c0 + it * BKP
+                g1 = (cb // GROUP_INTS) * stride_sg + offs_n * stride_sn
+                ok1 = n_ok & (cb < K8)
+                sc = tl.load(s_ptr + g1, mask=ok1, other=0.0).to(tl.float32)[:, None]
+                if HAS_Z:
+                    zp = tl.load(z_ptr + g1, mask=ok1, other=0).to(tl.float32)[:, None]
+                else:
+                    zp = tl.full((BN, 1), 8.0, dtype=tl.float32)
             else:
-                zp = tl.full((BN, BKP), 8.0, dtype=tl.float32)
+                gn = (cols // GROUP_INTS)[None, :] * stride_sg + offs_n[:, None] * stride_sn
+                sc = tl.load(s_ptr + gn, mask=wmask, other=0.0).to(tl.float32)
+                if HAS_Z:
+                    zp = tl.load(z_ptr + gn, mask=wmask, other=0).to(tl.float32)
+                else:
+                    zp = tl.full((BN, BKP), 8.0, dtype=tl.float32)
             kb = (cols // 4) * 32 + (cols % 4)
             hi = w >> 16
             t0 = tl.zeros((BN, BKP), dtype=tl.float32)
