@@ -121,6 +121,7 @@ def test_interpreted_kernel_matches_reference(ik, n, k, group, symmetric, m):
                     # tiles inside one group where bkp divides its packed ints (one scale load per row)
                     ik.Config("gemv", bm=ik._pow2_at_least(m), bn=32, bkp=4, split=3),
                     ik.Config("gemv", bm=ik._pow2_at_least(m), bn=16, bkp=8, split=2, fused=True),
+                    ik.Config("gemv", bm=ik._pow2_at_least(m), bn=32, bkp=8, split=2, asm=True),  # no PTX here
                     ik.Config("mma", bm=16, bn=16, bkp=16, split=1)]
     # the mma kernel rounds the dequantized weight once to x's dtype: a matmul with the dequantized checkpoint
     ref_rounded = x.float() @ w.to(torch.bfloat16).float().T

@@ -71,6 +71,7 @@ class Config:
     stages: int = 2
     lowp: bool = True  # mma: operands in the activation dtype (else fp32 / tf32)
     fused: bool = False  # gemv split-K: the last CTA of a tile adds the partials (no second kernel)
+    asm: bool = False  # gemv: nibbles to floats by inline PTX (NIBBLES_ASM); compiled kernels only
     split: int = 0  # split-K factor; 0 = from the CTA target
     waves: int = 8  # CTAs per SM to aim for when split == 0
 
@@ -79,7 +80,8 @@ class Config:
         s = f"s{self.split}" if self.split else f"w{self.waves}"
         tf32 = "-tf32" if self.kind == "mma" and not self.lowp else ""
         fused = "-fused" if self.kind == "gemv" and self.fused else ""
-        return f"{self.kind}-m{self.bm}-n{self.bn}-k{8 * self.bkp}-{s}-nw{self.warps}-st{self.stages}{tf32}{fused}"
+        asm = "-asm" if self.kind == "gemv" and self.asm else ""
+        return f"{self.kind}-m{self.bm}-n{self.bn}-k{8 * self.bkp}-{s}-nw{self.warps}-st{self.stages}{tf32}{fused}{asm}"
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -141,8 +143,10 @@ def sweep_configs(m: int, k8: int) -> list[Config]:
         for bn, bkp, waves, warps, fused in ((64, 16, 4, 4, False), (128, 16, 4, 4, False), (128, 16, 2, 8, False),
                                              (256, 16, 2, 8, False), (128, 8, 4, 4, False), (64, 16, 4, 4, True),
                                              (128, 16, 4, 4, True), (256, 8, 2, 8, True)):
-            out.append(Config("gemv", bm=bm, bn=bn if bm < 4 else bn // 2, bkp=min(bkp, bkp_cap), warps=warps,
-                              waves=waves, fused=fused))
+            for asm in (False, True):  # Triton's nibble code, and NIBBLES_ASM (one lop3 a nibble instead of two)
+                out.append(Config("gemv", bm=bm, bn=bn if bm < 4 else bn // 2, bkp=min(bkp, bkp_cap), warps=warps,
+                                  waves=waves, fused=fused, asm=asm))
+        out.append(Config("gemv", bm=bm, bn=32 if bm < 4 else 16, bkp=min(64, bkp_cap), waves=8, asm=True))
     if m <= 16:
         for bn, bkp, waves, warps, lowp in ((64, 32, 4, 4, True), (64, 64, 4, 4, True), (32, 32, 8, 4, True),
                                             (128, 32, 2, 4, True), (64, 32, 4, 4, False), (64, 64, 4, 4, False)):
@@ -160,6 +164,15 @@ def resolve_split(cfg: Config, n: int, k8: int, m: int, sms: int) -> tuple[int, 
     return -(-k_tiles // iters), iters
 
 
+# PTX of Config.asm: the eight nibbles of one packed int as the floats q * 16^(j % 4) (exact), each by one
+# lop3 ((w & mask) | 2^23's bits; Triton's own code needs two logic ops there, its two constants being
+# immediates) and one subtraction of 2^23; nibbles 4-7 from the int shifted right by 16.
+_NIBBLES_PTX = "{\n.reg .b32 hi, t;\nshr.u32 hi, $8, 16;\n" + "".join(
+    f"lop3.b32 t, {'hi' if j >= 4 else '$8'}, {15 << (4 * (j % 4)):#010x}, 0x4b000000, 0xea;\n"
+    f"sub.f32 ${j}, t, 0f4B000000;\n" for j in range(8)) + "}"
+if HAVE_TRITON:
+    NIBBLES_ASM = tl.constexpr(_NIBBLES_PTX)
+
 # ---------------------------------------------------------------- kernels
 
 if HAVE_TRITON:
@@ -174,7 +187,7 @@ if HAVE_TRITON:
     def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K8, stride_xm, stride_om, stride_split,
                         iters, stride_sg, stride_sn, fin_ptr, cnt_ptr, split, GROUP_INTS: tl.constexpr,
                         HAS_Z: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BKP: tl.constexpr,
-                        FUSED: tl.constexpr):
+                        FUSED: tl.constexpr, ASM: tl.constexpr = False):
         # Rows of x are unrolled (BM in 1, 2, 4), so every tensor keeps the weight tile's 2-D layout.
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -216,13 +229,19 @@ if HAVE_TRITON:
             s1 = tl.zeros((BKP,), dtype=tl.float32)
             s2 = tl.zeros((BKP,), dtype=tl.float32)
             s3 = tl.zeros((BKP,), dtype=tl.float32)
+            if ASM:  # all eight at once: one lop3 (and | or) and one subtraction per nibble
+                fs = tl.inline_asm_elementwise(asm=NIBBLES_ASM, constraints="=f,=f,=f,=f,=f,=f,=f,=f,r", args=[w],
+                                               dtype=(tl.float32,) * 8, is_pure=True, pack=1)
             for j in tl.static_range(8):
-                if j < 4:
-                    src = w
+                if ASM:
+                    f = fs[j]
                 else:
-                    src = hi
-                # nibble masked in place: the float 2^23 + q * 16^(j%4), minus 2^23
-                f = ((src & (15 << (4 * (j % 4)))) | MAGIC).to(tl.float32, bitcast=True) - 8388608.0
+                    if j < 4:
+                        src = w
+                    else:
+                        src = hi
+                    # nibble masked in place: the float 2^23 + q * 16^(j%4), minus 2^23
+                    f = ((src & (15 << (4 * (j % 4)))) | MAGIC).to(tl.float32, bitcast=True) - 8388608.0
                 t0, s0 = _gemv_row(x_ptr, M > 0, f, kb, j, c_ok, t0, s0)
                 if BM > 1:
                     t1, s1 = _gemv_row(x_ptr + stride_xm, M > 1, f, kb, j, c_ok, t1, s1)
@@ -359,8 +378,10 @@ def w4a16_mm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros
     fused = cfg.kind == "gemv" and cfg.fused and split > 1
     if cfg.kind == "gemv":
         cnt = counters(x.device, grid[0]) if fused else qweight
+        interpreted = type(_w4_gemv_kernel).__name__ == "InterpretedFunction"  # no inline PTX there
         _w4_gemv_kernel[grid](*common, out, cnt, split, GROUP_INTS=group_ints, HAS_Z=has_z, BM=cfg.bm, BN=cfg.bn,
-                              BKP=cfg.bkp, FUSED=fused, num_warps=cfg.warps, num_stages=cfg.stages)
+                              BKP=cfg.bkp, FUSED=fused, ASM=cfg.asm and not interpreted, num_warps=cfg.warps,
+                              num_stages=cfg.stages)
     else:
         prec = "ieee" if x.dtype == torch.float32 else "tf32"
         _w4_mma_kernel[grid](*common, GROUP_INTS=group_ints, HAS_Z=has_z, BM=cfg.bm, BN=cfg.bn, BKP=cfg.bkp,
