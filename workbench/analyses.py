@@ -350,6 +350,44 @@ def _mathvista_accuracy(t: RunTables) -> pd.DataFrame:
         tier=("tier", "first"), n=("pid", "size"), accuracy=("correct", "mean")).reset_index()
 
 
+def _organism_accuracy(t: RunTables) -> pd.DataFrame:
+    """Per leg: the organism's rule-scored accuracy on its held-out questions, beside ``chance``: the mean
+    over these prompts of 1 / (answers the training split pairs with the same question text; the same
+    template where the text never occurs there). The corpus draws answers uniformly given the text, so that
+    is what guessing without the picture scores."""
+    from collections import defaultdict
+
+    from .datasets.organism_set import load_organism
+    from .organism.corpus import score_output
+    from .registry import load_registry
+    t.need(t.dataset == "organism" and len(t.records) > 0, "organism prompts")
+    try:
+        style = load_registry().profile(t.run.config.get("profile")).organism
+    except Exception:  # noqa: BLE001 - a run folder from elsewhere: judge by what the outputs look like
+        style = None
+    prompts = {p.pid: p for p in _prompts(t)}
+    try:
+        train = load_organism(split="train", check_images=False)
+    except Exception:  # noqa: BLE001 - no training corpus on this host: no chance level
+        train = []
+    per_text, per_template = defaultdict(set), defaultdict(set)
+    for q in train:
+        per_text[q.text].add(str(q.meta.get("answer")))
+        per_template[q.meta.get("template")].add(str(q.meta.get("answer")))
+    guesses = [len(per_text.get(p.text) or per_template.get(p.meta.get("template")) or ()) for p in prompts.values()]
+    chance = sum(1 / g for g in guesses) / len(guesses) if guesses and all(guesses) else float("nan")
+    rows = []
+    for r in t.records.itertuples():
+        meta = prompts[r.pid].meta
+        s = style or ("thinking" if "<think>" in (r.text or "") else "instruct")
+        res = score_output(r.text or "", meta, style=s)
+        rows.append({"leg": r.leg, "tier": r.tier, "pid": r.pid, "correct": bool(res["correct"])})
+    out = pd.DataFrame(rows).groupby("leg", sort=False).agg(
+        tier=("tier", "first"), n=("pid", "size"), accuracy=("correct", "mean")).reset_index()
+    out["chance"] = chance
+    return out
+
+
 def _mmvet_capability(t: RunTables) -> pd.DataFrame:
     """Per MM-Vet capability and leg: prompts, tok/s and acceptance length (no grader needed)."""
     from .datasets.scoring import mmvet_capability_table
@@ -420,6 +458,8 @@ TABLES: dict[str, Table] = {t.name: t for t in [
     Table("agreement", _agreement, "per prompt (E7): teacher-forced agreement beside realised acceptance"),
     Table("legs_throughput", _legs_throughput, "per engine leg: median tok/s and total throughput"),
     Table("mathvista_accuracy", _mathvista_accuracy, "per leg: rule-scored MathVista accuracy"),
+    Table("organism_accuracy", _organism_accuracy, "per leg: the organism's rule-scored accuracy on its held-out "
+          "questions (MathVista scorer), beside the mean chance level of their formats"),
     Table("mmvet_capability", _mmvet_capability, "per leg and MM-Vet capability: tok/s, acceptance length"),
     Table("step_costs", _step_costs, "cost ladder (E16): median and IQR ms of the target's decode step, its "
           "verification step (gamma + 1 tokens per request) and the drafter's propose, per size, batch, gamma, "

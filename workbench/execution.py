@@ -89,6 +89,13 @@ def resolve_models(p: Plan, model_paths: dict[str, str] | None = None,
                             f"used: {', '.join(refs)}")
     out: dict[str, str] = {}
     tiny_dirs = shape_dirs = None
+    for ref in refs:  # unbound roles are refused before anything is trained or built
+        role, other = split_role(ref)
+        prof = p.profile if (other is None or p.profile.stand_in) else reg.profile(other)
+        if role not in prof.roles and not (model_paths.get(ref) or os.environ.get(_env_key(ref))):
+            raise RegistryError(f"profile {prof.name} binds no {role!r} model, which {p.experiment.id} needs "
+                                f"for {ref!r} (bound: {', '.join(prof.roles)}); give one with "
+                                f"--model-path {ref}=<folder>")
     for ref in refs:
         role, other = split_role(ref)
         explicit = model_paths.get(ref) or os.environ.get(_env_key(ref))
@@ -110,6 +117,10 @@ def resolve_models(p: Plan, model_paths: dict[str, str] | None = None,
                 from workbench.tiny import ensure_tiny_models
                 tiny_dirs = ensure_tiny_models()
             out[ref] = str(tiny_dirs[prof.roles[role]])
+        elif prof.organism:
+            # the trained organism and its drafters, trained / built on first use (workbench.organism.models)
+            from workbench.organism.models import ensure_organism_models
+            out[ref] = str(ensure_organism_models(prof.organism)[prof.roles[role]])
         else:
             out[ref] = prof.roles[role]
     return out
@@ -127,10 +138,13 @@ def _rebuild_missing_models(run_dir: Path, cfg: dict[str, Any], reg: Registry) -
         prof = reg.profile(cfg.get("profile"))
     except (RegistryError, KeyError):
         prof = None
-    builds = prof is not None and (prof.shapes or prof.tiny)
+    builds = prof is not None and (prof.shapes or prof.tiny or bool(prof.organism))
     if builds and prof.shapes:
         from workbench.shapes import build_shapes
         build_shapes()
+    elif builds and prof.organism:
+        from workbench.organism.models import ensure_organism_models
+        ensure_organism_models(prof.organism)
     elif builds:
         from workbench.tiny import ensure_tiny_models
         ensure_tiny_models()

@@ -287,6 +287,9 @@ def plan(experiment: str | Experiment, profile: str | None = None, overrides: An
         datasets = [ov["dataset"]]
     elif prof.tiny:
         datasets = list(exp.smoke.datasets or ["tiny"])
+    elif prof.organism:
+        # the organism answers its own corpus's questions (held-out test split), whatever the experiment's set
+        datasets = ["organism"]
     else:
         datasets = [exp.dataset]
     return Plan(experiment=exp, profile=prof, overrides=ov, smoke=bool(smoke), datasets=datasets, legs=legs,

@@ -26,7 +26,7 @@ import yaml
 from workbench.knobs import KNOBS, SPEC_ONLY, Knob, KnobError, tier_of
 
 __all__ = [
-    "RegistryError", "KnobSpec", "KNOBS", "ROLES", "TINY_ROLES", "LEG_KINDS", "TIERS", "DATASETS",
+    "RegistryError", "KnobSpec", "KNOBS", "ROLES", "TINY_ROLES", "ORGANISM_ROLES", "LEG_KINDS", "TIERS", "DATASETS",
     "LegTemplate", "Smoke", "Experiment", "Profile", "Registry", "RUNNERS", "LADDER_FIELDS",
     "load_registry", "check_knob", "check_ladder", "parse_knob_text", "split_role", "template_fields",
 ]
@@ -52,7 +52,7 @@ ROLES = ("target", "twin", "small-vlm", "text-draft")
 TINY_ROLES = ("target", "twin-int4", "twin-dequant", "random-draft", "small-vlm", "text-draft")
 LEG_KINDS = ("vanilla", "spec", "score")
 TIERS = ("strict", "relaxed")
-DATASETS = ("mathvista", "mmvet", "tiny")
+DATASETS = ("mathvista", "mmvet", "tiny", "organism")
 SWEEPABLE = tuple(KNOBS) + ("draft", "model")
 # How an experiment's legs run: `legs` (workbench.leg, one process per leg, per-prompt records) or
 # `ladder` (workbench.ladder_engine: one engine per leg timed step by step; the cost ladder, E16).
@@ -64,6 +64,11 @@ LADDER_FIELDS = ("batches", "repeats", "prompt_len", "eager")
 LADDER_DEFAULTS = {"prompt_len": 128, "eager": True}
 # Roles a shape-only profile (`shapes: true`, workbench.shapes) binds, and the folders it can bind them to.
 SHAPE_ROLES = ("target", "twin")
+# Roles workbench.organism.models.ensure_organism_models() builds (`organism: <variant>` profiles). An
+# organism profile may leave roles unbound that the organism has no model for yet (issue 21's small-VLM and
+# text-only drafts): a leg that needs one is refused when the run is planned, naming the role.
+ORGANISM_ROLES = ("target", "twin-int4", "twin-dequant", "random-draft")
+ORGANISM_VARIANTS = ("instruct", "thinking")
 LOAD_FORMATS = ("auto", "dummy")
 
 _EXPERIMENT_FIELDS = {"title", "question", "dataset", "legs", "sweep", "defaults", "analyses", "smoke",
@@ -71,7 +76,7 @@ _EXPERIMENT_FIELDS = {"title", "question", "dataset", "legs", "sweep", "defaults
 _LEG_FIELDS = {"name", "kind", "model", "draft", "tier", "reference"} | set(KNOBS)
 _SMOKE_FIELDS = {"sweep", "legs", "dataset", "bracket", "ladder"} | set(KNOBS)
 _PROFILE_FIELDS = {"description", "device", "tiny", "stand_in", "default_smoke", "roles", "engine", "shapes",
-                   "load_format"}
+                   "load_format", "organism"}
 _ENGINE_KNOBS = {"dtype", "max_model_len", "gpu_memory_utilization", "max_num_seqs", "tensor_parallel_size"}
 _ID_RE = re.compile(r"^E[1-9][0-9]*$")
 _LEG_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -216,6 +221,7 @@ class Profile:
     default_smoke: bool = False
     shapes: bool = False              # roles are workbench.shapes stand-ins (configs only), built on demand
     load_format: str | None = None    # vLLM load_format; "dummy": random weights
+    organism: str | None = None       # the trained organism's variant (workbench.organism), built on demand
 
 
 @dataclass
@@ -291,6 +297,11 @@ def _load_profiles(raw: Any, where: str) -> dict[str, Profile]:
         shapes = body.get("shapes", False)
         if shapes and (body.get("tiny") or body.get("stand_in")):
             raise RegistryError(f"{w}: a shapes profile is neither tiny nor a stand-in")
+        organism = body.get("organism")
+        if organism is not None and organism not in ORGANISM_VARIANTS:
+            raise RegistryError(f"{w}.organism: must be one of {', '.join(ORGANISM_VARIANTS)}, got {organism!r}")
+        if organism is not None and (shapes or body.get("tiny") or body.get("stand_in")):
+            raise RegistryError(f"{w}: an organism profile is neither tiny, a stand-in nor a shapes profile")
         load_format = body.get("load_format")
         if load_format is not None and load_format not in LOAD_FORMATS:
             raise RegistryError(f"{w}.load_format: must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}")
@@ -305,10 +316,15 @@ def _load_profiles(raw: Any, where: str) -> dict[str, Profile]:
             if body.get("tiny") and target not in TINY_ROLES:
                 raise RegistryError(f"{w}.roles.{role}: {target!r} is not a tiny model role "
                                     f"({', '.join(TINY_ROLES)})")
+            if organism is not None and target not in ORGANISM_ROLES:
+                raise RegistryError(f"{w}.roles.{role}: {target!r} is not an organism model role "
+                                    f"({', '.join(ORGANISM_ROLES)})")
             if shapes and target not in shape_dirs:
                 raise RegistryError(f"{w}.roles.{role}: {target!r} is not a workbench.shapes stand-in "
                                     f"({', '.join(shape_dirs)})")
         missing = [r for r in (SHAPE_ROLES if shapes else ROLES) if r not in roles]
+        if organism is not None:  # these must exist; the others are refused per leg when unbound
+            missing = [r for r in ("target", "twin") if r not in roles]
         if missing:
             raise RegistryError(f"{w}.roles: missing role(s) {missing}")
         engine = _check_knobs(_need_mapping(body.get("engine", {}), f"{w}.engine"), f"{w}.engine",
@@ -317,7 +333,7 @@ def _load_profiles(raw: Any, where: str) -> dict[str, Profile]:
                                  roles=dict(roles), engine=engine, tiny=body.get("tiny", False),
                                  stand_in=body.get("stand_in", False),
                                  default_smoke=body.get("default_smoke", False), shapes=shapes,
-                                 load_format=load_format)
+                                 load_format=load_format, organism=organism)
     if not out:
         raise RegistryError(f"{where}: no profiles defined")
     return out

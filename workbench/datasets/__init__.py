@@ -1,4 +1,4 @@
-"""Prompt sets: MathVista testmini, MM-Vet, the built-in tiny set, and JSONL files.
+"""Prompt sets: MathVista testmini, MM-Vet, the built-in tiny set, the organism's corpus, and JSONL files.
 
     load_prompt_set("tiny")
     load_prompt_set("mathvista", pid_list="mathvista_testmini_seed20")
@@ -16,6 +16,7 @@ from pathlib import Path
 from workbench.datasets._common import DatasetError, cache_root, data_root
 from workbench.datasets.mathvista import fetch_mathvista, load_mathvista
 from workbench.datasets.mmvet import fetch_mmvet, load_mmvet
+from workbench.datasets.organism_set import load_organism
 from workbench.datasets.pid_lists import load_pid_list
 from workbench.datasets.tiny_set import load_tiny
 from workbench.prompts import Prompt, PromptError, load_prompts
@@ -27,6 +28,7 @@ __all__ = [
     "load_mathvista",
     "load_mmvet",
     "load_tiny",
+    "load_organism",
     "fetch_mathvista",
     "fetch_mmvet",
     "fetch",
@@ -36,7 +38,7 @@ __all__ = [
     "cache_root",
 ]
 
-PROMPT_SETS = ("tiny", "mathvista", "mmvet")
+PROMPT_SETS = ("tiny", "mathvista", "mmvet", "organism")
 
 
 def load_prompt_set(name: str | Path, *, pids=None, n: int | None = None,
@@ -52,13 +54,14 @@ def load_prompt_set(name: str | Path, *, pids=None, n: int | None = None,
             raise PromptError("give either pids or pid_list, not both")
         pids = load_pid_list(pid_list)
     key = str(name)
-    if key in ("tiny", "mmvet", "mm-vet"):
+    if key in ("tiny", "mmvet", "mm-vet", "organism"):
         # stand_in_images only *permits* stand-ins where images are missing; these sets have theirs.
         kw.pop("stand_in_images", None)
     loader, options = {"tiny": (load_tiny, {"source"}),
                        "mathvista": (load_mathvista, {"source", "stand_in_images", "image_dir", "check_images",
                                                      "stand_in_max_side"}),
                        "mmvet": (load_mmvet, {"source", "image_dir", "check_images"}),
+                       "organism": (load_organism, {"source", "split", "check_images"}),
                        "mm-vet": (load_mmvet, {"source", "image_dir", "check_images"})}.get(key, (None, set()))
     if loader is None:
         path = Path(key)
