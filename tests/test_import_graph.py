@@ -30,7 +30,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "workbench.datasets.stand_in", "workbench.datasets.tiny_set", "workbench.tiny", "workbench.shapes",
                 "workbench.registry", "workbench.planning", "workbench.envcapture", "workbench.teacher",
                 "workbench.exactness", "workbench.testing", "workbench.parallel", "workbench.organism", "workbench.organism.corpus",
-                "workbench.organism.train", "workbench.organism.models", "workbench.datasets.organism_set")),
+                "workbench.organism.train", "workbench.organism.models", "workbench.datasets.organism_set",
+                "workbench.grounding")),
     # one leg = one process: engine legs, score legs, cost-ladder engines
     ("runners", ("workbench.leg", "workbench.score", "workbench.ladder_engine", "workbench.serve_leg")),
     # reading a run folder: records, legs, the cost ladder's rows and tables

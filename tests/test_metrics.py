@@ -200,6 +200,17 @@ def test_token_class_acceptance_proxy():
     assert ids == {3, 6}
 
 
+def test_token_class_acceptance_by_position_labels():
+    # the same evaluated positions as above, labelled per position (the grounded definition's shape):
+    # positions 1 and 4 grounded -> one accepted (1), one accepted (4); 2, 3 rejected, 5, 6 accepted
+    labels = [["other", "g", "other", "other", "g", "other", "other", "other"]]
+    out = M.token_class_acceptance(traced(), set(), position_labels=labels).set_index("token_class")
+    assert (out.loc["g", "evaluated"], out.loc["g", "accepted"]) == (2, 2)
+    assert (out.loc["other", "evaluated"], out.loc["other", "accepted"]) == (4, 2)
+    with pytest.raises(ValueError, match="one label per output token"):
+        M.token_class_acceptance(traced(), set(), position_labels=[["g"] * 3])
+
+
 def test_synthetic_run_is_self_consistent(tmp_path):
     """Across a ladder: strict legs are exact, relaxed accepts more, predicted at the leg's x = measured."""
     run = load_run(write_run(tmp_path, legs=LADDER_LEGS, n_prompts=12))

@@ -146,5 +146,10 @@ def test_e1_under_the_organism_profile(light, tmp_path):
     assert 0.0 < chance < 0.5  # guessing among each question's possible answers
     # strict decoding is the target's: the same answers, so the same accuracy
     assert acc["strict_g6"]["accuracy"] == acc["vanilla_1"]["accuracy"]
+    # the token-class split by the grounded definition (the target's choice changes with a blank picture)
+    classes = summary["token_classes"]
+    assert {r["definition"] for r in classes} == {"grounded: target's greedy choice changes with a blank picture"}
+    assert {r["leg"] for r in classes} == {"strict_g6"} and sum(r["evaluated"] for r in classes) > 0
+    assert (run / "grounded.json").is_file()
     recs = [json.loads(x) for x in (run / "legs" / "vanilla_1" / "records.jsonl").read_text().splitlines()]
     assert {r["dataset"] for r in recs} == {"organism"} and all(r["n_images"] == 1 for r in recs)

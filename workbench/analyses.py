@@ -300,6 +300,50 @@ def _counterfactual(t: RunTables) -> pd.DataFrame:
     return t.trace.curves(RELAX_GRID)
 
 
+def _token_classes(t: RunTables) -> pd.DataFrame:
+    """Per traced spec leg and token class: evaluated draft positions, accepted, rate.
+
+    Classes by the grounded definition (``workbench.grounding``: the float32 target's greedy choice there
+    changes with a blank picture, teacher-forced on the leg's output, cached in ``grounded.json``) where the
+    target can be loaded or the cache has every output; else by the vocabulary proxy
+    (``metrics.image_word_token_ids`` with the target's tokenizer). Column ``definition`` says which.
+    """
+    from . import grounding
+
+    t.need(t.trace is not None and t.has_spec, "acceptance trace of a spec leg")
+    recs = t.records
+    traced = recs[recs["trace"].map(lambda x: isinstance(x, dict) and bool(x.get("steps")))]
+    t.need(len(traced) > 0, "traced spec output")
+    legs = t.run.legs.set_index("leg")
+    target = None
+    for leg in traced["leg"].unique():
+        if "target" in legs.columns and isinstance(legs.loc[leg, "target"], str):
+            target = legs.loc[leg, "target"]
+            break
+    t.need(target is not None, "target model of the spec legs")
+    model_dir = _model_dir(target)
+    cache_only = not t.teacher or os.environ.get("WORKBENCH_NO_TEACHER") == "1"
+    finder = grounding.GroundedPositions(model_dir, lambda: {p.pid: p for p in _prompts(t)},
+                                         cache=t.run.path / grounding.CACHE, cache_only=cache_only)
+    rows = list(traced[["pid", "gen_ids"]].itertuples(index=False))
+    if finder.available() or all(finder.cached(r.pid, r.gen_ids) for r in rows):
+        labels = [finder.labels(r.pid, r.gen_ids) for r in rows]
+        out = metrics.token_class_acceptance(traced, set(), position_labels=labels)
+        out["definition"] = "grounded: target's greedy choice changes with a blank picture"
+    else:
+        from transformers import AutoTokenizer
+
+        t.need((Path(model_dir) / "tokenizer_config.json").is_file(), "target model or tokenizer for the token classes")
+        ids = metrics.image_word_token_ids(AutoTokenizer.from_pretrained(model_dir))
+        out = metrics.token_class_acceptance(traced, ids)
+        out["definition"] = "vocabulary proxy (metrics.IMAGE_WORDS)"
+    tiers = traced.drop_duplicates("leg").set_index("leg")
+    for k in ("tier", "blind_mm"):
+        if k in tiers.columns:
+            out.insert(1, k, out["leg"].map(tiers[k]))
+    return out
+
+
 def _agreement(t: RunTables) -> pd.DataFrame:
     """Per prompt: teacher-forced agreement (score leg) beside realised acceptance (first strict leg)."""
     recs = t.run.records
@@ -455,6 +499,9 @@ TABLES: dict[str, Table] = {t.name: t for t in [
     Table("counterfactual_acceptance", _counterfactual,
           "per traced leg: acceptance predicted at each relax x on RELAX_GRID from the recorded margins",
           in_summary=False),
+    Table("token_classes", _token_classes, "per traced spec leg and token class: acceptance of image-grounded "
+          "tokens (the target's greedy choice changes with a blank picture, workbench.grounding) vs the others, "
+          "or the vocabulary proxy where the target cannot be loaded"),
     Table("agreement", _agreement, "per prompt (E7): teacher-forced agreement beside realised acceptance"),
     Table("legs_throughput", _legs_throughput, "per engine leg: median tok/s and total throughput"),
     Table("mathvista_accuracy", _mathvista_accuracy, "per leg: rule-scored MathVista accuracy"),

@@ -641,6 +641,7 @@ def token_class_acceptance(
     *,
     in_class: str = "image-word",
     other: str = "other",
+    position_labels: Sequence[Sequence[str]] | None = None,
 ) -> pd.DataFrame:
     """Acceptance by class of the output token at each evaluated draft position.
 
@@ -653,6 +654,11 @@ def token_class_acceptance(
     mapping id -> label (unmapped ids are ``other``), or a function from an
     id array to labels. Rate = accepted / evaluated positions of the class,
     i.e. the acceptance of a drafted token given the draft got that far.
+
+    ``position_labels`` (one sequence per traced record, in the records' order, one label per output
+    position) labels positions instead of token ids, e.g. the grounded definition
+    (``workbench.grounding``: the target's greedy choice there changes with a blank picture);
+    ``token_class`` is then ignored.
     """
     index = TraceIndex(records)
     if index.empty:
@@ -670,7 +676,13 @@ def token_class_acceptance(
     offsets = np.cumsum(lens) - lens
     all_ids = np.concatenate(ids_by_prompt) if ids_by_prompt else np.zeros(0, np.int64)
     tok = all_ids[(offsets[prompt_of] + out_pos)[keep]]
-    if isinstance(token_class, (set, frozenset)):
+    if position_labels is not None:
+        if len(position_labels) != len(ids_by_prompt) or any(
+                len(lab) != n for lab, n in zip(position_labels, lens)):
+            raise ValueError("position_labels: one label per output token of every traced record")
+        flat_labels = np.array([x for lab in position_labels for x in lab], dtype=object)
+        labels = flat_labels[(offsets[prompt_of] + out_pos)[keep]] if flat_labels.size else flat_labels
+    elif isinstance(token_class, (set, frozenset)):
         labels = np.where(np.isin(tok, np.fromiter(token_class, dtype=np.int64)), in_class, other)
     elif isinstance(token_class, Mapping):
         labels = np.array([token_class.get(int(t), other) for t in tok], dtype=object)

@@ -44,10 +44,14 @@ class TeacherForcer:
         self.processor = (AutoProcessor if self.is_vl else AutoTokenizer).from_pretrained(model_dir)
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
 
-    def _encode(self, prompt: Prompt) -> dict:
+    def _encode(self, prompt: Prompt, blank: bool = False) -> dict:
         # A text-only model (e.g. a text draft) reads the prompt without its images.
         text = render_prompt(self.tokenizer, prompt, with_images=self.is_vl)
         images = load_images(prompt) if self.is_vl else []
+        if blank:  # every picture replaced by a white one of its size (the same image tokens, no content)
+            from PIL import Image
+
+            images = [Image.new("RGB", im.size, (255, 255, 255)) for im in images]
         if images:
             return self.processor(text=[text], images=images, return_tensors="pt")
         return self.tokenizer([text], return_tensors="pt")
@@ -56,9 +60,11 @@ class TeacherForcer:
         return int(self._encode(prompt)["input_ids"].shape[1])
 
     @torch.no_grad()
-    def forward(self, prompt: Prompt, gen_ids: list[int]) -> tuple[torch.Tensor, int]:
-        """(float32 [len(gen_ids), vocab] logits, prompt length); row i predicted gen_ids[i]."""
-        enc = self._encode(prompt)
+    def forward(self, prompt: Prompt, gen_ids: list[int], blank: bool = False) -> tuple[torch.Tensor, int]:
+        """(float32 [len(gen_ids), vocab] logits, prompt length); row i predicted gen_ids[i].
+
+        ``blank``: with every picture of the prompt replaced by a white one of the same size."""
+        enc = self._encode(prompt, blank=blank)
         prompt_len = enc["input_ids"].shape[1]
         n = len(gen_ids)
         for key, value in list(enc.items()):
@@ -82,6 +88,17 @@ class TeacherForcer:
     def agreement(self, prompt: Prompt, gen_ids: list[int]) -> list[bool]:
         """Per emitted token: is it this model's top-1 given the prompt and the tokens before it?"""
         return top1_agreement(self.logits(prompt, gen_ids), gen_ids) if gen_ids else []
+
+    def image_grounded(self, prompt: Prompt, gen_ids: list[int]) -> list[bool]:
+        """Per emitted token: does this model's greedy choice there change when the pictures are blank?
+
+        Teacher-forced on ``gen_ids`` with blank pictures, one pass: position i is image-grounded when the
+        argmax there differs from ``gen_ids[i]`` (the greedy choice a vanilla or strict leg emitted). A
+        prompt without pictures has no image-grounded token."""
+        if not gen_ids or not prompt.images or not self.is_vl:
+            return [False] * len(gen_ids)
+        blank = self.forward(prompt, gen_ids, blank=True)[0]
+        return (blank.argmax(dim=-1) != torch.tensor(gen_ids)).tolist()
 
     @torch.no_grad()
     def greedy(self, prompt: Prompt, max_new_tokens: int, min_new_tokens: int = 0) -> list[int]:

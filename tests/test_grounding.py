@@ -1,0 +1,57 @@
+"""Image-grounded tokens by the target's own definition (#21): its greedy choice changes with a blank picture.
+
+On the tiny target in float32, teacher-forced on its own greedy output: positions line up with the output,
+a prompt without pictures has none, and the labels are cached so a run folder re-opens without the model.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench import grounding
+from workbench.datasets import load_prompt_set
+
+
+@pytest.fixture(scope="module")
+def teacher(tiny_models):
+    from workbench.teacher import TeacherForcer
+
+    return TeacherForcer(str(tiny_models["target"]), dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return {p.pid: p for p in load_prompt_set("tiny")}
+
+
+def test_grounded_positions_line_up_with_the_output(teacher, prompts):
+    with_images = [p for p in prompts.values() if p.images]
+    text_only = [p for p in prompts.values() if not p.images]
+    assert with_images and text_only
+    any_grounded = 0
+    for p in with_images[:4]:
+        gen = teacher.greedy(p, 12, min_new_tokens=12)
+        # teacher forcing with the real pictures reproduces the greedy output position by position
+        assert teacher.logits(p, gen).argmax(-1).tolist() == gen
+        g = teacher.image_grounded(p, gen)
+        blank = teacher.forward(p, gen, blank=True)[0].argmax(-1).tolist()
+        assert g == [b != x for b, x in zip(blank, gen)] and len(g) == 12
+        any_grounded += sum(g)
+    assert any_grounded > 0, "a blank picture changed none of the target's choices"
+    p = text_only[0]
+    gen = teacher.greedy(p, 6, min_new_tokens=6)
+    assert teacher.image_grounded(p, gen) == [False] * 6
+
+
+def test_labels_are_cached_for_a_copied_run(teacher, prompts, tiny_models, tmp_path):
+    p = next(q for q in prompts.values() if q.images)
+    gen = teacher.greedy(p, 8, min_new_tokens=8)
+    cache = tmp_path / grounding.CACHE
+    live = grounding.GroundedPositions(tiny_models["target"], prompts, cache=cache)
+    labels = live.labels(p.pid, gen)
+    assert set(labels) <= {grounding.GROUNDED, grounding.OTHER} and len(labels) == 8
+    assert cache.is_file()
+    offline = grounding.GroundedPositions(tmp_path / "no-model", prompts, cache=cache, cache_only=True)
+    assert offline.cached(p.pid, gen) and offline.labels(p.pid, gen) == labels
+    with pytest.raises(FileNotFoundError, match="image-grounded"):
+        offline(p.pid, gen[:-1])
