@@ -67,6 +67,15 @@ def test_workbench_run_e1_tiny_makes_a_complete_run_folder_without_a_browser(tmp
     verdicts = {r["leg"]: r for r in summary["exactness"]}
     print("\n" + "; ".join(f"{leg}: {r['classification']}" for leg, r in verdicts.items()))
     assert verdicts and all(r["rule_ok"] for r in verdicts.values()), verdicts
+    # the speedup predicted from the measured step costs and acceptance, beside the measured one
+    (model,) = summary["speedup_model"]
+    assert model["leg"] == "strict_g6" and 0 < model["c"] and model["verify_ms"] > 0 and model["decode_ms"] > 0
+    assert model["predicted_speedup"] == pytest.approx(model["acceptance_length"] / (6 * model["c"] + 1))
+    assert model["measured_speedup"] > 0 and model["measured_over_predicted"] > 0
+    for leg in cfg["legs"]:
+        sc = json.loads((rdir / "legs" / leg["name"] / "summary.json").read_text())["step_costs"]
+        key = "verify_ms" if leg["name"].startswith("strict") else "decode_ms"
+        assert sc[key]["n"] > 0 and sc[key]["median"] > 0, (leg["name"], sc)
     state = json.loads((rdir / "protocol.json").read_text())
     assert state["state"] == "finished" and state["leg_process"] is None
     assert (rdir / "run.lock").read_text() == ""

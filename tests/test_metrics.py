@@ -211,6 +211,27 @@ def test_token_class_acceptance_by_position_labels():
         M.token_class_acceptance(traced(), set(), position_labels=[["g"] * 3])
 
 
+def test_step_costs_and_the_speedup_model():
+    from workbench.analyses import alpha_from_length
+    from workbench.leg import step_costs_of
+
+    rows = [{"prefill": True, "target_ms": 50.0, "spec_tokens": 0, "draft_ms": 9.0},
+            *({"prefill": False, "target_ms": t, "spec_tokens": 4, "draft_ms": d, "draft_loop_ms": d / 2}
+              for t, d in ((10.0, 8.0), (12.0, 4.0), (11.0, 6.0))),
+            {"prefill": False, "target_ms": 7.0, "spec_tokens": 0}]
+    sc = step_costs_of(rows, gamma=4)
+    assert sc["steps"] == 5 and sc["decode_steps"] == 4  # the prefill step is left out
+    assert sc["verify_ms"]["median"] == 11.0 and sc["verify_ms"]["n"] == 3
+    assert sc["decode_ms"] == {"median": 7.0, "q1": 7.0, "q3": 7.0, "n": 1}
+    assert sc["propose_ms"]["median"] == 6.0 and sc["draft_step_ms"]["median"] == 1.5
+    assert sc["draft_loop_ms"]["median"] == 3.0
+    assert step_costs_of(rows, gamma=None)["draft_step_ms"] is None
+    for gamma, alpha in ((4, 0.7), (6, 0.35), (2, 0.95)):
+        length = sum(alpha ** i for i in range(gamma + 1))
+        assert alpha_from_length(length, gamma) == pytest.approx(alpha, abs=1e-9)
+    assert alpha_from_length(1.0, 4) == pytest.approx(0.0, abs=1e-9)
+
+
 def test_synthetic_run_is_self_consistent(tmp_path):
     """Across a ladder: strict legs are exact, relaxed accepts more, predicted at the leg's x = measured."""
     run = load_run(write_run(tmp_path, legs=LADDER_LEGS, n_prompts=12))

@@ -344,6 +344,62 @@ def _token_classes(t: RunTables) -> pd.DataFrame:
     return out
 
 
+def alpha_from_length(acceptance_length: float, gamma: int) -> float:
+    """The per-token acceptance probability alpha whose expected tokens per step, (1 - alpha^(gamma+1)) /
+    (1 - alpha), equal the measured acceptance length (bisection; the sum is increasing in alpha)."""
+    target = min(max(float(acceptance_length), 1.0), gamma + 1.0)
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if sum(mid ** i for i in range(gamma + 1)) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def _speedup_model(t: RunTables) -> pd.DataFrame:
+    """Per spec leg: the measured step costs, the acceptance, the speedup they predict and the measured one.
+
+    c = draft_step_ms / verify_ms (the drafter's propose / gamma over the target's verification step, both
+    from the engine's step timer); predicted S = (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)) with
+    alpha from the measured acceptance length (so the numerator is that length); measured S = the median
+    bracketed speedup (``speedup`` table). ``verify_over_decode``: the verification step over the bracketing
+    vanilla legs' decode step (the formula takes it as 1).
+    """
+    t.need(t.has_spec and t.has_vanilla, "vanilla and spec legs")
+    legs = t.run.legs.set_index("leg")
+    t.need(legs["step_costs"].map(lambda x: isinstance(x, dict) and "verify_ms" in x).any(),
+           "step timings (legs run before the step timer was recorded per leg)")
+    acc = _acceptance(t).set_index("leg")
+    speed = t.get("speedup")
+    speed = speed.set_index("leg") if speed is not None else None
+
+    def med(leg, key):
+        sc = legs.loc[leg, "step_costs"] if leg in legs.index else None
+        v = (sc or {}).get(key) if isinstance(sc, dict) else None
+        return v["median"] if isinstance(v, dict) else None
+
+    vanilla = [l for l in legs.index if legs.loc[l, "tier"] == "vanilla" and med(l, "decode_ms") is not None]
+    decode = float(np.mean([med(l, "decode_ms") for l in vanilla])) if vanilla else None
+    rows = []
+    for leg in acc.index:
+        gamma = int(acc.loc[leg, "gamma"])
+        verify, draft = med(leg, "verify_ms"), med(leg, "draft_step_ms")
+        length = float(acc.loc[leg, "acceptance_length"])
+        c = draft / verify if verify and draft is not None else None
+        predicted = length / (gamma * c + 1) if c is not None else None
+        measured = float(speed.loc[leg, "speedup"]) if speed is not None and leg in speed.index else None
+        rows.append({"leg": leg, "tier": acc.loc[leg, "tier"], "gamma": gamma,
+                     "acceptance_rate": float(acc.loc[leg, "acceptance_rate"]), "acceptance_length": length,
+                     "alpha": alpha_from_length(length, gamma), "decode_ms": decode, "verify_ms": verify,
+                     "draft_step_ms": draft, "propose_ms": med(leg, "propose_ms"), "c": c,
+                     "verify_over_decode": verify / decode if verify and decode else None,
+                     "predicted_speedup": predicted, "measured_speedup": measured,
+                     "measured_over_predicted": measured / predicted if measured and predicted else None})
+    return pd.DataFrame(rows)
+
+
 def _agreement(t: RunTables) -> pd.DataFrame:
     """Per prompt: teacher-forced agreement (score leg) beside realised acceptance (first strict leg)."""
     recs = t.run.records
@@ -499,6 +555,9 @@ TABLES: dict[str, Table] = {t.name: t for t in [
     Table("counterfactual_acceptance", _counterfactual,
           "per traced leg: acceptance predicted at each relax x on RELAX_GRID from the recorded margins",
           in_summary=False),
+    Table("speedup_model", _speedup_model, "per spec leg: measured step costs (target verification, draft step "
+          "= propose / gamma, from the engine's step timer), c, acceptance, the speedup they predict "
+          "((1 - a^(g+1)) / ((1 - a)(g c + 1))) beside the measured one"),
     Table("token_classes", _token_classes, "per traced spec leg and token class: acceptance of image-grounded "
           "tokens (the target's greedy choice changes with a blank picture, workbench.grounding) vs the others, "
           "or the vocabulary proxy where the target cannot be loaded"),

@@ -443,6 +443,50 @@ def spec_counters(llm) -> dict[str, Any]:
     return out
 
 
+def _quartiles(values: list[float]) -> dict[str, Any] | None:
+    import statistics
+
+    if not values:
+        return None
+    q = statistics.quantiles(values, n=4) if len(values) >= 2 else [values[0]] * 3
+    return {"median": round(statistics.median(values), 4), "q1": round(q[0], 4), "q3": round(q[2], 4),
+            "n": len(values)}
+
+
+def step_costs_of(rows: list[dict], gamma: int | None) -> dict[str, Any]:
+    """Median and quartiles (ms) of the step timer's rows, decode steps only (prefill steps left out).
+
+    ``decode_ms``: the target's forward in a step with no drafts to verify (a vanilla engine's decode step);
+    ``verify_ms``: the target's forward in a step that verifies drafts (gamma + 1 tokens per request);
+    ``propose_ms``: the drafter's propose in those steps; ``draft_step_ms``: propose / gamma (the first
+    pass over gamma + 1 tokens and gamma - 1 single-token steps, averaged); ``draft_loop_ms``: the
+    gamma - 1 single-token steps of the propose.
+    """
+    decode = [r for r in rows if not r.get("prefill") and r.get("target_ms") is not None]
+    verify = [r for r in decode if r.get("spec_tokens")]
+    plain = [r for r in decode if not r.get("spec_tokens")]
+    out: dict[str, Any] = {"steps": len(rows), "decode_steps": len(decode),
+                           "decode_ms": _quartiles([r["target_ms"] for r in plain]),
+                           "verify_ms": _quartiles([r["target_ms"] for r in verify])}
+    proposes = [r["draft_ms"] for r in verify if r.get("draft_ms") is not None]
+    out["propose_ms"] = _quartiles(proposes)
+    out["draft_step_ms"] = _quartiles([v / gamma for v in proposes]) if gamma else None
+    out["draft_loop_ms"] = _quartiles([r["draft_loop_ms"] for r in verify if r.get("draft_loop_ms") is not None])
+    return out
+
+
+def leg_step_costs(llm, gamma: int | None) -> dict[str, Any] | None:
+    """The step timer's summary for this leg's engine (rank 0's file), or a reason why there is none."""
+    try:
+        paths = [p for p in llm.collective_rpc("twin_spec_flush_steps") if p]
+        if not paths:
+            return {"unavailable": "the plugin's step timer is off in this engine"}
+        rows = [json.loads(line) for line in Path(paths[0]).read_text().splitlines() if line.strip()]
+        return step_costs_of(rows, gamma)
+    except Exception as exc:  # noqa: BLE001 - timing is a measurement, never the leg's failure
+        return {"unavailable": f"{type(exc).__name__}: {exc}"}
+
+
 def _counter_delta(after: dict, before: dict) -> dict:
     d = {k: after[k] - before[k] for k in _SPEC_METRICS.values()}
     a, b = after["accepted_per_pos"], before["accepted_per_pos"]
@@ -654,7 +698,8 @@ def run_leg(cfg: LegConfig) -> dict:
         append_jsonl(partial, carried)
 
     report_dir = Path(tempfile.mkdtemp(prefix="engine-", dir=out))
-    engines.knob_env(cfg.knobs.to_env(report_dir=str(report_dir)))
+    # the plugin's step timer too: the target's and the drafter's time per engine step (summary "step_costs")
+    engines.knob_env({**cfg.knobs.to_env(report_dir=str(report_dir)), "VLLM_SPEC_STEP_TIMING": "1"})
 
     from vllm import SamplingParams
 
@@ -775,6 +820,7 @@ def run_leg(cfg: LegConfig) -> dict:
                   f"({', '.join(r['pid'] for r in rows)})", file=sys.stderr, flush=True)
     wall_s = time.perf_counter() - t_run
     counters = _counter_delta(spec_counters(llm), before)
+    step_costs = leg_step_costs(llm, cfg.knobs.gamma if cfg.draft is not None else None)
 
     by_pid = {r["pid"]: r for r in read_jsonl(partial)}
     records = [by_pid[p.pid] for p in prompts]  # prompt order, carried prompts included
@@ -811,6 +857,7 @@ def run_leg(cfg: LegConfig) -> dict:
         "gen_tokens": sum(r["gen_len"] for r in records),
         # engine-wide counters cover the prompts decoded by this process (not the resumed ones)
         "spec": spec_summary,
+        "step_costs": step_costs,
     }
     summary = write_summary(out, summary)
     shutil.rmtree(report_dir, ignore_errors=True)

@@ -49,6 +49,7 @@ LEG_COLUMNS = [
     "n_prompts", "engine_start_s", "wall_s",
     "spec_num_drafts", "spec_num_draft_tokens", "spec_num_accepted_tokens",
     "spec_accepted_per_pos", "target", "draft", "dtype", "error", "path",
+    "step_costs",  # the engine's step timer, summarised by the leg (workbench.leg.step_costs_of)
 ]
 
 @dataclass
@@ -186,6 +187,7 @@ def _leg_row(folder: Path | None, leg: str, leg_index: int) -> dict[str, Any]:
         target=info.get("target"),
         draft=info.get("draft"),
         dtype=(info.get("engine_args") or {}).get("dtype"),
+        step_costs=info.get("step_costs"),
     )
     return row
 
