@@ -31,8 +31,11 @@ def test_grounded_positions_line_up_with_the_output(teacher, prompts):
     any_grounded = 0
     for p in with_images[:4]:
         gen = teacher.greedy(p, 12, min_new_tokens=12)
-        # teacher forcing with the real pictures reproduces the greedy output position by position
-        assert teacher.logits(p, gen).argmax(-1).tolist() == gen
+        # teacher forcing with the real pictures reproduces the greedy output position by position (one full
+        # pass vs generate's cached steps: in float32 they may part only where the top two are a near-tie)
+        lg = teacher.logits(p, gen)
+        top2 = lg.topk(2, dim=-1).values
+        assert all(a == b or float(t[0] - t[1]) < 1e-3 for a, b, t in zip(lg.argmax(-1).tolist(), gen, top2))
         g = teacher.image_grounded(p, gen)
         blank = teacher.forward(p, gen, blank=True)[0].argmax(-1).tolist()
         assert g == [b != x for b, x in zip(blank, gen)] and len(g) == 12

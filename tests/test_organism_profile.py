@@ -144,8 +144,10 @@ def test_e1_under_the_organism_profile(light, tmp_path):
     assert all(r["n"] == 4 and 0.0 <= r["accuracy"] <= 1.0 for r in acc.values())
     chance = acc["vanilla_1"]["chance"]
     assert 0.0 < chance < 0.5  # guessing among each question's possible answers
-    # strict decoding is the target's: the same answers, so the same accuracy
-    assert acc["strict_g6"]["accuracy"] == acc["vanilla_1"]["accuracy"]
+    # strict decoding is the target's: where every output equals vanilla's (bf16: near-ties may part them on
+    # some CPU kinds, which the exactness rule allows), the same answers, so the same accuracy
+    if ex["n_exact"] == ex["n"]:
+        assert acc["strict_g6"]["accuracy"] == acc["vanilla_1"]["accuracy"]
     # the token-class split by the grounded definition (the target's choice changes with a blank picture)
     classes = summary["token_classes"]
     assert {r["definition"] for r in classes} == {"grounded: target's greedy choice changes with a blank picture"}
