@@ -234,3 +234,28 @@ def test_cli(tmp_path):
         res = _cli("--out", str(tmp_path / "d"), *bad)
         assert res.returncode == 2, (bad, res.stderr)
         assert res.stderr.startswith("error: ") and "Traceback" not in res.stderr, res.stderr
+
+
+def test_chance_level_and_answer_counts():
+    """Each template's `answers` is the number of distinct answers its pictures give; chance is their mean inverse."""
+    for name in C.TEMPLATE_NAMES:
+        t = C.TEMPLATES[name]
+        seen = {C.build_item(t, np.random.default_rng([11, k])).meta["answer"] for k in range(300)}
+        if t.format == "multi_choice":
+            assert t.answers == 4
+        else:
+            assert len(seen) == t.answers, (name, sorted(seen))
+    assert C.chance_level(["count_int"]) == 1 / 4
+    assert 0.15 < C.chance_level() < 0.35
+    assert set(C.CURRICULUM) == set(C.TEMPLATE_NAMES) and len(C.CURRICULUM) == len(C.TEMPLATE_NAMES)
+
+
+def test_objects_are_large_enough_to_cover_several_image_tokens():
+    """A quadrant object spans 40-52 px: most of its quadrant's 2x2 merged image tokens (32 px each)."""
+    item = C.build_item("count_int", np.random.default_rng(3))
+    px = np.asarray(item.image).astype(int)
+    background = px[0, 0]
+    ink = np.abs(px - background).sum(-1) > 60
+    n = int(item.meta["answer"])
+    # every object covers at least ~500 px (the smallest, a star of radius 20, about 530; a circle 1250)
+    assert ink.sum() >= 500 * n

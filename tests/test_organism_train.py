@@ -135,3 +135,24 @@ def test_the_loss_sees_only_the_target_completion(corpus_dir, trained, variant):
     assert int((batch["labels"] != -100).sum()) == n_target
     # the image tokens and the prompt are never labelled
     assert not ((batch["labels"] != -100) & (batch["input_ids"] == processor.image_token_id)).any()
+
+
+def test_the_curriculum_adds_one_template_at_a_time():
+    pools = {t: [0] for t in C.TEMPLATE_NAMES}
+    r = dataclasses.replace(RECIPE, curriculum_hold=5, curriculum_every=3).resolved()
+    assert T._active_templates(0, r, pools) == [C.CURRICULUM[0]]
+    assert T._active_templates(4, r, pools) == [C.CURRICULUM[0]]
+    assert T._active_templates(5, r, pools) == list(C.CURRICULUM[:2])
+    assert T._active_templates(8, r, pools) == list(C.CURRICULUM[:3])
+    assert T._active_templates(10_000, r, pools) == list(C.CURRICULUM)
+    # templates the split lacks are skipped; none: plain shuffled passes
+    assert T._active_templates(0, r, {"word_read": [0]}) == ["word_read"]
+    plain = dataclasses.replace(RECIPE, curriculum_hold=0, curriculum_every=0).resolved()
+    assert (plain.curriculum_hold, plain.curriculum_every) == (0, 0)
+
+
+def test_the_manifest_reports_test_blank_and_chance(trained):
+    m = trained[2]
+    assert m["test_items"] == SIZES["test"] and 0.0 <= m["test_accuracy"] <= 1.0
+    assert 0.0 <= m["test_blank_accuracy"] <= 1.0 and 0.0 < m["chance"] < 1.0
+    assert set(m["val_per_template"]) <= set(C.TEMPLATE_NAMES)

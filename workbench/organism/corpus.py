@@ -1,7 +1,11 @@
 """A deterministic synthetic visual-QA corpus in MathVista's formats, for training a tiny Qwen3-VL to look.
 
 Every item is one small picture (128x128, drawn with Pillow, no anti-aliasing, Pillow's bitmap font scaled
-by whole numbers, as the tiny prompt set draws its pictures) and one question in one of four formats:
+by whole numbers, as the tiny prompt set draws its pictures) and one question in one of four formats.
+The pictures are coarse on purpose: the organism sees a 128 px picture as 16 image tokens of 32x32 px, so
+shapes fill one quadrant each (40-52 px, 2x2 tokens), bar charts have one bar per token column and whole-unit
+heights, and words are drawn 3-4x large. (Three ~25 px shapes anywhere, bars read off printed labels and
+small words were too fine for it: it learned to answer from the text alone.)
 
     multi_choice   letters A-D, the choices listed in the question as MathVista's query lists them
     integer        MathVista's integer hint
@@ -37,7 +41,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-GENERATOR_VERSION = "1"
+GENERATOR_VERSION = "2"
 DATASET = "organism"
 SPLITS = ("train", "validation", "test")
 SPLIT_ALIASES = {"val": "validation", "valid": "validation"}
@@ -59,13 +63,17 @@ COLOUR_NAMES = tuple(COLOURS)
 SHAPES = ("circle", "square", "triangle", "star", "diamond")
 PLURAL = {"circle": "circles", "square": "squares", "triangle": "triangles", "star": "stars",
           "diamond": "diamonds"}
-# slot centres of a 128x128 scene
-POSITIONS = {"left": (26, 64), "right": (102, 64), "top": (64, 26), "bottom": (64, 102), "centre": (64, 64)}
+# the four quadrants of a 128x128 scene: an object of 40-52 px fills its quadrant's 2x2 image tokens
+POSITIONS = {"top left": (32, 32), "top right": (96, 32), "bottom left": (32, 96), "bottom right": (96, 96)}
 POSITION_NAMES = tuple(POSITIONS)
-POSITION_PHRASE = {"left": "on the left", "right": "on the right", "top": "at the top",
-                   "bottom": "at the bottom", "centre": "in the centre"}
-# bar labels: capitals that are not choice letters, so "K" can never be read as option K
-BAR_LABELS = tuple("FGHJKLMNPRSTWXZ")
+POSITION_PHRASE = {p: f"at the {p}" for p in POSITION_NAMES}
+# bar charts: one bar per column of four (one image token wide), heights in whole units of 24 px
+BAR_COLUMNS = 4
+BAR_UNITS = 4
+BAR_UNIT = 24
+BAR_BASE = 120
+BAR_HALF_WIDTH = 10
+BAR_FLOAT_STEP = 0.5  # the float question's bars read 0.5, 1.0, 1.5, 2.0
 # eight words of each length 3..6, none a colour or shape name
 WORDS = {
     3: ("CAT", "DOG", "SUN", "MAP", "CUP", "FOX", "HAT", "BOX"),
@@ -74,6 +82,8 @@ WORDS = {
     6: ("GARDEN", "ROCKET", "BASKET", "CASTLE", "PENCIL", "WINDOW", "TURTLE", "BRIDGE"),
 }
 ALL_WORDS = tuple(w for n in sorted(WORDS) for w in WORDS[n])
+# the words the reading question shows (large, scale 4)
+READ_WORDS = WORDS[3]
 INK = {"black": (20, 20, 20), "navy": (20, 30, 110), "dark green": (20, 90, 40), "maroon": (110, 20, 30)}
 
 LETTERS = "ABCD"
@@ -146,11 +156,11 @@ def _jitter(rng, n: int) -> int:
 
 
 def _scene(rng, objects: list[tuple[str, str, str]]):
-    """objects: (shape, colour, position) drawn at their slots, size and place jittered."""
+    """objects: (shape, colour, position) drawn in their quadrants, size and place jittered."""
     im, d = _canvas(rng)
     for shape, colour, pos in objects:
         cx, cy = POSITIONS[pos]
-        _shape(d, shape, cx + _jitter(rng, 4), cy + _jitter(rng, 4), int(rng.integers(11, 16)), COLOURS[colour])
+        _shape(d, shape, cx + _jitter(rng, 3), cy + _jitter(rng, 3), int(rng.integers(20, 27)), COLOURS[colour])
     return im
 
 
@@ -176,27 +186,25 @@ def _pick(rng, seq, k: int | None = None, exclude=()):
     return [pool[int(i)] for i in idx]
 
 
-def _bars(rng, labels: list[str], values: list[str], heights: list[float]):
-    """A bar chart: values printed above the bars, labels below the axis."""
+def _bars(rng, colours: list[str], heights: list[float]):
+    """A bar chart of coloured bars: one bar per column of the picture's four, faint grid lines at each unit."""
     im, d = _canvas(rng)
-    n = len(labels)
-    base, top = 110, 30
-    slot = (SIZE - 8) / n
-    width = int(slot * 0.6)
-    colour = COLOURS[_pick(rng, COLOUR_NAMES)]
-    d.line((4, base, SIZE - 4, base), fill=(60, 60, 60))
-    for i, (lab, val, h) in enumerate(zip(labels, values, heights)):
-        cx = 4 + slot * (i + 0.5)
-        y = base - max(2, round(h * (base - top)))
-        d.rectangle((round(cx - width / 2), y, round(cx + width / 2), base - 1), fill=colour)
-        _text(im, (round(cx - _text_width(val) / 2), y - 13), val, 1, (20, 20, 20))
-        _text(im, (round(cx - _text_width(lab) / 2), base + 3), lab, 1, (20, 20, 20))
+    for k in range(1, BAR_UNITS + 1):
+        y = BAR_BASE - k * BAR_UNIT
+        d.line((2, y, SIZE - 3, y), fill=(200, 200, 200))
+    d.line((2, BAR_BASE, SIZE - 3, BAR_BASE), fill=(60, 60, 60))
+    d.line((2, BAR_BASE - BAR_UNITS * BAR_UNIT - 4, 2, BAR_BASE), fill=(60, 60, 60))
+    slot = SIZE // BAR_COLUMNS
+    columns = sorted(int(c) for c in rng.permutation(BAR_COLUMNS)[:len(colours)])
+    for col, colour, h in zip(columns, colours, heights):
+        cx = slot * col + slot // 2 + _jitter(rng, 2)
+        y = BAR_BASE - round(h * BAR_UNIT)
+        d.rectangle((cx - BAR_HALF_WIDTH, y, cx + BAR_HALF_WIDTH, BAR_BASE - 1), fill=COLOURS[colour])
     return im
 
 
-def _word_image(rng, word: str):
+def _word_image(rng, word: str, scale: int):
     im, _ = _canvas(rng)
-    scale = 3 if _text_width(word, 3) <= SIZE - 12 and rng.random() < 0.5 else 2
     w, h = _text_width(word, scale), 12 * scale
     ink = _pick(rng, tuple(INK))
     x = int(rng.integers(4, SIZE - w - 3))
@@ -222,6 +230,7 @@ class Template:
     ask: Callable         # rng -> spec: {"question": str, "choices": [..] for multi_choice, ...}
     scene: Callable       # (rng, spec) -> Scene
     vocabulary: tuple = ()  # free_text: every possible answer
+    answers: int = 0      # how many answers the picture can give (1 / answers is the template's chance level)
 
 
 def _ask_shape(rng):
@@ -232,7 +241,7 @@ def _ask_shape(rng):
 def _scene_shape_colour(rng, spec):
     shape = spec["shape"]
     colour = _pick(rng, COLOUR_NAMES)
-    n = int(rng.integers(1, 3))
+    n = int(rng.integers(0, 3))
     slots = _pick(rng, POSITION_NAMES, n + 1)
     others = _pick(rng, SHAPES, n, exclude=(shape,))
     objs = [(shape, colour, slots[0])] + [(s, _pick(rng, COLOUR_NAMES), p) for s, p in zip(others, slots[1:])]
@@ -248,7 +257,7 @@ def _ask_colour(rng):
 def _scene_colour_shape(rng, spec):
     colour = spec["colour"]
     shape = _pick(rng, SHAPES)
-    n = int(rng.integers(1, 3))
+    n = int(rng.integers(0, 3))
     slots = _pick(rng, POSITION_NAMES, n + 1)
     others = _pick(rng, COLOUR_NAMES, n, exclude=(colour,))
     objs = [(shape, colour, slots[0])] + [(_pick(rng, SHAPES), c, p) for c, p in zip(others, slots[1:])]
@@ -265,7 +274,7 @@ def _ask_position(rng):
 def _scene_position(rng, spec):
     shape, colour, choices = spec["shape"], spec["colour"], spec["choices"]
     pos = _pick(rng, choices)
-    n = int(rng.integers(1, 3))
+    n = int(rng.integers(0, 3))
     slots = _pick(rng, POSITION_NAMES, n, exclude=(pos,))
     shapes = _pick(rng, SHAPES, n, exclude=(shape,))
     colours = _pick(rng, COLOUR_NAMES, n, exclude=(colour,))
@@ -283,7 +292,7 @@ def _ask_colour_at(rng):
 def _scene_colour_at(rng, spec):
     pos, choices = spec["position"], spec["choices"]
     colour = _pick(rng, choices)
-    n = int(rng.integers(1, 4))
+    n = int(rng.integers(0, 3))
     slots = _pick(rng, POSITION_NAMES, n, exclude=(pos,))
     objs = [(_pick(rng, SHAPES), colour, pos)] + [(_pick(rng, SHAPES), _pick(rng, COLOUR_NAMES), p) for p in slots]
     return Scene(_scene(rng, objs), colour, f"The image shows {_describe_objects(objs)}.",
@@ -291,65 +300,53 @@ def _scene_colour_at(rng, spec):
 
 
 def _ask_count(rng):
-    shape = _pick(rng, SHAPES)
-    return {"question": f"How many {PLURAL[shape]} are there in the image?", "shape": shape}
+    return {"question": "How many shapes are there in the image?"}
 
 
 def _scene_count(rng, spec):
-    shape = spec["shape"]
-    n = int(rng.integers(1, 7))
-    k = int(rng.integers(0, 3))
-    others = [_pick(rng, SHAPES, exclude=(shape,)) for _ in range(k)]
-    kinds = [shape] * n + others
-    cells = rng.permutation(9)[: len(kinds)]
-    im, d = _canvas(rng)
-    for kind, cell in zip(kinds, cells):
-        cx, cy = 22 + 42 * (int(cell) % 3), 22 + 42 * (int(cell) // 3)
-        _shape(d, kind, cx + _jitter(rng, 4), cy + _jitter(rng, 4), int(rng.integers(9, 14)),
-               COLOURS[_pick(rng, COLOUR_NAMES)])
-    counts = {s: kinds.count(s) for s in SHAPES if s in kinds}
-    parts = [f"{c} {PLURAL[s]}" if c > 1 else f"one {s}" for s, c in counts.items()]
-    desc = f"The image shows {len(kinds)} object{'s' if len(kinds) > 1 else ''}: {_join(parts)}."
-    return Scene(im, str(n), desc, f"Counting the {PLURAL[shape]} gives {n}.")
+    n = int(rng.integers(1, 5))
+    slots = _pick(rng, POSITION_NAMES, n)
+    objs = [(_pick(rng, SHAPES), _pick(rng, COLOUR_NAMES), p) for p in slots]
+    desc = f"The image shows {n} shape{'s' if n > 1 else ''}: {_describe_objects(objs)}."
+    return Scene(_scene(rng, objs), str(n), desc, f"Counting the shapes gives {n}.")
 
 
-def _ask_bar_label(rng):
-    label = _pick(rng, BAR_LABELS)
-    return {"question": f"What is the value of bar {label} in the bar chart?", "label": label}
+def _ask_bar_colour(rng):
+    colour = _pick(rng, COLOUR_NAMES)
+    return {"question": f"What is the value of the {colour} bar in the bar chart?", "colour": colour}
 
 
 def _bar_value_scene(rng, spec, decimal: bool):
-    label = spec["label"]
-    n = int(rng.integers(3, 6))
-    labels = [label] + _pick(rng, BAR_LABELS, n - 1, exclude=(label,))
-    labels = [labels[int(i)] for i in rng.permutation(n)]
-    if decimal:
-        ints = [int(rng.integers(5, 100)) for _ in labels]
-        values, heights = [f"{v / 10:.1f}" for v in ints], [v / 100 for v in ints]
-    else:
-        ints = [int(rng.integers(1, 21)) for _ in labels]
-        values, heights = [str(v) for v in ints], [v / 20 for v in ints]
-    answer = values[labels.index(label)]
-    desc = f"The image is a bar chart with {n} bars: " + ", ".join(f"{l} = {v}" for l, v in zip(labels, values)) + "."
-    return Scene(_bars(rng, labels, values, heights), answer, desc, f"The label above bar {label} reads {answer}.")
+    colour = spec["colour"]
+    n = int(rng.integers(2, BAR_COLUMNS + 1))
+    colours = [colour] + _pick(rng, COLOUR_NAMES, n - 1, exclude=(colour,))
+    colours = [colours[int(i)] for i in rng.permutation(n)]
+    units = [int(rng.integers(1, BAR_UNITS + 1)) for _ in colours]
+    values = [f"{u * BAR_FLOAT_STEP:.1f}" if decimal else str(u) for u in units]
+    answer = values[colours.index(colour)]
+    desc = f"The image is a bar chart with {n} bars: " + ", ".join(
+        f"{c} = {v}" for c, v in zip(colours, values)) + "."
+    return Scene(_bars(rng, colours, units), answer, desc, f"The {colour} bar reaches {answer}.")
 
 
 def _ask_bar_max(rng):
-    return {"question": "Which bar is the tallest in the bar chart?", "choices": _pick(rng, BAR_LABELS, 4)}
+    return {"question": "Which bar is the tallest in the bar chart?", "choices": _pick(rng, COLOUR_NAMES, 4)}
 
 
 def _scene_bar_max(rng, spec):
     choices = list(spec["choices"])
     gold = _pick(rng, choices)
-    vals = sorted((int(v) for v in rng.permutation(20)[:4] + 1), reverse=True)
-    rest = [c for c in choices if c != gold]
-    rest = [rest[int(i)] for i in rng.permutation(3)]
-    by_label = {gold: vals[0], **dict(zip(rest, vals[1:]))}
-    labels = [choices[int(i)] for i in rng.permutation(4)]
-    values = [str(by_label[l]) for l in labels]
-    desc = "The image is a bar chart with 4 bars: " + ", ".join(f"{l} = {v}" for l, v in zip(labels, values)) + "."
-    return Scene(_bars(rng, labels, values, [by_label[l] / 20 for l in labels]), gold, desc,
-                 f"The largest value is {vals[0]}, on bar {gold}.")
+    n = int(rng.integers(2, BAR_COLUMNS + 1))
+    others = _pick(rng, choices, n - 1, exclude=(gold,))
+    top = int(rng.integers(n, BAR_UNITS + 1))
+    rest = sorted((int(v) + 1 for v in rng.permutation(top - 1)[:n - 1]), reverse=True)
+    by_colour = {gold: top, **dict(zip(others, rest))}
+    colours = [c for c in (gold, *others)]
+    colours = [colours[int(i)] for i in rng.permutation(n)]
+    desc = f"The image is a bar chart with {n} bars: " + ", ".join(
+        f"{c} = {by_colour[c]}" for c in colours) + "."
+    return Scene(_bars(rng, colours, [by_colour[c] for c in colours]), gold, desc,
+                 f"The tallest bar is the {gold} one, at {top}.")
 
 
 def _ask_nothing_word(rng):
@@ -357,8 +354,8 @@ def _ask_nothing_word(rng):
 
 
 def _scene_word(rng, spec):
-    word = _pick(rng, ALL_WORDS)
-    im, ink = _word_image(rng, word)
+    word = _pick(rng, READ_WORDS)
+    im, ink = _word_image(rng, word, 4)
     return Scene(im, word, f"The image shows the word {word} written in {ink} capital letters.",
                  f"The letters spell {word}.")
 
@@ -370,24 +367,37 @@ def _ask_nothing_length(rng):
 def _scene_word_length(rng, spec):
     n = int(rng.integers(3, 7))
     word = _pick(rng, WORDS[n])
-    im, ink = _word_image(rng, word)
+    im, ink = _word_image(rng, word, 3)
     return Scene(im, str(n), f"The image shows the word {word} written in {ink} capital letters.",
                  f"{'-'.join(word)} has {n} letters.")
 
 
 TEMPLATES: dict[str, Template] = {t.name: t for t in (
-    Template("shape_colour", "free_text", _ask_shape, _scene_shape_colour, COLOUR_NAMES),
-    Template("colour_shape", "free_text", _ask_colour, _scene_colour_shape, SHAPES),
-    Template("position_mc", "multi_choice", _ask_position, _scene_position),
-    Template("colour_at_position_mc", "multi_choice", _ask_colour_at, _scene_colour_at),
-    Template("count_int", "integer", _ask_count, _scene_count),
-    Template("bar_value_int", "integer", _ask_bar_label, lambda rng, s: _bar_value_scene(rng, s, False)),
-    Template("bar_value_float", "float", _ask_bar_label, lambda rng, s: _bar_value_scene(rng, s, True)),
-    Template("bar_max_mc", "multi_choice", _ask_bar_max, _scene_bar_max),
-    Template("word_read", "free_text", _ask_nothing_word, _scene_word, ALL_WORDS),
-    Template("word_length_int", "integer", _ask_nothing_length, _scene_word_length),
+    Template("shape_colour", "free_text", _ask_shape, _scene_shape_colour, COLOUR_NAMES, len(COLOUR_NAMES)),
+    Template("colour_shape", "free_text", _ask_colour, _scene_colour_shape, SHAPES, len(SHAPES)),
+    Template("position_mc", "multi_choice", _ask_position, _scene_position, answers=4),
+    Template("colour_at_position_mc", "multi_choice", _ask_colour_at, _scene_colour_at, answers=4),
+    Template("count_int", "integer", _ask_count, _scene_count, answers=len(POSITIONS)),
+    Template("bar_value_int", "integer", _ask_bar_colour, lambda rng, s: _bar_value_scene(rng, s, False),
+             answers=BAR_UNITS),
+    Template("bar_value_float", "float", _ask_bar_colour, lambda rng, s: _bar_value_scene(rng, s, True),
+             answers=BAR_UNITS),
+    Template("bar_max_mc", "multi_choice", _ask_bar_max, _scene_bar_max, answers=4),
+    Template("word_read", "free_text", _ask_nothing_word, _scene_word, READ_WORDS, len(READ_WORDS)),
+    Template("word_length_int", "integer", _ask_nothing_length, _scene_word_length, answers=len(WORDS)),
 )}
 TEMPLATE_NAMES = tuple(TEMPLATES)
+# the order a curriculum introduces the templates in: single objects' properties first, then places, counts,
+# bars and words
+CURRICULUM = ("shape_colour", "colour_shape", "colour_at_position_mc", "position_mc", "count_int", "bar_max_mc",
+              "bar_value_int", "bar_value_float", "word_length_int", "word_read")
+
+
+def chance_level(templates=None) -> float:
+    """The accuracy of guessing uniformly over each item's possible answers, averaged over `templates` (names,
+    one per item; default every template once): what a model that does not look at the picture can reach."""
+    names = TEMPLATE_NAMES if templates is None else list(templates)
+    return sum(1.0 / TEMPLATES[n].answers for n in names) / max(1, len(names))
 
 
 # --------------------------------------------------------------------------- items

@@ -8,7 +8,8 @@ tokens after the chat template's ``<|im_start|>assistant\\n``, through ``<|im_en
 ``eval_every`` steps the validation split is answered by greedy generation and scored with
 `workbench.organism.corpus.score_output`; the best checkpoint is kept. The same validation prompts are
 then answered with every picture replaced by a blank one of the same size: a model that looks scores near
-chance there.
+chance there. The held-out test split is answered both ways too; the manifest records the accuracies, the
+chance level (`corpus.chance_level`) and the accuracy of each template.
 
 Cached like the tiny models: ``<root>/<variant>/`` (root ``models/organism`` beside ``models/tiny``) holds
 the ``save_pretrained`` checkpoint (safetensors), the tokenizer/processor files and ``manifest.json`` with
@@ -38,7 +39,7 @@ from pathlib import Path
 from workbench import tiny
 from workbench.organism import corpus as C
 
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"
 VARIANTS = C.STYLES  # ("thinking", "instruct")
 DEFAULT_ROOT = tiny.DEFAULT_ROOT.parent / "organism"
 MANIFEST_NAME = "manifest.json"
@@ -52,14 +53,18 @@ ORGANISM_SHAPE = tiny.VLShape(
     vision_depth=2, vision_hidden=96, vision_intermediate=192, vision_heads=2, vision_pos_side=8, deepstack=(0,),
 )
 
-# A full training on 2 CPU cores in <= 15 minutes, planned from short runs of this shape at batch 16 on a
-# loaded 2-core host (instruct ~0.33 steps/s, 156-token rows; thinking ~0.25 steps/s, ~300-token rows; greedy
-# validation: instruct ~0.14 s an item, thinking ~1.4 s an item, so thinking evaluates a validation subset):
-#   instruct: 250 steps ~ 750 s + 3 evaluations of 200 items (2 on the way, 1 blank) ~ 80 s
-#   thinking: 150 steps ~ 600 s + 3 evaluations of 64 items ~ 270 s
-PLANNED_STEPS = {"instruct": 250, "thinking": 150}
-EVAL_EVERY = {"instruct": 125, "thinking": 75}
-VAL_ITEMS = {"instruct": 0, "thinking": 64}  # 0: the whole validation split
+# A full training on 2 CPU cores in <= 15 minutes, measured with the CLI at batch 8, one torch thread, on a
+# 2-core host shared with another job: instruct ~4.1 steps/s (95-156-token rows), greedy evaluation of 200
+# items ~10 s. instruct 2400 steps: 10.4 min wall in all (corpus, training, 3 evaluations on the way, 4 at the
+# end: validation, validation blank, test, test blank); 3200 steps took 15.5 min at ~3.6 steps/s under heavier
+# load (validation 0.375, test 0.39, test blank 0.19, chance 0.22), so the plan keeps 2400. thinking (not
+# measured with this recipe): rows ~2x longer, validation ~1.4 s an item, so it evaluates a 64-item subset.
+PLANNED_STEPS = {"instruct": 2400, "thinking": 1200}
+EVAL_EVERY = {"instruct": 800, "thinking": 600}
+VAL_ITEMS = {"instruct": 0, "thinking": 64}  # 0: the whole validation split (and test split)
+# the curriculum (see Recipe): no hold, one more template every this many steps
+CURRICULUM_HOLD = {"instruct": 0, "thinking": 0}
+CURRICULUM_EVERY = {"instruct": 100, "thinking": 50}
 MAX_NEW_TOKENS = {"instruct": 16, "thinking": 224}
 
 
@@ -70,7 +75,7 @@ class Recipe:
     variant: str = "instruct"
     seed: int = 0
     steps: int = 0  # 0: PLANNED_STEPS[variant]
-    batch_size: int = 16
+    batch_size: int = 8
     lr: float = 2e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 20
@@ -81,12 +86,20 @@ class Recipe:
     eval_batch: int = 32
     max_new_tokens: int = 0  # 0: MAX_NEW_TOKENS[variant]
     val_items: int = -1  # -1: VAL_ITEMS[variant]; 0: the whole validation split
-    threads: int = 2
+    # one thread: on a shared 2-core host two threads stall each other at every parallel region whenever
+    # another process holds a core (measured: 0.4 s a step with one thread, 4.6 s with two)
+    threads: int = 1
     init_seed: int = 0  # 0: derived from seed
     shape: tiny.VLShape = field(default_factory=lambda: ORGANISM_SHAPE)
     # the corpus ensure_organism writes when none is given
     corpus_seed: int = 0
     corpus_sizes: tuple[tuple[str, int], ...] = tuple(C.DEFAULT_SIZES.items())
+    # curriculum: the first `curriculum_hold` steps draw only the first template of `curriculum`, then one
+    # more joins every `curriculum_every` steps; each batch row picks an active template uniformly, then an
+    # item of it. hold 0 and every 0: plain shuffled passes over the train split.
+    curriculum: tuple[str, ...] = C.CURRICULUM
+    curriculum_hold: int = -1  # -1: CURRICULUM_HOLD[variant]
+    curriculum_every: int = -1  # -1: CURRICULUM_EVERY[variant]
 
     def resolved(self) -> "Recipe":
         if self.variant not in VARIANTS:
@@ -98,6 +111,8 @@ class Recipe:
             eval_every=self.eval_every or EVAL_EVERY[self.variant],
             val_items=VAL_ITEMS[self.variant] if self.val_items < 0 else self.val_items,
             init_seed=self.init_seed or 1000 + self.seed,
+            curriculum_hold=CURRICULUM_HOLD[self.variant] if self.curriculum_hold < 0 else self.curriculum_hold,
+            curriculum_every=CURRICULUM_EVERY[self.variant] if self.curriculum_every < 0 else self.curriculum_every,
         )
 
     def as_dict(self) -> dict:
@@ -105,6 +120,7 @@ class Recipe:
         d["shape"]["deepstack"] = list(d["shape"]["deepstack"])
         d["betas"] = list(d["betas"])
         d["corpus_sizes"] = dict(d["corpus_sizes"])
+        d["curriculum"] = list(d["curriculum"])
         return d
 
 
@@ -250,7 +266,11 @@ def evaluate(model, processor, examples: list[Example], variant: str, max_new_to
     finally:
         tok.padding_side = "right"
         model.train(was_training)
-    return {"accuracy": sum(scores) / max(1, len(scores)), "n": len(scores), "outputs": outputs}
+    per: dict[str, list[float]] = {}
+    for ex, sc in zip(examples, scores):
+        per.setdefault(ex.prompt.meta["template"], []).append(sc)
+    return {"accuracy": sum(scores) / max(1, len(scores)), "n": len(scores), "outputs": outputs,
+            "per_template": {t: sum(v) / len(v) for t, v in sorted(per.items())}}
 
 
 # --------------------------------------------------------------------------- training
@@ -278,6 +298,19 @@ def _lr_at(step: int, recipe: Recipe) -> float:
     return recipe.lr * (recipe.min_lr_ratio + (1 - recipe.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
+def _active_templates(step: int, recipe: Recipe, pools: dict) -> list[str]:
+    """The curriculum's templates at `step` (those the train split holds): the first alone for the hold, then
+    one more every `curriculum_every` steps; every template of the split once the list is through."""
+    order = [t for t in recipe.curriculum if t in pools] + sorted(t for t in pools if t not in recipe.curriculum)
+    if step < recipe.curriculum_hold:
+        k = 1
+    elif recipe.curriculum_every:
+        k = 2 + (step - recipe.curriculum_hold) // recipe.curriculum_every
+    else:
+        k = len(order)
+    return order[:max(1, min(k, len(order)))]
+
+
 def train(corpus_dir: Path, out: Path, recipe: Recipe, log=None) -> dict:
     """Train into ``out`` (a fresh folder): checkpoint, tokenizer/processor files; returns the run's record."""
     import torch
@@ -292,6 +325,8 @@ def train(corpus_dir: Path, out: Path, recipe: Recipe, log=None) -> dict:
     tok = processor.tokenizer
     train_set = _examples(corpus_dir / "train" / C.PROMPTS_NAME, tok, recipe.variant)
     val_set = _examples(corpus_dir / "validation" / C.PROMPTS_NAME, tok, recipe.variant, recipe.val_items)
+    test_path = corpus_dir / "test" / C.PROMPTS_NAME
+    test_set = _examples(test_path, tok, recipe.variant, recipe.val_items) if test_path.is_file() else []
     if not train_set or not val_set:
         raise ValueError(f"organism: {corpus_dir} has an empty train or validation split")
     collate = Collator(processor)
@@ -305,6 +340,9 @@ def train(corpus_dir: Path, out: Path, recipe: Recipe, log=None) -> dict:
                                  {"params": no_decay, "weight_decay": 0.0}],
                                 lr=recipe.lr, betas=recipe.betas, eps=1e-8)
         order_gen = torch.Generator().manual_seed(recipe.seed)
+        pools: dict[str, list[int]] = {}
+        for i, ex in enumerate(train_set):
+            pools.setdefault(ex.prompt.meta["template"], []).append(i)
         order: list[int] = []
         losses: list[float] = []
         evals: list[dict] = []
@@ -312,9 +350,16 @@ def train(corpus_dir: Path, out: Path, recipe: Recipe, log=None) -> dict:
         train_seconds = 0.0
         for step in range(recipe.steps):
             t0 = time.perf_counter()
-            if len(order) < recipe.batch_size:
-                order += torch.randperm(len(train_set), generator=order_gen).tolist()
-            idx, order = order[:recipe.batch_size], order[recipe.batch_size:]
+            if recipe.curriculum_hold or recipe.curriculum_every:
+                active = _active_templates(step, recipe, pools)
+                idx = []
+                for _ in range(recipe.batch_size):
+                    pool = pools[active[int(torch.randint(len(active), (1,), generator=order_gen))]]
+                    idx.append(pool[int(torch.randint(len(pool), (1,), generator=order_gen))])
+            else:
+                if len(order) < recipe.batch_size:
+                    order += torch.randperm(len(train_set), generator=order_gen).tolist()
+                idx, order = order[:recipe.batch_size], order[recipe.batch_size:]
             examples = [train_set[i] for i in idx]
             batch = collate(examples)
             if step == 0:
@@ -344,6 +389,14 @@ def train(corpus_dir: Path, out: Path, recipe: Recipe, log=None) -> dict:
         t1 = time.perf_counter()
         blank = evaluate(model, processor, val_set, recipe.variant, recipe.max_new_tokens, recipe.eval_batch,
                          blank=True)
+        val_best = evaluate(model, processor, val_set, recipe.variant, recipe.max_new_tokens, recipe.eval_batch)
+        test = test_blank = None
+        if test_set:
+            test = evaluate(model, processor, test_set, recipe.variant, recipe.max_new_tokens, recipe.eval_batch)
+            test_blank = evaluate(model, processor, test_set, recipe.variant, recipe.max_new_tokens,
+                                  recipe.eval_batch, blank=True)
+            log(f"test accuracy {test['accuracy']:.3f}  blank {test_blank['accuracy']:.3f}  "
+                f"chance {C.chance_level(ex.prompt.meta['template'] for ex in test_set):.3f}")
         eval_seconds = sum(e["seconds"] for e in evals) + time.perf_counter() - t1
     model.save_pretrained(out, safe_serialization=True)
     tiny._normalise_config(out / "config.json")
@@ -353,6 +406,14 @@ def train(corpus_dir: Path, out: Path, recipe: Recipe, log=None) -> dict:
         "val_accuracy": best["accuracy"],
         "blank_accuracy": blank["accuracy"],
         "val_items": len(val_set),
+        "chance": C.chance_level(ex.prompt.meta["template"] for ex in val_set),
+        "val_per_template": val_best["per_template"],
+        "blank_per_template": blank["per_template"],
+        "test_accuracy": test["accuracy"] if test else None,
+        "test_blank_accuracy": test_blank["accuracy"] if test else None,
+        "test_chance": C.chance_level(ex.prompt.meta["template"] for ex in test_set) if test else None,
+        "test_items": len(test_set),
+        "test_per_template": test["per_template"] if test else None,
         "evals": evals,
         "loss_curve": losses,
         "train_seconds": train_seconds,
@@ -491,7 +552,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"organism {args.variant}: {folder}")
     print(f"steps {man['steps']} (best {man['best_step']})  {sps:.3f} steps/s" if sps else f"steps {man['steps']}")
     print(f"validation accuracy {man['val_accuracy']:.3f}  blank-image accuracy {man['blank_accuracy']:.3f}  "
-          f"({man['val_items']} items)")
+          f"({man['val_items']} items, chance {man['chance']:.3f})")
+    if man.get("test_accuracy") is not None:
+        print(f"test accuracy {man['test_accuracy']:.3f}  blank-image accuracy {man['test_blank_accuracy']:.3f}  "
+              f"({man['test_items']} items, chance {man['test_chance']:.3f})")
+    print("per template (validation / blank): " + ", ".join(
+        f"{t} {a:.2f}/{man['blank_per_template'].get(t, 0.0):.2f}" for t, a in man["val_per_template"].items()))
     print(f"ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return 0
 
