@@ -451,14 +451,10 @@ def _mathvista_accuracy(t: RunTables) -> pd.DataFrame:
 
 
 def _organism_accuracy(t: RunTables) -> pd.DataFrame:
-    """Per leg: the organism's rule-scored accuracy on its held-out questions, beside ``chance``: the mean
-    over these prompts of 1 / (answers the training split pairs with the same question text; the same
-    template where the text never occurs there). The corpus draws answers uniformly given the text, so that
-    is what guessing without the picture scores."""
-    from collections import defaultdict
-
-    from .datasets.organism_set import load_organism
-    from .organism.corpus import score_output
+    """Per leg: the organism's rule-scored accuracy on its held-out questions, beside ``chance``: guessing
+    uniformly among each question's possible answers (``organism.corpus.chance_level`` over these prompts'
+    templates), what a model that does not look at the picture reaches."""
+    from .organism.corpus import TEMPLATES, chance_level, score_output
     from .registry import load_registry
     t.need(t.dataset == "organism" and len(t.records) > 0, "organism prompts")
     try:
@@ -466,16 +462,8 @@ def _organism_accuracy(t: RunTables) -> pd.DataFrame:
     except Exception:  # noqa: BLE001 - a run folder from elsewhere: judge by what the outputs look like
         style = None
     prompts = {p.pid: p for p in _prompts(t)}
-    try:
-        train = load_organism(split="train", check_images=False)
-    except Exception:  # noqa: BLE001 - no training corpus on this host: no chance level
-        train = []
-    per_text, per_template = defaultdict(set), defaultdict(set)
-    for q in train:
-        per_text[q.text].add(str(q.meta.get("answer")))
-        per_template[q.meta.get("template")].add(str(q.meta.get("answer")))
-    guesses = [len(per_text.get(p.text) or per_template.get(p.meta.get("template")) or ()) for p in prompts.values()]
-    chance = sum(1 / g for g in guesses) / len(guesses) if guesses and all(guesses) else float("nan")
+    templates = [p.meta.get("template") for p in prompts.values()]
+    chance = chance_level(templates) if templates and all(n in TEMPLATES for n in templates) else float("nan")
     rows = []
     for r in t.records.itertuples():
         meta = prompts[r.pid].meta
