@@ -58,3 +58,34 @@ def test_labels_are_cached_for_a_copied_run(teacher, prompts, tiny_models, tmp_p
     assert offline.cached(p.pid, gen) and offline.labels(p.pid, gen) == labels
     with pytest.raises(FileNotFoundError, match="image-grounded"):
         offline(p.pid, gen[:-1])
+
+
+def test_token_classes_table_grounded_or_proxy(tiny_models, tmp_path, monkeypatch):
+    """The committed tiny E1 run (traced strict leg): grounded by default for a small target, the vocabulary
+    proxy when WORKBENCH_GROUNDED=0; the definition column says which."""
+    import shutil
+    from pathlib import Path
+
+    from workbench.analyses import RunTables
+    from workbench.results import load_run
+
+    src = Path(__file__).resolve().parents[1] / "results" / "E1" / "20261201T195241Z-eb9fa688"
+    run = tmp_path / "run"
+    shutil.copytree(src, run)
+    # its pictures are named relative to the checkout (as the demo's run folder names them)
+    prompts_file = run / "prompts.jsonl"
+    prompts_file.write_text(prompts_file.read_text().replace('"data/tiny/', f'"{src.parents[2]}/data/tiny/'))
+    assert (run / grounding.CACHE).is_file()  # the run's own analysis made it: a copied run opens with it
+    cached = RunTables(load_run(run))["token_classes"]
+    (run / grounding.CACHE).unlink()
+    monkeypatch.setenv("WORKBENCH_GROUNDED", "0")
+    proxy = RunTables(load_run(run))["token_classes"]
+    assert set(proxy["definition"]) == {"vocabulary proxy (metrics.IMAGE_WORDS)"}
+    assert not (run / grounding.CACHE).exists()
+    monkeypatch.delenv("WORKBENCH_GROUNDED")
+    grounded = RunTables(load_run(run))["token_classes"]
+    assert set(grounded["definition"]) == {"grounded: target's greedy choice changes with a blank picture"}
+    assert set(grounded["token_class"]) <= {grounding.GROUNDED, grounding.OTHER}
+    # every evaluated draft position is counted once, whichever definition labels it
+    assert grounded["evaluated"].sum() == proxy["evaluated"].sum() and (run / grounding.CACHE).is_file()
+    assert grounded.to_dict("records") == cached.to_dict("records")

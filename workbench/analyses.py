@@ -300,12 +300,16 @@ def _counterfactual(t: RunTables) -> pd.DataFrame:
     return t.trace.curves(RELAX_GRID)
 
 
+GROUNDED_AUTO_BYTES = 2 << 30
+
+
 def _token_classes(t: RunTables) -> pd.DataFrame:
     """Per traced spec leg and token class: evaluated draft positions, accepted, rate.
 
     Classes by the grounded definition (``workbench.grounding``: the float32 target's greedy choice there
     changes with a blank picture, teacher-forced on the leg's output, cached in ``grounded.json``) where the
-    target can be loaded or the cache has every output; else by the vocabulary proxy
+    target can be loaded (automatically up to ``GROUNDED_AUTO_BYTES`` of weights, at any size with
+    ``WORKBENCH_GROUNDED=1``) or the cache has every output; else by the vocabulary proxy
     (``metrics.image_word_token_ids`` with the target's tokenizer). Column ``definition`` says which.
     """
     from . import grounding
@@ -322,7 +326,12 @@ def _token_classes(t: RunTables) -> pd.DataFrame:
             break
     t.need(target is not None, "target model of the spec legs")
     model_dir = _model_dir(target)
-    cache_only = not t.teacher or os.environ.get("WORKBENCH_NO_TEACHER") == "1"
+    # One float32 teacher pass per traced output: automatic for checkpoints up to GROUNDED_AUTO_BYTES on disk
+    # (the tiny models, the organism); WORKBENCH_GROUNDED=1 asks for it at any size, 0 never.
+    ask = os.environ.get("WORKBENCH_GROUNDED")
+    weights = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors")) if Path(model_dir).is_dir() else 0
+    cache_only = (not t.teacher or os.environ.get("WORKBENCH_NO_TEACHER") == "1" or ask == "0"
+                  or (ask != "1" and weights > GROUNDED_AUTO_BYTES))
     finder = grounding.GroundedPositions(model_dir, lambda: {p.pid: p for p in _prompts(t)},
                                          cache=t.run.path / grounding.CACHE, cache_only=cache_only)
     rows = list(traced[["pid", "gen_ids"]].itertuples(index=False))
