@@ -72,6 +72,11 @@ def test_workbench_run_e1_tiny_makes_a_complete_run_folder_without_a_browser(tmp
     assert model["leg"] == "strict_g6" and 0 < model["c"] and model["verify_ms"] > 0 and model["decode_ms"] > 0
     assert model["predicted_speedup"] == pytest.approx(model["acceptance_length"] / (6 * model["c"] + 1))
     assert model["measured_speedup"] > 0 and model["measured_over_predicted"] > 0
+    # with the prefill steps' costs at the leg's mean output length
+    n, length = model["mean_output_tokens"], model["acceptance_length"]
+    vanilla = model["vanilla_prefill_ms"] + (n - 1) * model["decode_ms"]
+    spec = model["prefill_ms"] + model["prefill_propose_ms"] + (n - 1) / length * (model["verify_ms"] + model["propose_ms"])
+    assert model["predicted_with_prefill"] == pytest.approx(vanilla / spec)
     for leg in cfg["legs"]:
         sc = json.loads((rdir / "legs" / leg["name"] / "summary.json").read_text())["step_costs"]
         key = "verify_ms" if leg["name"].startswith("strict") else "decode_ms"

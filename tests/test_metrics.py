@@ -225,6 +225,7 @@ def test_step_costs_and_the_speedup_model():
     assert sc["decode_ms"] == {"median": 7.0, "q1": 7.0, "q3": 7.0, "n": 1}
     assert sc["propose_ms"]["median"] == 6.0 and sc["draft_step_ms"]["median"] == 1.5
     assert sc["draft_loop_ms"]["median"] == 3.0
+    assert sc["prefill_ms"]["median"] == 50.0 and sc["prefill_propose_ms"]["median"] == 9.0
     assert step_costs_of(rows, gamma=None)["draft_step_ms"] is None
     for gamma, alpha in ((4, 0.7), (6, 0.35), (2, 0.95)):
         length = sum(alpha ** i for i in range(gamma + 1))

@@ -375,6 +375,11 @@ def _speedup_model(t: RunTables) -> pd.DataFrame:
     alpha from the measured acceptance length (so the numerator is that length); measured S = the median
     bracketed speedup (``speedup`` table). ``verify_over_decode``: the verification step over the bracketing
     vanilla legs' decode step (the formula takes it as 1).
+
+    The formula counts decode steps only. ``predicted_with_prefill`` adds what a request of the leg's mean
+    output length also pays, from the same step timer: vanilla ``prefill + (n - 1) decode``, spec
+    ``prefill + prefill propose + (n - 1) / acceptance length x (verify + propose)``; with short outputs the
+    prefill's share is what moves the measured speedup away from the formula.
     """
     t.need(t.has_spec and t.has_vanilla, "vanilla and spec legs")
     legs = t.run.legs.set_index("leg")
@@ -391,6 +396,9 @@ def _speedup_model(t: RunTables) -> pd.DataFrame:
 
     vanilla = [l for l in legs.index if legs.loc[l, "tier"] == "vanilla" and med(l, "decode_ms") is not None]
     decode = float(np.mean([med(l, "decode_ms") for l in vanilla])) if vanilla else None
+    van_prefill = [med(l, "prefill_ms") for l in vanilla if med(l, "prefill_ms") is not None]
+    van_prefill = float(np.mean(van_prefill)) if van_prefill else None
+    gen_len = t.records.groupby("leg")["gen_len"].mean()
     rows = []
     for leg in acc.index:
         gamma = int(acc.loc[leg, "gamma"])
@@ -399,12 +407,21 @@ def _speedup_model(t: RunTables) -> pd.DataFrame:
         c = draft / verify if verify and draft is not None else None
         predicted = length / (gamma * c + 1) if c is not None else None
         measured = float(speed.loc[leg, "speedup"]) if speed is not None and leg in speed.index else None
+        n, pf, ppf, propose = float(gen_len.get(leg, 0.0)), med(leg, "prefill_ms"), med(leg, "prefill_propose_ms"), \
+            med(leg, "propose_ms")
+        with_prefill = None
+        if None not in (decode, van_prefill, verify, propose, pf, ppf) and n >= 1:
+            t_vanilla = van_prefill + (n - 1) * decode
+            t_spec = pf + ppf + (n - 1) / length * (verify + propose)
+            with_prefill = t_vanilla / t_spec if t_spec > 0 else None
         rows.append({"leg": leg, "tier": acc.loc[leg, "tier"], "gamma": gamma,
                      "acceptance_rate": float(acc.loc[leg, "acceptance_rate"]), "acceptance_length": length,
                      "alpha": alpha_from_length(length, gamma), "decode_ms": decode, "verify_ms": verify,
                      "draft_step_ms": draft, "propose_ms": med(leg, "propose_ms"), "c": c,
                      "verify_over_decode": verify / decode if verify and decode else None,
-                     "predicted_speedup": predicted, "measured_speedup": measured,
+                     "predicted_speedup": predicted, "mean_output_tokens": n,
+                     "prefill_ms": pf, "prefill_propose_ms": ppf, "vanilla_prefill_ms": van_prefill,
+                     "predicted_with_prefill": with_prefill, "measured_speedup": measured,
                      "measured_over_predicted": measured / predicted if measured and predicted else None})
     return pd.DataFrame(rows)
 

@@ -460,8 +460,10 @@ def step_costs_of(rows: list[dict], gamma: int | None) -> dict[str, Any]:
     ``verify_ms``: the target's forward in a step that verifies drafts (gamma + 1 tokens per request);
     ``propose_ms``: the drafter's propose in those steps; ``draft_step_ms``: propose / gamma (the first
     pass over gamma + 1 tokens and gamma - 1 single-token steps, averaged); ``draft_loop_ms``: the
-    gamma - 1 single-token steps of the propose.
+    gamma - 1 single-token steps of the propose; ``prefill_ms`` / ``prefill_propose_ms``: the target's
+    forward and the drafter's propose in the prefill steps.
     """
+    prefill = [r for r in rows if r.get("prefill") and r.get("target_ms") is not None]
     decode = [r for r in rows if not r.get("prefill") and r.get("target_ms") is not None]
     verify = [r for r in decode if r.get("spec_tokens")]
     plain = [r for r in decode if not r.get("spec_tokens")]
@@ -472,6 +474,10 @@ def step_costs_of(rows: list[dict], gamma: int | None) -> dict[str, Any]:
     out["propose_ms"] = _quartiles(proposes)
     out["draft_step_ms"] = _quartiles([v / gamma for v in proposes]) if gamma else None
     out["draft_loop_ms"] = _quartiles([r["draft_loop_ms"] for r in verify if r.get("draft_loop_ms") is not None])
+    # the prefill steps: the target's forward over the prompt, and the drafter's propose that follows it
+    # (the draft's own prefill and its first gamma tokens)
+    out["prefill_ms"] = _quartiles([r["target_ms"] for r in prefill])
+    out["prefill_propose_ms"] = _quartiles([r["draft_ms"] for r in prefill if r.get("draft_ms") is not None])
     return out
 
 
