@@ -66,7 +66,7 @@ LADDER_DEFAULTS = {"prompt_len": 128, "eager": True}
 SHAPE_ROLES = ("target", "twin")
 # Roles workbench.organism.models.ensure_organism_models() builds (`organism: <variant>` profiles). An
 # organism profile may leave roles unbound that the organism has no model for yet (issue 21's small-VLM and
-# text-only drafts): a leg that needs one is refused when the run is planned, naming the role.
+# text-only drafts): a run with a leg that needs one is refused at its preflight, naming the role.
 ORGANISM_ROLES = ("target", "twin-int4", "twin-dequant", "random-draft")
 ORGANISM_VARIANTS = ("instruct", "thinking")
 LOAD_FORMATS = ("auto", "dummy")
