@@ -417,7 +417,7 @@ def _speedup_model(t: RunTables) -> pd.DataFrame:
         rows.append({"leg": leg, "tier": acc.loc[leg, "tier"], "gamma": gamma,
                      "acceptance_rate": float(acc.loc[leg, "acceptance_rate"]), "acceptance_length": length,
                      "alpha": alpha_from_length(length, gamma), "decode_ms": decode, "verify_ms": verify,
-                     "draft_step_ms": draft, "propose_ms": med(leg, "propose_ms"), "c": c,
+                     "draft_step_ms": draft, "propose_ms": propose, "c": c,
                      "verify_over_decode": verify / decode if verify and decode else None,
                      "predicted_speedup": predicted, "mean_output_tokens": n,
                      "prefill_ms": pf, "prefill_propose_ms": ppf, "vanilla_prefill_ms": van_prefill,
