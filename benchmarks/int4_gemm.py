@@ -227,6 +227,12 @@ class VllmKernel(Kernel):
             raise ValueError(reason)
         noop = lambda *a, **kw: None  # noqa: E731
         layer = torch.nn.Module()
+        # what a LinearBase carries and Humming's layer conversion reads (Marlin and Machete ignore it)
+        layer.input_size = layer.input_size_per_partition = k
+        layer.output_size = layer.output_size_per_partition = n
+        layer.output_partition_sizes = [n]
+        layer.params_dtype = torch.bfloat16
+        layer.has_bias = False
         layer.register_parameter("weight_packed", P.PackedvLLMParameter(
             data=packed.clone(), input_dim=1, output_dim=0, packed_dim=1, packed_factor=8, weight_loader=noop))
         scale_cls = P.ChannelQuantScaleParameter if group == -1 else P.GroupQuantScaleParameter

@@ -167,7 +167,8 @@ def test_split_heuristic_fills_the_gpu():
         k_tiles = -(-(k // 8) // cfg.bkp)
         assert split * iters >= k_tiles > (split - 1) * iters  # every K tile once, no empty split
         ctas = -(-n // cfg.bn) * split
-        assert ctas >= 4 * 132 or split == k_tiles
+        # about the config's CTA target (waves per SM); rounding the iterations per CTA up may drop a few
+        assert ctas >= 0.9 * cfg.waves * 132 or split == k_tiles, (n, k, m, cfg.tag, ctas)
     assert tk.choose_config(5120, 640, 1).kind == "gemv"
     assert tk.choose_config(5120, 640, 16).kind == "mma"
     assert tk.choose_config(5120, 640, 300).bm == 128  # prefill: big M tiles, still correct

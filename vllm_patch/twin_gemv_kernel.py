@@ -37,7 +37,8 @@ Split-K partial sums go to an fp32 workspace; a second small kernel adds them
 and casts to the output dtype, or (``Config.fused``, gemv) the last CTA of
 each output tile does, counted by an arrival counter it resets. Both add in a
 fixed order: deterministic. ``choose_config``: measured ``TUNED`` entries,
-else gemv for M <= 2 and mma above; ``sweep_configs``: the alternatives
+else gemv for M <= 2 (at M = 1 one-group tiles, fused split-K and PTX
+nibbles) and mma above; ``sweep_configs``: the alternatives
 ``benchmarks/int4_gemm.py`` times beside it.
 """
 
@@ -102,7 +103,11 @@ def _pow2_at_least(v: int) -> int:
 
 # Measured overrides, (N, K/8, M bucket) -> Config: the README of a benchmarks/int4_gemm.py run
 # lists the swept configs that beat the heuristic, in this form.
-TUNED: dict[tuple[int, int, int], Config] = {}
+TUNED: dict[tuple[int, int, int], Config] = {
+    # 32B gate_up at M = 1: 69.8 us against 84.1 us for the M = 1 heuristic below (one H200, vLLM 0.27.1's
+    # triton 3.7.1; results/int4-gemm/20261201T230754Z-h200)
+    (51200, 640, 1): Config("gemv", bm=1, bn=32, bkp=64, warps=4, stages=2, waves=8, asm=True),
+}
 
 
 def m_bucket(m: int) -> int:
@@ -115,6 +120,12 @@ def choose_config(n: int, k8: int, m: int) -> Config:
     if tuned is not None:
         return tuned
     bkp_cap = max(16, _pow2_at_least(k8))
+    if m == 1:
+        # one quantization group per tile (16 packed ints), split-K reduced by the last CTA, nibbles by
+        # inline PTX: fastest swept config at 7 of the 8 Qwen3-VL-32B / -8B M = 1 shapes, 1.2x (32B) to
+        # 2.8x (8B) faster than the n32-k512 tile it replaces (results/int4-gemm/20261201T230754Z-h200,
+        # results/int4-gemm/20261201T231011Z-h200)
+        return Config("gemv", bm=1, bn=128, bkp=min(16, bkp_cap), warps=4, waves=4, fused=True, asm=True)
     if m <= 2:
         return Config("gemv", bm=_pow2_at_least(m), bn=32, bkp=min(64, bkp_cap), waves=8)
     if m <= 16:
