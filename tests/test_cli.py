@@ -71,3 +71,15 @@ def test_resume_of_a_damaged_run_names_it(tmp_path, capsys):
     assert main(["run", "E1", "--profile", "tiny", "--resume", str(rdir)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --resume") and "damaged run folder" in err and "run.json: not valid JSON" in err
+
+
+def test_run_without_plotly_is_refused_before_any_leg(tmp_path, monkeypatch, capsys):
+    """A host without plotly (a bare GPU host) gets one line naming the package, and no run folder."""
+    import sys
+
+    monkeypatch.delitem(sys.modules, "workbench.export", raising=False)
+    monkeypatch.setitem(sys.modules, "plotly", None)  # import plotly... fails as if not installed
+    rc = main(["run", "E1", "--profile", "tiny", "--smoke", "--results", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc != 0 and "'plotly'" in err and "pip install plotly" in err
+    assert not any(tmp_path.rglob("run.json"))

@@ -124,7 +124,12 @@ def _formats(text: str) -> tuple[str, ...]:
 
     A BROWSER_PATH that points nowhere is refused here, before anything runs.
     """
-    from workbench import export
+    try:
+        from workbench import export
+    except ModuleNotFoundError as exc:  # figures are part of every run: refuse before any leg starts
+        top = (exc.name or "plotly").split(".")[0]
+        raise CliError(f"figures need {top!r}, which is not installed here "
+                       f"(pip install {top}, or the project's environment.yml)") from None
 
     try:
         fmts, skipped = export.usable_formats(text)
