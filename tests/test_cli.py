@@ -77,7 +77,10 @@ def test_run_without_plotly_is_refused_before_any_leg(tmp_path, monkeypatch, cap
     """A host without plotly (a bare GPU host) gets one line naming the package, and no run folder."""
     import sys
 
+    import workbench
+
     monkeypatch.delitem(sys.modules, "workbench.export", raising=False)
+    monkeypatch.delattr(workbench, "export", raising=False)  # `from workbench import export` looks here first
     monkeypatch.setitem(sys.modules, "plotly", None)  # import plotly... fails as if not installed
     rc = main(["run", "E1", "--profile", "tiny", "--smoke", "--results", str(tmp_path)])
     err = capsys.readouterr().err

@@ -74,8 +74,9 @@ def test_splits_load_as_prompt_sets(written):
             assert p.images[0].endswith(".png")
             m = p.meta
             for key in ("answer", "answer_type", "precision", "choices", "template", "format",
-                        "target_thinking", "target_instruct", "target", "image_sha256", "key"):
+                        "target_thinking", "target_instruct", "target", "image_sha256", "key", "description"):
                 assert key in m, key
+            assert m["description"] in m["target_thinking"]  # the thinking target opens with it
             assert m["split"] == split and m["target"] == m["target_thinking"]
             assert m["target_thinking"].startswith("<think>\n") and "\n</think>\n\n" in m["target_thinking"]
             assert m["format"] in ("multi_choice", "integer", "float", "free_text")

@@ -65,7 +65,7 @@ def test_manifest_fingerprints(trained, corpus_dir):
     # the tokenizer and processor files are the tiny target's own writers' output
     assert (folder / "chat_template.jinja").read_text() == tiny.CHAT_TEMPLATE
     # the recipe fingerprint sees the seed, the steps, the hyperparameters and the shape
-    for change in ({"seed": 1}, {"steps": STEPS + 1}, {"lr": 1e-3},
+    for change in ({"seed": 1}, {"steps": STEPS + 1}, {"lr": 1e-3}, {"vision_lr_scale": 3.0},
                    {"shape": dataclasses.replace(SHAPE, text_layers=2)}):
         assert T.recipe_fingerprint(dataclasses.replace(recipe, **change)) != m["recipe"], change
 
@@ -156,3 +156,27 @@ def test_the_manifest_reports_test_blank_and_chance(trained):
     assert m["test_items"] == SIZES["test"] and 0.0 <= m["test_accuracy"] <= 1.0
     assert 0.0 <= m["test_blank_accuracy"] <= 1.0 and 0.0 < m["chance"] < 1.0
     assert set(m["val_per_template"]) <= set(C.TEMPLATE_NAMES)
+
+
+def test_describe_rows_label_the_whole_picture(corpus_dir, tmp_path):
+    """A describe row keeps its item's picture, asks DESCRIBE_QUESTION and labels exactly the scene's
+    description; a training with describe rows runs; a fraction outside [0, 1] is refused by name."""
+    from transformers import AutoProcessor
+
+    from workbench.chat import load_images
+
+    T._write_common(tmp_path)
+    processor = AutoProcessor.from_pretrained(tmp_path)
+    train = T._examples(corpus_dir / "train" / C.PROMPTS_NAME, processor.tokenizer, "instruct", 4)
+    rows = [T._describe_example(ex, processor.tokenizer) for ex in train]
+    for ex, row in zip(train, rows):
+        assert row.target == ex.prompt.meta["description"] and row.prompt.text == T.DESCRIBE_QUESTION
+        assert row.prompt.images == ex.prompt.images and row.target in ex.prompt.meta["target_thinking"]
+        assert [im.tobytes() for im in load_images(row.prompt)] == [im.tobytes() for im in load_images(ex.prompt)]
+    collate = T.Collator(processor)
+    collate.check(rows, collate(rows))  # the labelled span is the description and <|im_end|>, nothing else
+    rec = T.train(corpus_dir, tmp_path / "d", dataclasses.replace(RECIPE, steps=2, eval_every=2,
+                                                                   describe_fraction=1.0))
+    assert rec["steps"] == 2 and all(x == x for x in rec["loss_curve"])
+    with pytest.raises(ValueError, match="describe_fraction"):
+        T.train(corpus_dir, tmp_path / "e", dataclasses.replace(RECIPE, steps=2, describe_fraction=1.5))

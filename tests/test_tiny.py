@@ -385,3 +385,25 @@ def test_vllm_loads_target_float32_and_twin_int4_bfloat16(build, tmp_path):
     hits = [a for o in twin["outputs"] for a in judge.agreement(prompts[o["kind"]], o["ids"])]
     print(f"vLLM twin-int4 (bf16) outputs vs target (fp32) top-1: {sum(hits) / len(hits):.3f} over {len(hits)}")
     assert sum(hits) / len(hits) >= 0.7
+
+
+def test_built_beside_swaps_in_whole_or_not_at_all(tmp_path):
+    """Every builder (tiny models, organism, its drafters) writes through this: an error inside the block
+    leaves the old folder as it was and no staging folder behind; success replaces the folder whole."""
+    from workbench.tiny import built_beside
+
+    dest = tmp_path / "models"
+    dest.mkdir()
+    (dest / "old.txt").write_text("old")
+    with pytest.raises(RuntimeError, match="half-way"):
+        with built_beside(dest) as staging:
+            (staging / "new.txt").write_text("new")
+            raise RuntimeError("half-way")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models"]
+    assert sorted(p.name for p in dest.iterdir()) == ["old.txt"]
+    with built_beside(dest) as staging:
+        assert staging.parent == tmp_path and staging != dest
+        (staging / "new.txt").write_text("new")
+        assert (dest / "old.txt").is_file()  # the old folder stays until the new one is whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models"]
+    assert sorted(p.name for p in dest.iterdir()) == ["new.txt"]

@@ -29,7 +29,10 @@ def render_prompt(tokenizer, prompt: Prompt, with_images: bool = True) -> str:
     )
 
 
-def load_images(prompt: Prompt) -> list:
+def load_images(prompt: Prompt, blank: bool = False) -> list:
+    """The prompt's pictures as RGB images; ``blank``: each replaced by a white one of its size (the same
+    image tokens, no content: how the target's image-grounded tokens and the organism's blank-picture
+    accuracy are defined)."""
     from PIL import Image
 
     images = []
@@ -42,4 +45,6 @@ def load_images(prompt: Prompt) -> list:
                 images.append(im.convert("RGB"))
         except Exception as exc:  # PIL raises several unrelated types
             raise PromptError(f"prompt {prompt.pid!r}: cannot read image {p}: {exc}") from None
+    if blank:
+        images = [Image.new("RGB", im.size, (255, 255, 255)) for im in images]
     return images

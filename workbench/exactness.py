@@ -30,16 +30,12 @@ line a reader sees ("11/13 equal, 2 near-ties (gaps 0.03, 0.04)").
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .metrics import first_divergence  # noqa: F401  (part of this module's vocabulary)
-from .runfolder import write_json_atomic
+from .teacher_cache import TeacherCache
 
 NEAR_TIE = 0.1
 _THRESHOLDS = {"float32": 0.0, "bfloat16": NEAR_TIE, "float16": NEAR_TIE}
@@ -173,7 +169,7 @@ def _gap_or_none(top2_gap: GapFn | None, pid: str, prefix: Sequence[int]) -> flo
 # --------------------------------------------------------------------------- the teacher's gaps
 
 
-class TeacherGaps:
+class TeacherGaps(TeacherCache):
     """``top2_gap`` from the float32 target (``workbench.teacher``), loaded on first use.
 
     With ``cache`` (a JSON file, one per run folder and so per target) every
@@ -182,45 +178,13 @@ class TeacherGaps:
     forward pass.
     """
 
-    def __init__(self, target_dir: str | os.PathLike, prompts: Mapping[str, Any] | Callable[[], Mapping[str, Any]],
-                 cache: str | os.PathLike | None = None,
-                 device: str | None = None, cache_only: bool = False):
-        self.target_dir, self.prompts, self.device = str(target_dir), prompts, device
-        self.cache_only = cache_only
-        self.cache_path = Path(cache) if cache else None
-        self._cache: dict[str, float] = {}
-        if self.cache_path and self.cache_path.is_file():
-            try:
-                self._cache = {k: float(v) for k, v in json.loads(self.cache_path.read_text()).items()}
-            except (ValueError, AttributeError):
-                self._cache = {}  # a damaged cache is only a cache: recompute
-        self._teacher = None
+    purpose = "classify divergences"
 
-    def _key(self, pid: str, prefix: Sequence[int]) -> str:
-        # A cache belongs to one run folder, and a run folder to one target: the key needs no model name
-        # (so the folder can be opened where the model lives elsewhere, or nowhere).
-        h = hashlib.sha256(json.dumps([pid, list(map(int, prefix))]).encode())
-        return h.hexdigest()[:24]
+    def _decode(self, value) -> float:
+        return float(value)
 
-    def available(self) -> bool:
-        return not self.cache_only and (Path(self.target_dir) / "config.json").is_file()
+    def _compute(self, teacher, prompt, prefix: list[int]) -> float:
+        return teacher.top2_gap(prompt, prefix)
 
     def __call__(self, pid: str, prefix: Sequence[int]) -> float:
-        key = self._key(pid, prefix)
-        if key not in self._cache:
-            if self._teacher is None:
-                if not self.available():
-                    raise FileNotFoundError(f"no target model at {self.target_dir} to classify divergences with"
-                                            + (" (cache only)" if self.cache_only else ""))
-                from .teacher import TeacherForcer
-                self._teacher = TeacherForcer(self.target_dir, dtype="float32", device=self.device)
-            if callable(self.prompts):  # loaded only when a forward pass is needed
-                self.prompts = self.prompts()
-            self._cache[key] = float(self._teacher.top2_gap(self.prompts[pid], list(prefix)))
-            self._save()
-        return self._cache[key]
-
-    def _save(self) -> None:
-        if self.cache_path is None:
-            return
-        write_json_atomic(self.cache_path, dict(sorted(self._cache.items())))
+        return self._get(pid, prefix)

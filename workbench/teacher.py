@@ -47,11 +47,7 @@ class TeacherForcer:
     def _encode(self, prompt: Prompt, blank: bool = False) -> dict:
         # A text-only model (e.g. a text draft) reads the prompt without its images.
         text = render_prompt(self.tokenizer, prompt, with_images=self.is_vl)
-        images = load_images(prompt) if self.is_vl else []
-        if blank:  # every picture replaced by a white one of its size (the same image tokens, no content)
-            from PIL import Image
-
-            images = [Image.new("RGB", im.size, (255, 255, 255)) for im in images]
+        images = load_images(prompt, blank=blank) if self.is_vl else []
         if images:
             return self.processor(text=[text], images=images, return_tensors="pt")
         return self.tokenizer([text], return_tensors="pt")

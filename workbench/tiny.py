@@ -700,25 +700,33 @@ def role_dirs(root: Path) -> dict[str, Path]:
     return {role: Path(root) / role for role in ROLES}
 
 
-def build_tiny_models(root: Path = DEFAULT_ROOT) -> dict[str, Path]:
-    """Build every role into ``root`` from scratch (replacing what is there)."""
-    root = Path(root).resolve()
-    root.parent.mkdir(parents=True, exist_ok=True)
-    # Build beside the destination and swap in at the end, so an interrupted
-    # build never leaves a folder that looks complete.
-    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.build-", dir=root.parent))
+@contextlib.contextmanager
+def built_beside(dest: Path):
+    """A fresh staging folder beside ``dest``: when the block ends normally it replaces ``dest`` whole; on
+    any error (or an interrupt) it is removed. So an interrupted build never leaves a folder that looks
+    complete, and the old one stays until the new one is whole."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.build-", dir=dest.parent))
     try:
-        _build_all(staging)
-        _write_json(staging / MANIFEST_NAME, _manifest_for(staging))
+        yield staging
         staging.chmod(0o755)
-        if root.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{root.name}.old-", dir=root.parent))
-            os.replace(root, old / "x")
+        if dest.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+            os.replace(dest, old / "x")
             shutil.rmtree(old)
-        os.replace(staging, root)
+        os.replace(staging, dest)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def build_tiny_models(root: Path = DEFAULT_ROOT) -> dict[str, Path]:
+    """Build every role into ``root`` from scratch (replacing what is there)."""
+    root = Path(root).resolve()
+    with built_beside(root) as staging:
+        _build_all(staging)
+        _write_json(staging / MANIFEST_NAME, _manifest_for(staging))
     return role_dirs(root)
 
 

@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-GENERATOR_VERSION = "2"
+GENERATOR_VERSION = "3"
 DATASET = "organism"
 SPLITS = ("train", "validation", "test")
 SPLIT_ALIASES = {"val": "validation", "valid": "validation"}
@@ -472,6 +472,7 @@ def build_item(template: str | Template, rng: np.random.Generator, spec: dict | 
     if t.format == "free_text":
         meta["vocabulary"] = list(t.vocabulary)
     meta["target_thinking"], meta["target_instruct"] = _targets(t.format, scene, final, shown)
+    meta["description"] = scene.description  # what the picture shows: the training's describe rows
     meta["image_sizes"] = [[scene.image.width, scene.image.height]]
     return Item(t.name, t.format, text, scene.image, meta)
 

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from workbench import tiny
@@ -73,9 +71,7 @@ def build_drafters(target: Path, out: Path) -> dict[str, Path]:
     from transformers import Qwen3VLForConditionalGeneration
 
     target, out = Path(target).resolve(), Path(out).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.build-", dir=out.parent))
-    try:
+    with tiny.built_beside(out) as staging:
         model = Qwen3VLForConditionalGeneration.from_pretrained(target, dtype=torch.float32).eval()
         write_common = _copy_common(target)
         tiny._build_twins(model, staging / "twin-int4", staging / "twin-dequant", write_common)
@@ -92,15 +88,6 @@ def build_drafters(target: Path, out: Path) -> dict[str, Path]:
                                                                       "group_size": tiny.QUANT_GROUP_SIZE,
                                                                       "method": "RTN (min/max), asymmetric",
                                                                       "format": "pack-quantized"}})
-        staging.chmod(0o755)
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / "x")
-            shutil.rmtree(old)
-        os.replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return {role: out / role for role in DRAFTER_ROLES}
 
 

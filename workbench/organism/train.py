@@ -28,10 +28,7 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +74,11 @@ class Recipe:
     steps: int = 0  # 0: PLANNED_STEPS[variant]
     batch_size: int = 8
     lr: float = 2e-3
+    vision_lr_scale: float = 1.0  # the vision tower's and merger's learning rate, as a multiple of lr
+    # each training row is, with this probability, its item's describe row instead: the same picture,
+    # DESCRIBE_QUESTION, and the scene's description as the target (every object's shape, colour and place,
+    # every bar, the word): supervision for the whole picture, not only the one asked-about object
+    describe_fraction: float = 0.0
     min_lr_ratio: float = 0.1
     warmup_steps: int = 20
     weight_decay: float = 0.01
@@ -190,15 +192,22 @@ def _examples(prompts_path: Path, tokenizer, variant: str, limit: int = 0) -> li
     return out
 
 
-def _images(examples: list[Example], blank: bool = False) -> list:
-    from PIL import Image
+DESCRIBE_QUESTION = "Describe the image."
 
+
+def _describe_example(ex: Example, tokenizer) -> Example:
+    """The describe row of a training item (see ``Recipe.describe_fraction``)."""
+    from workbench.chat import render_prompt
+
+    p = dataclasses.replace(ex.prompt, pid=f"{ex.prompt.pid}-describe", text=DESCRIBE_QUESTION)
+    target = ex.prompt.meta["description"]
+    return Example(p, render_prompt(tokenizer, p) + target + "<|im_end|>", target)
+
+
+def _images(examples: list[Example], blank: bool = False) -> list:
     from workbench.chat import load_images
 
-    images = [im for ex in examples for im in load_images(ex.prompt)]
-    if blank:
-        images = [Image.new("RGB", im.size, (255, 255, 255)) for im in images]
-    return images
+    return [im for ex in examples for im in load_images(ex.prompt, blank=blank)]
 
 
 class Collator:
@@ -330,14 +339,19 @@ def train(corpus_dir: Path, out: Path, recipe: Recipe, log=None) -> dict:
     if not train_set or not val_set:
         raise ValueError(f"organism: {corpus_dir} has an empty train or validation split")
     collate = Collator(processor)
+    if not 0.0 <= recipe.describe_fraction <= 1.0:
+        raise ValueError(f"organism: describe_fraction must be in [0, 1], got {recipe.describe_fraction}")
+    describe = [_describe_example(ex, tok) for ex in train_set] if recipe.describe_fraction > 0 else []
 
     with _deterministic(recipe.threads):
         torch.manual_seed(recipe.seed)
         model = _new_model(recipe, ids).train()
-        decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
-        no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
-                                 {"params": no_decay, "weight_decay": 0.0}],
+        groups: dict[tuple[bool, bool], list] = {}
+        for n, p in model.named_parameters():  # (decayed?, vision?) -> parameters
+            groups.setdefault((p.ndim >= 2 and "embed" not in n, ".visual." in f".{n}"), []).append(p)
+        opt = torch.optim.AdamW([{"params": ps, "weight_decay": recipe.weight_decay if decay else 0.0,
+                                  "lr_scale": recipe.vision_lr_scale if vision else 1.0}
+                                 for (decay, vision), ps in sorted(groups.items())],
                                 lr=recipe.lr, betas=recipe.betas, eps=1e-8)
         order_gen = torch.Generator().manual_seed(recipe.seed)
         pools: dict[str, list[int]] = {}
@@ -360,12 +374,13 @@ def train(corpus_dir: Path, out: Path, recipe: Recipe, log=None) -> dict:
                 if len(order) < recipe.batch_size:
                     order += torch.randperm(len(train_set), generator=order_gen).tolist()
                 idx, order = order[:recipe.batch_size], order[recipe.batch_size:]
-            examples = [train_set[i] for i in idx]
+            examples = [describe[i] if describe and float(torch.rand((), generator=order_gen)) < recipe.describe_fraction
+                        else train_set[i] for i in idx]
             batch = collate(examples)
             if step == 0:
                 collate.check(examples, batch)
             for g in opt.param_groups:
-                g["lr"] = _lr_at(step, recipe)
+                g["lr"] = _lr_at(step, recipe) * g["lr_scale"]
             loss = model(**batch).loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -476,9 +491,7 @@ def build_organism(folder: Path, corpus_dir: Path, recipe: Recipe, corpus_fp: st
     corpus_fp = corpus_fp or _corpus_fingerprint(corpus_dir)
     if corpus_fp is None:
         raise ValueError(f"organism: {corpus_dir} holds no intact organism corpus")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.build-", dir=folder.parent))
-    try:
+    with tiny.built_beside(folder) as staging:
         record = train(corpus_dir, staging, recipe, log=log)
         manifest = {
             "builder_version": BUILDER_VERSION,
@@ -492,15 +505,6 @@ def build_organism(folder: Path, corpus_dir: Path, recipe: Recipe, corpus_fp: st
             "files": _files(staging),
         }
         tiny._write_json(staging / MANIFEST_NAME, manifest)
-        staging.chmod(0o755)
-        if folder.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old-", dir=folder.parent))
-            os.replace(folder, old / "x")
-            shutil.rmtree(old)
-        os.replace(staging, folder)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return manifest
 
 
