@@ -21,7 +21,7 @@ from workbench.organism import corpus as C
 from workbench.organism import models as M
 from workbench.organism import train as T
 
-SHAPE = tiny.VLShape(text_layers=1, text_hidden=64, text_intermediate=128, text_heads=2, text_kv_heads=1,
+SHAPE = tiny.VLShape(text_layers=2, text_hidden=64, text_intermediate=128, text_heads=2, text_kv_heads=1,
                      vision_depth=1, vision_hidden=32, vision_intermediate=64, vision_heads=1, vision_pos_side=8)
 RECIPE = T.Recipe(batch_size=4, warmup_steps=2, lr=5e-3, eval_every=16, eval_batch=8, shape=SHAPE)
 
@@ -33,8 +33,35 @@ def light(tmp_path_factory):
     corpus = root / "corpus"
     C.write_corpus(corpus, seed=5, sizes={"train": 90, "validation": 8, "test": 2})
     target = T.ensure_organism("instruct", 16, root=root, corpus_dir=corpus, recipe=RECIPE)
-    drafters = M.build_drafters(target, root / "instruct-drafters")
+    steps, M.DISTILL_STEPS = M.DISTILL_STEPS, 8  # a light distillation too
+    try:
+        drafters = M.build_drafters(target, root / "instruct-drafters")
+    finally:
+        M.DISTILL_STEPS = steps
     return root, target, drafters
+
+
+def test_small_vlm_is_a_distilled_cut_and_the_text_draft_its_text_tower(light):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _, target, d = light
+    small_cfg = json.loads((d["small-vlm"] / "config.json").read_text())
+    assert small_cfg["text_config"]["num_hidden_layers"] == M.SMALL_TEXT_LAYERS < SHAPE.text_layers
+    man = json.loads((d["small-vlm"].parent / "manifest.json").read_text())
+    assert man["small-vlm"]["steps"] == 8 and 0.0 <= man["small-vlm"]["test_accuracy"] <= 1.0
+    sm, tg = load_file(d["small-vlm"] / "model.safetensors"), load_file(target / "model.safetensors")
+    name = "model.language_model.layers.0.mlp.down_proj.weight"
+    assert sm[name].shape == tg[name].shape and not torch.equal(sm[name], tg[name])  # started there, then trained
+    assert "model.language_model.layers.1.mlp.down_proj.weight" not in sm
+    text_cfg = json.loads((d["text-draft"] / "config.json").read_text())
+    assert text_cfg["architectures"] == ["Qwen3ForCausalLM"] and not (d["text-draft"] / "preprocessor_config.json").exists()
+    tx = load_file(d["text-draft"] / "model.safetensors")
+    assert torch.equal(tx["model.layers.0.mlp.down_proj.weight"], sm[name])
+    model = AutoModelForCausalLM.from_pretrained(d["text-draft"], dtype=torch.float32)
+    ids = AutoTokenizer.from_pretrained(d["text-draft"])("The answer is", return_tensors="pt")["input_ids"]
+    assert model.generate(ids, max_new_tokens=3, do_sample=False).shape[1] == ids.shape[1] + 3
 
 
 def test_drafters_are_the_targets_int4_twin_and_a_random_draft(light):
@@ -65,7 +92,8 @@ def test_drafters_are_cached_and_follow_a_retrained_target(light, monkeypatch):
     root, target, d = light
     calls = []
     real = M.build_drafters
-    monkeypatch.setattr(M, "build_drafters", lambda t, o: calls.append(o) or real(t, o))
+    monkeypatch.setattr(M, "build_drafters", lambda t, o, log=None: calls.append(o) or real(t, o, log=log))
+    monkeypatch.setattr(M, "DISTILL_STEPS", 8)
     monkeypatch.setattr(T, "ensure_organism", lambda variant, steps, root, log=None: target)
     before = (d["twin-int4"] / "model.safetensors").stat().st_mtime_ns
     roles = M.ensure_organism_models("instruct", root=root)
@@ -112,6 +140,19 @@ def test_profile_checks(tmp_path):
         _profiles(tmp_path, ok.replace(", twin: twin-int4", ""))
     with pytest.raises(R.RegistryError, match="neither tiny"):
         _profiles(tmp_path, ok.replace("device: cpu", "device: cpu\n    tiny: true"))
+    assert prof.stand_in  # the organism stands in for the real profiles' roles
+
+
+def test_organism_stands_in_for_pinned_experiments_but_not_a_comparison_of_two():
+    """E11 (8b-thinking), E12 (32b) and E15 (8b-instruct) plan under the organism; E14 compares two
+    profiles, which one organism variant cannot, and is refused saying so."""
+    from workbench.planning import plan
+
+    for exp in ("E11", "E12", "E15"):
+        assert plan(exp, "organism", smoke=True).legs, exp
+    with pytest.raises(R.RegistryError, match="compares profiles 8b-instruct, 8b-thinking"):
+        plan("E14", "organism", smoke=True)
+    assert plan("E14", "tiny", smoke=True).legs  # the tiny stand-in has no variants to tell apart
 
 
 def _run(*args, timeout=900):
@@ -119,12 +160,21 @@ def _run(*args, timeout=900):
                           text=True, timeout=timeout)
 
 
-@pytest.mark.vllm
-def test_a_leg_needing_an_unbound_role_is_refused_before_anything_is_built(tmp_path):
-    res = _run("E6", "--profile", "organism", "--smoke", "--results", str(tmp_path), "--no-notebook")
-    assert res.returncode != 0
-    assert "profile organism binds no 'small-vlm' model" in res.stderr + res.stdout
-    assert not any(tmp_path.iterdir())  # no run folder
+def test_a_leg_needing_an_unbound_role_is_refused_before_anything_is_built(tmp_path, monkeypatch):
+    """An organism profile that leaves small-vlm unbound: E6 is refused at model resolution, naming the role,
+    before any organism is trained or built."""
+    from workbench import execution
+    from workbench.planning import plan
+
+    text = R.PROFILES_FILE.read_text()
+    head, _, rest = text.partition("\n  organism:\n")
+    body = head + "\n  organism:\n" + rest.replace("      small-vlm: small-vlm\n      text-draft: text-draft\n", "", 1)
+    assert body != text
+    (tmp_path / "profiles.yaml").write_text(body)
+    reg = R.load_registry(profiles_path=tmp_path / "profiles.yaml")
+    monkeypatch.setattr(M, "ensure_organism_models", lambda *a, **k: pytest.fail("built before the refusal"))
+    with pytest.raises(R.RegistryError, match="profile organism binds no 'small-vlm' model"):
+        execution.resolve_models(plan("E6", "organism", smoke=True, registry=reg), registry=reg)
 
 
 @pytest.mark.vllm

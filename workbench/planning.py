@@ -189,6 +189,15 @@ def plan(experiment: str | Experiment, profile: str | None = None, overrides: An
     if exp.profiles and not prof.stand_in and prof.name not in exp.profiles:
         raise RegistryError(f"{exp.id} runs under profile(s) {', '.join(exp.profiles)} (or a stand-in such as "
                             f"tiny), not {prof.name!r}")
+    if prof.organism and prof.stand_in:
+        # one organism variant stands in for every profile's roles: an experiment that compares two
+        # profiles (E14: thinking vs instruct) would compare the organism with itself
+        others = sorted({split_role(r)[1] for leg in exp.legs for r in (leg.model, leg.draft)
+                         if r and split_role(r)[1]})
+        if len(others) > 1:
+            raise RegistryError(f"{exp.id} compares profiles {', '.join(others)}; the organism profile "
+                                f"{prof.name!r} has one variant ({prof.organism}) standing in for all of them, "
+                                f"so it would compare the organism with itself")
     if prof.shapes and exp.runner not in ("ladder", "serve"):
         raise RegistryError(f"profile {prof.name!r} binds shape-only stand-ins with random weights "
                             f"(load_format {prof.load_format or 'auto'}): only the cost ladder and the serving "

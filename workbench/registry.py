@@ -65,9 +65,9 @@ LADDER_DEFAULTS = {"prompt_len": 128, "eager": True}
 # Roles a shape-only profile (`shapes: true`, workbench.shapes) binds, and the folders it can bind them to.
 SHAPE_ROLES = ("target", "twin")
 # Roles workbench.organism.models.ensure_organism_models() builds (`organism: <variant>` profiles). An
-# organism profile may leave roles unbound that the organism has no model for yet (issue 21's small-VLM and
-# text-only drafts): a run with a leg that needs one is refused at its preflight, naming the role.
-ORGANISM_ROLES = ("target", "twin-int4", "twin-dequant", "random-draft")
+# organism profile must bind target and twin and may leave the others unbound: a run with a leg that needs
+# an unbound one is refused at its preflight, naming the role.
+ORGANISM_ROLES = ("target", "twin-int4", "twin-dequant", "random-draft", "small-vlm", "text-draft")
 ORGANISM_VARIANTS = ("instruct", "thinking")
 LOAD_FORMATS = ("auto", "dummy")
 
@@ -300,8 +300,8 @@ def _load_profiles(raw: Any, where: str) -> dict[str, Profile]:
         organism = body.get("organism")
         if organism is not None and organism not in ORGANISM_VARIANTS:
             raise RegistryError(f"{w}.organism: must be one of {', '.join(ORGANISM_VARIANTS)}, got {organism!r}")
-        if organism is not None and (shapes or body.get("tiny") or body.get("stand_in")):
-            raise RegistryError(f"{w}: an organism profile is neither tiny, a stand-in nor a shapes profile")
+        if organism is not None and (shapes or body.get("tiny")):
+            raise RegistryError(f"{w}: an organism profile is neither tiny nor a shapes profile")
         load_format = body.get("load_format")
         if load_format is not None and load_format not in LOAD_FORMATS:
             raise RegistryError(f"{w}.load_format: must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}")

@@ -27,10 +27,16 @@ from pathlib import Path
 from workbench import tiny
 from workbench.organism import train as T
 
-BUILDER_VERSION = "1"
-ROLES = ("target", "twin-int4", "twin-dequant", "random-draft")
+BUILDER_VERSION = "2"
+ROLES = ("target", "twin-int4", "twin-dequant", "random-draft", "small-vlm", "text-draft")
 DRAFTER_ROLES = ROLES[1:]
 RANDOM_DRAFT_SEED = 97531
+# The small VLM draft: the organism cut to one text layer (its embeddings, vision tower, merger, first layer,
+# norm and head copied), then distilled on the organism's own greedy answers to the train split
+# (sequence-level distillation) for DISTILL_STEPS steps. The text-only draft is that student's text tower
+# without the vision side (a Qwen3ForCausalLM): the same weights, blind.
+SMALL_TEXT_LAYERS = 1
+DISTILL_STEPS = 800
 COMMON_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
                 "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json",
                 "special_tokens_map.json")
@@ -59,13 +65,77 @@ def _drafters_ok(folder: Path, target_fp: str) -> bool:
 def _copy_common(src: Path):
     def write_common(d: Path, multimodal: bool = True) -> None:
         for name in COMMON_FILES:
+            if not multimodal and "processor" in name:  # a text-only model has no image processor
+                continue
             if (src / name).is_file():
                 shutil.copy2(src / name, d / name)
         tiny._normalise_config(d / "config.json")
     return write_common
 
 
-def build_drafters(target: Path, out: Path) -> dict[str, Path]:
+def _distill_small_vlm(teacher, target: Path, out: Path, log=None) -> dict:
+    """Train the small VLM draft into ``out``; returns its training record (accuracy on the held-out split)."""
+    import dataclasses
+
+    from transformers import AutoProcessor, Qwen3VLForConditionalGeneration
+
+    from workbench.organism import corpus as C
+
+    man = json.loads((target / T.MANIFEST_NAME).read_text())
+    variant, corpus_dir = man["variant"], Path(man["corpus_dir"])
+    hp = man["hyperparameters"]
+    shape = tiny.VLShape(**{**hp["shape"], "deepstack": tuple(hp["shape"]["deepstack"]),
+                            "text_layers": SMALL_TEXT_LAYERS})
+    if any(i >= SMALL_TEXT_LAYERS for i in shape.deepstack):
+        shape = dataclasses.replace(shape, deepstack=(0,))
+    processor = AutoProcessor.from_pretrained(target)
+    train_set = T._examples(corpus_dir / "train" / C.PROMPTS_NAME, processor.tokenizer, variant)
+    with T._deterministic(1):
+        answers = T.evaluate(teacher, processor, train_set, variant, T.MAX_NEW_TOKENS[variant])["outputs"]
+    targets = {ex.prompt.pid: a for ex, a in zip(train_set, answers)}
+    state = teacher.state_dict()
+
+    def init():
+        student = Qwen3VLForConditionalGeneration(T.organism_config(shape))
+        tiny._inherit(student, state, lambda name: name)
+        return student
+
+    # plain shuffled passes over the teacher's answers, no describe rows: the student copies the teacher
+    recipe = T.Recipe(variant=variant, steps=DISTILL_STEPS, shape=shape, curriculum_hold=0, curriculum_every=0,
+                      describe_fraction=0.0, eval_every=DISTILL_STEPS, val_items=hp.get("val_items", -1))
+    record = T.train(corpus_dir, out, recipe, log=log, init=init, targets=targets)
+    tiny._normalise_config(out / "config.json")
+    return {k: record[k] for k in ("steps", "val_accuracy", "test_accuracy", "test_blank_accuracy", "test_chance",
+                                   "parameters", "train_seconds")}
+
+
+def _text_draft(small: Path, out: Path, write_common) -> None:
+    """The small VLM draft's text tower as a text-only Qwen3ForCausalLM."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3VLForConditionalGeneration
+
+    vl = Qwen3VLForConditionalGeneration.from_pretrained(small, dtype=torch.float32)
+    tc = vl.config.text_config
+    cfg = Qwen3Config(vocab_size=tc.vocab_size, hidden_size=tc.hidden_size, intermediate_size=tc.intermediate_size,
+                      num_hidden_layers=tc.num_hidden_layers, num_attention_heads=tc.num_attention_heads,
+                      num_key_value_heads=tc.num_key_value_heads, head_dim=tc.head_dim,
+                      max_position_embeddings=tc.max_position_embeddings, rms_norm_eps=tc.rms_norm_eps,
+                      rope_theta=getattr(tc, "rope_theta", None) or tc.rope_parameters["rope_theta"],
+                      tie_word_embeddings=vl.config.tie_word_embeddings, bos_token_id=tc.bos_token_id,
+                      eos_token_id=tc.eos_token_id, pad_token_id=getattr(tc, "pad_token_id", None))
+    cfg.architectures = ["Qwen3ForCausalLM"]
+    cfg.dtype = "float32"
+    text = Qwen3ForCausalLM(cfg)
+    state = vl.state_dict()
+    tiny._inherit(text, state, lambda name: name.replace("model.", "model.language_model.", 1))
+    for name, p in text.named_parameters():  # every weight is the student's: nothing left at its init
+        if not torch.equal(p, state[name.replace("model.", "model.language_model.", 1)]):
+            raise RuntimeError(f"organism text draft: {name} was not copied from the small VLM draft")
+    text.eval().save_pretrained(out, safe_serialization=True)
+    write_common(out, multimodal=False)
+
+
+def build_drafters(target: Path, out: Path, log=None) -> dict[str, Path]:
     """Write the drafters of the organism at ``target`` into ``out`` (built beside it, swapped in at the end)."""
     import torch
     from transformers import Qwen3VLForConditionalGeneration
@@ -80,6 +150,8 @@ def build_drafters(target: Path, out: Path) -> dict[str, Path]:
         tiny._init_weights(rand, RANDOM_DRAFT_SEED, tiny.BPE_VOCAB_SIZE)
         rand.eval().save_pretrained(staging / "random-draft", safe_serialization=True)
         write_common(staging / "random-draft")
+        small = _distill_small_vlm(model, target, staging / "small-vlm", log=log)
+        _text_draft(staging / "small-vlm", staging / "text-draft", write_common)
         tiny._write_json(staging / "manifest.json", {"builder_version": BUILDER_VERSION,
                                                      "builder": _builder_fingerprint(),
                                                      "target": _target_fingerprint(target),
@@ -87,7 +159,12 @@ def build_drafters(target: Path, out: Path) -> dict[str, Path]:
                                                      "quantization": {"bits": tiny.QUANT_BITS,
                                                                       "group_size": tiny.QUANT_GROUP_SIZE,
                                                                       "method": "RTN (min/max), asymmetric",
-                                                                      "format": "pack-quantized"}})
+                                                                      "format": "pack-quantized"},
+                                                     "small-vlm": {"text_layers": SMALL_TEXT_LAYERS,
+                                                                   "distilled_from": "the target's greedy answers "
+                                                                                     "to the train split",
+                                                                   **small},
+                                                     "text-draft": "the small-vlm draft's text tower"})
     return {role: out / role for role in DRAFTER_ROLES}
 
 
@@ -99,5 +176,5 @@ def ensure_organism_models(variant: str = "instruct", *, root: Path = T.DEFAULT_
     drafters = root / f"{variant}-drafters"
     with tiny._exclusive_lock(root / f".{variant}-drafters.lock"):
         if not _drafters_ok(drafters, _target_fingerprint(target)):
-            build_drafters(target, drafters)
+            build_drafters(target, drafters, log=log)
     return {"target": target, **{role: drafters / role for role in DRAFTER_ROLES}}
