@@ -89,6 +89,31 @@ def check_cost_ratio_table(header: list[str], rows: list[list[str]], run: Path) 
     return problems
 
 
+# columns of a `speedup_model` table -> speedup_model.csv columns (rows keyed by the `leg` column)
+MODEL_COLUMNS = {"acceptance": "acceptance_rate", "c": "c", "predicted, decode only": "predicted_speedup",
+                 "predicted with prefill": "predicted_with_prefill", "measured": "measured_speedup"}
+
+
+def check_speedup_model_table(header: list[str], rows: list[list[str]], run: Path) -> list[str]:
+    """Disagreements between a README table and ``run/tables/speedup_model.csv`` (empty: they agree)."""
+    csv = pd.read_csv(run / "tables" / "speedup_model.csv").set_index("leg")
+    col = {h: i for i, h in enumerate(header)}
+    assert "leg" in col and set(MODEL_COLUMNS) & set(col), f"speedup_model table lacks leg or value columns: {header}"
+    problems = []
+    for r in rows:
+        leg = r[col["leg"]]
+        if leg not in csv.index:
+            problems.append(f"leg {leg!r} not in {run}/tables/speedup_model.csv")
+            continue
+        for h, c in MODEL_COLUMNS.items():
+            if h in col and not _close(r[col[h]], csv.loc[leg, c]):
+                problems.append(f"leg {leg} column {h!r}: README {r[col[h]]}, speedup_model.csv {csv.loc[leg, c]}")
+    return problems
+
+
+CHECKERS = {"cost_ratio": check_cost_ratio_table, "speedup_model": check_speedup_model_table}
+
+
 def _marked_tables():
     for page in PAGES:
         text = page.read_text()
@@ -179,12 +204,12 @@ def test_speedup_figures_draw_their_run_folders_cells():
 
 def test_readme_worked_example_matches_its_run_folder():
     marked = [(page, kind, run, table) for page, kind, run, table in _marked_tables() if page == README]
-    assert [k for _, k, _, _ in marked] == ["cost_ratio"], "the README's worked example has no checked table"
-    for _, _, run, (header, rows) in marked:
+    assert [k for _, k, _, _ in marked][:1] == ["cost_ratio"], "the README's worked example has no checked table"
+    for _, kind, run, (header, rows) in marked:
         assert rows
-        assert not check_cost_ratio_table(header, rows, run)
-        # the figure beside it comes from the same folder
-        assert f"{run.relative_to(REPO)}/figures/" in README.read_text()
+        assert not CHECKERS[kind](header, rows, run)
+        if kind == "cost_ratio":  # the figure beside it comes from the same folder
+            assert f"{run.relative_to(REPO)}/figures/" in README.read_text()
 
 
 def test_docs_ladder_tables_are_what_the_ladder_prints():
@@ -192,8 +217,8 @@ def test_docs_ladder_tables_are_what_the_ladder_prints():
 
     n = 0
     for page, kind, run, (header, rows) in _marked_tables():
-        if kind == "cost_ratio":
-            assert not check_cost_ratio_table(header, rows, run), _rel(page)
+        if kind in CHECKERS:
+            assert not CHECKERS[kind](header, rows, run), _rel(page)
             continue
         assert kind == "ladder", f"{_rel(page)}: unknown table marker {kind!r}"
         want = [[c.strip() for c in line.strip().strip("|").split("|")]
