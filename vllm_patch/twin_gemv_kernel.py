@@ -37,9 +37,8 @@ Split-K partial sums go to an fp32 workspace; a second small kernel adds them
 and casts to the output dtype, or (``Config.fused``, gemv) the last CTA of
 each output tile does, counted by an arrival counter it resets. Both add in a
 fixed order: deterministic. ``choose_config``: measured ``TUNED`` entries,
-else gemv for M <= 2 (at M = 1 one-group tiles, fused split-K and PTX
-nibbles) and mma above; ``sweep_configs``: the alternatives
-``benchmarks/int4_gemm.py`` times beside it.
+else gemv for M <= 2 (M = 1: one-group tiles, fused split-K, PTX nibbles)
+and mma above; ``sweep_configs``: what ``benchmarks/int4_gemm.py`` times.
 """
 
 from __future__ import annotations
@@ -101,13 +100,10 @@ def _pow2_at_least(v: int) -> int:
     return 1 << max(0, (int(v) - 1).bit_length())
 
 
-# Measured overrides, (N, K/8, M bucket) -> Config: the README of a benchmarks/int4_gemm.py run
-# lists the swept configs that beat the heuristic, in this form.
+# Measured overrides, (N, K/8, M bucket) -> Config, in the form a benchmarks/int4_gemm.py README lists them.
+# 32B gate_up, M = 1: 69.8 us vs 84.1 for the heuristic (H200, triton 3.7.1; results/int4-gemm/20261201T230754Z-h200)
 TUNED: dict[tuple[int, int, int], Config] = {
-    # 32B gate_up at M = 1: 69.8 us against 84.1 us for the M = 1 heuristic below (one H200, vLLM 0.27.1's
-    # triton 3.7.1; results/int4-gemm/20261201T230754Z-h200)
-    (51200, 640, 1): Config("gemv", bm=1, bn=32, bkp=64, warps=4, stages=2, waves=8, asm=True),
-}
+    (51200, 640, 1): Config("gemv", bm=1, bn=32, bkp=64, warps=4, stages=2, waves=8, asm=True)}
 
 
 def m_bucket(m: int) -> int:
@@ -121,10 +117,8 @@ def choose_config(n: int, k8: int, m: int) -> Config:
         return tuned
     bkp_cap = max(16, _pow2_at_least(k8))
     if m == 1:
-        # one quantization group per tile (16 packed ints), split-K reduced by the last CTA, nibbles by
-        # inline PTX: fastest swept config at 7 of the 8 Qwen3-VL-32B / -8B M = 1 shapes, 1.2x (32B) to
-        # 2.8x (8B) faster than the n32-k512 tile it replaces (results/int4-gemm/20261201T230754Z-h200,
-        # results/int4-gemm/20261201T231011Z-h200)
+        # one-group tiles, fused split-K, PTX nibbles: fastest at 7 of the 8 32B / 8B shapes, 1.2-2.8x the old
+        # n32-k512 tile (results/int4-gemm/20261201T230754Z-h200, results/int4-gemm/20261201T231011Z-h200)
         return Config("gemv", bm=1, bn=128, bkp=min(16, bkp_cap), warps=4, waves=4, fused=True, asm=True)
     if m <= 2:
         return Config("gemv", bm=_pow2_at_least(m), bn=32, bkp=min(64, bkp_cap), waves=8)
