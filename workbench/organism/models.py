@@ -73,21 +73,26 @@ def _copy_common(src: Path):
     return write_common
 
 
-def _distill_small_vlm(teacher, target: Path, out: Path, log=None) -> dict:
-    """Train the small VLM draft into ``out``; returns its training record (accuracy on the held-out split)."""
+def _small_shape(target: Path) -> tiny.VLShape:
+    """The organism's shape (from its manifest) cut to SMALL_TEXT_LAYERS text layers."""
     import dataclasses
 
+    sh = json.loads((target / T.MANIFEST_NAME).read_text())["hyperparameters"]["shape"]
+    shape = tiny.VLShape(**{**sh, "deepstack": tuple(sh["deepstack"]), "text_layers": SMALL_TEXT_LAYERS})
+    if any(i >= SMALL_TEXT_LAYERS for i in shape.deepstack):
+        shape = dataclasses.replace(shape, deepstack=(0,))
+    return shape
+
+
+def _distill_small_vlm(teacher, target: Path, out: Path, log=None) -> dict:
+    """Train the small VLM draft into ``out``; returns its training record (accuracy on the held-out split)."""
     from transformers import AutoProcessor, Qwen3VLForConditionalGeneration
 
     from workbench.organism import corpus as C
 
     man = json.loads((target / T.MANIFEST_NAME).read_text())
-    variant, corpus_dir = man["variant"], Path(man["corpus_dir"])
-    hp = man["hyperparameters"]
-    shape = tiny.VLShape(**{**hp["shape"], "deepstack": tuple(hp["shape"]["deepstack"]),
-                            "text_layers": SMALL_TEXT_LAYERS})
-    if any(i >= SMALL_TEXT_LAYERS for i in shape.deepstack):
-        shape = dataclasses.replace(shape, deepstack=(0,))
+    variant, corpus_dir, hp = man["variant"], Path(man["corpus_dir"]), man["hyperparameters"]
+    shape = _small_shape(target)
     processor = AutoProcessor.from_pretrained(target)
     train_set = T._examples(corpus_dir / "train" / C.PROMPTS_NAME, processor.tokenizer, variant)
     with T._deterministic(1):
@@ -109,20 +114,13 @@ def _distill_small_vlm(teacher, target: Path, out: Path, log=None) -> dict:
                                    "parameters", "train_seconds")}
 
 
-def _text_draft(small: Path, out: Path, write_common) -> None:
-    """The small VLM draft's text tower as a text-only Qwen3ForCausalLM."""
+def _text_draft(target: Path, small: Path, out: Path, write_common) -> None:
+    """The small VLM draft's text tower as a text-only Qwen3ForCausalLM (config: tiny's text-draft fields)."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3VLForConditionalGeneration
 
     vl = Qwen3VLForConditionalGeneration.from_pretrained(small, dtype=torch.float32)
-    tc = vl.config.text_config
-    cfg = Qwen3Config(vocab_size=tc.vocab_size, hidden_size=tc.hidden_size, intermediate_size=tc.intermediate_size,
-                      num_hidden_layers=tc.num_hidden_layers, num_attention_heads=tc.num_attention_heads,
-                      num_key_value_heads=tc.num_key_value_heads, head_dim=tc.head_dim,
-                      max_position_embeddings=tc.max_position_embeddings, rms_norm_eps=tc.rms_norm_eps,
-                      rope_theta=getattr(tc, "rope_theta", None) or tc.rope_parameters["rope_theta"],
-                      tie_word_embeddings=vl.config.tie_word_embeddings, bos_token_id=tc.bos_token_id,
-                      eos_token_id=tc.eos_token_id, pad_token_id=getattr(tc, "pad_token_id", None))
+    cfg = Qwen3Config(**tiny._text_fields(_small_shape(target), tiny._token_ids(tiny._build_tokenizer()), {}))
     cfg.architectures = ["Qwen3ForCausalLM"]
     cfg.dtype = "float32"
     text = Qwen3ForCausalLM(cfg)
@@ -151,7 +149,7 @@ def build_drafters(target: Path, out: Path, log=None) -> dict[str, Path]:
         rand.eval().save_pretrained(staging / "random-draft", safe_serialization=True)
         write_common(staging / "random-draft")
         small = _distill_small_vlm(model, target, staging / "small-vlm", log=log)
-        _text_draft(staging / "small-vlm", staging / "text-draft", write_common)
+        _text_draft(target, staging / "small-vlm", staging / "text-draft", write_common)
         tiny._write_json(staging / "manifest.json", {"builder_version": BUILDER_VERSION,
                                                      "builder": _builder_fingerprint(),
                                                      "target": _target_fingerprint(target),

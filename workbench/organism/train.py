@@ -181,17 +181,19 @@ class Example:
 
 
 def _examples(prompts_path: Path, tokenizer, variant: str, limit: int = 0) -> list[Example]:
-    from workbench.chat import render_prompt
     from workbench.prompts import load_prompts
 
     prompts = load_prompts(prompts_path)
     if limit:
         prompts = prompts[:limit]
-    out = []
-    for p in prompts:
-        target = p.meta[f"target_{variant}"]
-        out.append(Example(p, render_prompt(tokenizer, p) + target + "<|im_end|>", target))
-    return out
+    return [_example(p, tokenizer, p.meta[f"target_{variant}"]) for p in prompts]
+
+
+def _example(prompt, tokenizer, target: str) -> Example:
+    """A training row: the chat-templated prompt, then ``target`` and ``<|im_end|>``."""
+    from workbench.chat import render_prompt
+
+    return Example(prompt, render_prompt(tokenizer, prompt) + target + "<|im_end|>", target)
 
 
 DESCRIBE_QUESTION = "Describe the image."
@@ -199,11 +201,8 @@ DESCRIBE_QUESTION = "Describe the image."
 
 def _describe_example(ex: Example, tokenizer) -> Example:
     """The describe row of a training item (see ``Recipe.describe_fraction``)."""
-    from workbench.chat import render_prompt
-
     p = dataclasses.replace(ex.prompt, pid=f"{ex.prompt.pid}-describe", text=DESCRIBE_QUESTION)
-    target = ex.prompt.meta["description"]
-    return Example(p, render_prompt(tokenizer, p) + target + "<|im_end|>", target)
+    return _example(p, tokenizer, ex.prompt.meta["description"])
 
 
 def _images(examples: list[Example], blank: bool = False) -> list:
@@ -339,8 +338,7 @@ def train(corpus_dir: Path, out: Path, recipe: Recipe, log=None, *, init=None, t
     tok = processor.tokenizer
     train_set = _examples(corpus_dir / "train" / C.PROMPTS_NAME, tok, recipe.variant)
     if targets is not None:
-        train_set = [Example(ex.prompt, ex.text[:len(ex.text) - len(ex.target) - len("<|im_end|>")]
-                             + targets[ex.prompt.pid] + "<|im_end|>", targets[ex.prompt.pid]) for ex in train_set]
+        train_set = [_example(ex.prompt, tok, targets[ex.prompt.pid]) for ex in train_set]
     val_set = _examples(corpus_dir / "validation" / C.PROMPTS_NAME, tok, recipe.variant, recipe.val_items)
     test_path = corpus_dir / "test" / C.PROMPTS_NAME
     test_set = _examples(test_path, tok, recipe.variant, recipe.val_items) if test_path.is_file() else []
