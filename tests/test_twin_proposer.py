@@ -112,6 +112,27 @@ def test_preferred_kernel_is_chosen_for_the_draft_and_the_list_restored():
     assert linear._POSSIBLE_KERNELS[current_platform._enum] == before
 
 
+def test_the_draft_kernel_is_a_factor_of_the_drafters_compile_cache_key():
+    # vLLM's compile cache is keyed on VllmConfig.compute_hash: without the kernel in it, an engine
+    # with Marlin draft layers loaded the drafter graph an engine with Humming layers had compiled
+    import copy
+
+    from vllm.config import VllmConfig
+
+    from vllm_patch import draft_kernels as dk
+
+    target = VllmConfig()
+    hashes = {target.compute_hash()}
+    for requested, preferred in (("marlin", "MarlinLinearKernel"), ("humming", "HummingLinearKernel"),
+                                 ("auto", "MarlinLinearKernel"), ("auto", None)):
+        draft = copy.copy(target)  # like vLLM's draft config: a shallow copy, the dict shared
+        assert dk.tag_config(draft, requested, preferred) is draft
+        hashes.add(draft.compute_hash())
+        assert draft.additional_config[dk.CONFIG_TAG] == f"{requested}:{preferred or 'vllm-order'}"
+    assert len(hashes) == 5
+    assert target.additional_config == {}  # the target's config is not touched
+
+
 def test_new_knobs_are_refused_by_name_before_an_engine_starts(monkeypatch):
     import vllm_patch.knobs as vk
     from vllm_patch.knobs import KnobError, read_knobs

@@ -41,6 +41,20 @@ def resolve(requested: str, on_cuda: bool) -> tuple[str | None, str]:
     return KERNEL_CLASSES[requested], "requested"
 
 
+CONFIG_TAG = "twin_spec_draft_linear_kernel"
+
+
+def tag_config(draft_config, requested: str, preferred: str | None):
+    """Put the kernel knob into ``additional_config`` of the draft's own ``VllmConfig`` (vLLM builds it
+    with ``dataclasses.replace``, so it is not the target's), where it is a factor of the config's hash
+    and so of vLLM's compile-cache key. The dict is replaced, not changed: it is shared with the
+    target's config. A non-dict ``additional_config`` is left as it is. Returns the config."""
+    extra = draft_config.additional_config
+    if isinstance(extra, dict):
+        draft_config.additional_config = {**extra, CONFIG_TAG: f"{requested}:{preferred or 'vllm-order'}"}
+    return draft_config
+
+
 def kernel_class(name: str):
     """The class named ``name``: one of vLLM's MPLinearKernel classes or the project's own."""
     if name == KERNEL_CLASSES["own"]:

@@ -119,6 +119,16 @@ class TwinDraftProposer(DraftModelProposer):
         if not self._is_twin():
             super()._raise_if_mrope()
 
+    def _create_draft_vllm_config(self):
+        # vLLM keys its compile cache (torch_compile_cache/<hash>) on the config's hash, which knows
+        # nothing of the knobs: a drafter compiled with one W4A16 kernel would be loaded from the cache
+        # by an engine whose draft layers hold another kernel's parameters (seen on the H200: Marlin
+        # after Humming, KeyError 'weight'). The draft's own config carries the kernel in its hash.
+        cfg = super()._create_draft_vllm_config()
+        if self._twin is None:
+            return cfg
+        return draft_kernels.tag_config(cfg, self._twin_engine.knobs.draft_linear_kernel, self._twin_kernel[0])
+
     def load_model(self, target_model) -> None:
         # The target is loaded before its drafter: the kernel order changed here reaches the
         # draft's W4A16 layers only, and is restored before anything else is built.
