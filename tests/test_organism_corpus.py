@@ -178,7 +178,9 @@ def test_scorer_gold_and_wrong_both_styles(written):
             gold = m[f"target_{style}"]
             assert C.score_output(gold, p, style=style)["score"] == 1.0, (m["template"], style, gold)
             wrong = _wrong(m)
-            bad = gold.rsplit("\n\n", 1)[0] + "\n\n" + wrong if style == "thinking" else f"The answer is {wrong}."
+            # the gold reasoning kept, a wrong final answer: the answer marker decides, not the reasoning
+            bad = (gold.rsplit("\n\n", 1)[0] + "\n\n" + wrong if style == "thinking"
+                   else gold.rsplit("The answer is", 1)[0] + f"The answer is {wrong}.")
             res = C.score_output(bad, p, style=style)
             assert res["score"] == 0.0, (m["template"], style, bad, res)
         # the answer inside an unfinished reasoning does not count
@@ -260,3 +262,13 @@ def test_objects_are_large_enough_to_cover_several_image_tokens():
     n = int(item.meta["answer"])
     # every object covers at least ~500 px (the smallest, a star of radius 20, about 530; a circle 1250)
     assert ink.sum() >= 500 * n
+
+
+def test_items_put_their_picture_after_the_question():
+    from workbench.chat import chat_messages
+    from workbench.prompts import Prompt
+
+    item = C.build_item("position_mc", np.random.default_rng(3))
+    assert item.meta["image_position"] == "after_text"
+    turn = chat_messages(Prompt("x", item.text, images=["x.png"], meta=item.meta))[0]["content"]
+    assert [c["type"] for c in turn] == ["text", "image"]

@@ -180,3 +180,13 @@ def test_describe_rows_label_the_whole_picture(corpus_dir, tmp_path):
     assert rec["steps"] == 2 and all(x == x for x in rec["loss_curve"])
     with pytest.raises(ValueError, match="describe_fraction"):
         T.train(corpus_dir, tmp_path / "e", dataclasses.replace(RECIPE, steps=2, describe_fraction=1.5))
+
+
+def test_template_weights_are_checked_before_any_training():
+    T.Recipe(template_weights=(("position_mc", 3.0),)).resolved()
+    with pytest.raises(ValueError, match="template_weights.*no_such_template"):
+        T.Recipe(template_weights=(("no_such_template", 2.0),)).resolved()
+    with pytest.raises(ValueError, match="template_weights"):
+        T.Recipe(template_weights=(("position_mc", 0.0),)).resolved()
+    # the weights are part of the recipe fingerprint
+    assert T.recipe_fingerprint(T.Recipe()) != T.recipe_fingerprint(T.Recipe(template_weights=(("position_mc", 3.0),)))

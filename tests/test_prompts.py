@@ -169,3 +169,24 @@ def test_load_prompt_set_accepts_a_jsonl_path_and_rejects_unknown_names(prompt_d
     assert len(load_prompt_set("tiny", n=2, stand_in_images=True)) == 2
     with pytest.raises(PromptError, match="either pids or pid_list"):
         load_prompt_set("tiny", pids=["tiny-001"], pid_list="mathvista_testmini_seed20")
+
+
+def test_image_position_puts_the_pictures_before_or_after_the_text(tmp_path):
+    from workbench.chat import chat_messages, image_position
+    from workbench.serve_leg import bench_dataset
+
+    png = tmp_path / "a.png"
+
+    Image.new("RGB", (8, 8)).save(png)
+    first = Prompt("p1", "What is it?", images=[str(png)])
+    after = Prompt("p2", "What is it?", images=[str(png)], meta={"image_position": "after_text"})
+    assert [c["type"] for c in chat_messages(first)[0]["content"]] == ["image", "text"]
+    assert [c["type"] for c in chat_messages(after)[0]["content"]] == ["text", "image"]
+    assert chat_messages(after, with_images=False) == [{"role": "user", "content": "What is it?"}]
+    # the serving legs' benchmark file keeps the offline order
+    bench_dataset([first, after], tmp_path / "bench.jsonl")
+    rows = [json.loads(line) for line in (tmp_path / "bench.jsonl").read_text().splitlines()]
+    assert [[c["type"] for c in r["content"]] for r in rows] == [["image_url", "text"], ["text", "image_url"]]
+    bad = Prompt("p3", "x", images=[str(png)], meta={"image_position": "middle"})
+    with pytest.raises(PromptError, match="p3.*image_position.*middle"):
+        image_position(bad)

@@ -11,15 +11,30 @@ from pathlib import Path
 from .prompts import Prompt, PromptError
 
 
+# Where a prompt's pictures go in its user turn: before the text (every data set's default) or after it
+# (``meta["image_position"]``; the organism corpus's prompts, see ``workbench.organism.corpus``).
+IMAGE_POSITIONS = ("before_text", "after_text")
+
+
+def image_position(prompt: Prompt) -> str:
+    pos = prompt.meta.get("image_position", "before_text") if isinstance(prompt.meta, dict) else "before_text"
+    if pos not in IMAGE_POSITIONS:
+        raise PromptError(f"prompt {prompt.pid!r}: meta.image_position must be one of "
+                          f"{', '.join(IMAGE_POSITIONS)}, got {pos!r}")
+    return pos
+
+
 def chat_messages(prompt: Prompt, with_images: bool = True) -> list[dict]:
-    """One user turn: one image placeholder per image, in order, then the text.
+    """One user turn: one image placeholder per image, in order, and the text (after the images, or
+    before them where the prompt's ``meta.image_position`` is ``after_text``).
 
     ``with_images=False`` is for text-only models: the turn is the plain text.
     """
     if not with_images:
         return [{"role": "user", "content": prompt.text}]
-    content = [{"type": "image"} for _ in prompt.images]
-    content.append({"type": "text", "text": prompt.text})
+    images = [{"type": "image"} for _ in prompt.images]
+    text = [{"type": "text", "text": prompt.text}]
+    content = text + images if image_position(prompt) == "after_text" else images + text
     return [{"role": "user", "content": content}]
 
 

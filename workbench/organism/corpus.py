@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-GENERATOR_VERSION = "3"
+GENERATOR_VERSION = "4"
 DATASET = "organism"
 SPLITS = ("train", "validation", "test")
 SPLIT_ALIASES = {"val": "validation", "valid": "validation"}
@@ -442,7 +442,9 @@ _BOILERPLATE = {
 def _targets(fmt: str, scene: Scene, final: str, shown: str) -> tuple[str, str]:
     thinking = (f"<think>\nLet me look at the image carefully. {scene.description} {_BOILERPLATE[fmt]} "
                 f"{scene.reasoning} So the answer is {shown}.\n</think>\n\n{final}")
-    return thinking, f"The answer is {final}."
+    # instruct: the one step from the picture, then the answer (an Instruct model's short answer names what
+    # it read before the letter; a bare letter asked a 3-layer model to look up the choice in one token)
+    return thinking, f"{scene.reasoning} The answer is {final}."
 
 
 def build_item(template: str | Template, rng: np.random.Generator, spec: dict | None = None) -> Item:
@@ -473,6 +475,10 @@ def build_item(template: str | Template, rng: np.random.Generator, spec: dict | 
         meta["vocabulary"] = list(t.vocabulary)
     meta["target_thinking"], meta["target_instruct"] = _targets(t.format, scene, final, shown)
     meta["description"] = scene.description  # what the picture shows: the training's describe rows
+    # the picture after the question in the user turn (workbench.chat): the answer then sits a near-constant
+    # M-RoPE distance from the image tokens whatever the question's length (instruct, 2400 steps: held-out
+    # accuracy 0.53 with the picture first, 0.625 after; bar values 0.6-0.65 -> 1.0)
+    meta["image_position"] = "after_text"
     meta["image_sizes"] = [[scene.image.width, scene.image.height]]
     return Item(t.name, t.format, text, scene.image, meta)
 

@@ -62,7 +62,7 @@ VAL_ITEMS = {"instruct": 0, "thinking": 64}  # 0: the whole validation split (an
 # the curriculum (see Recipe): no hold, one more template every this many steps
 CURRICULUM_HOLD = {"instruct": 0, "thinking": 0}
 CURRICULUM_EVERY = {"instruct": 100, "thinking": 50}
-MAX_NEW_TOKENS = {"instruct": 16, "thinking": 224}
+MAX_NEW_TOKENS = {"instruct": 32, "thinking": 224}
 
 
 @dataclass(frozen=True)
@@ -104,10 +104,17 @@ class Recipe:
     curriculum: tuple[str, ...] = C.CURRICULUM
     curriculum_hold: int = -1  # -1: CURRICULUM_HOLD[variant]
     curriculum_every: int = -1  # -1: CURRICULUM_EVERY[variant]
+    # a batch row picks an active template with these weights (others 1): more rows of the templates whose
+    # answers a small model finds hardest to map from what it sees (a choice letter, a word's letters)
+    template_weights: tuple[tuple[str, float], ...] = ()
 
     def resolved(self) -> "Recipe":
         if self.variant not in VARIANTS:
             raise ValueError(f"unknown variant {self.variant!r}; expected one of {list(VARIANTS)}")
+        tw = dict(self.template_weights)
+        if set(tw) - set(C.TEMPLATE_NAMES) or any(not w > 0 for w in tw.values()):
+            raise ValueError(f"organism: template_weights must name corpus templates ({', '.join(C.TEMPLATE_NAMES)}) "
+                             f"with weights > 0, got {self.template_weights!r}")
         return dataclasses.replace(
             self,
             steps=self.steps or PLANNED_STEPS[self.variant],
@@ -125,6 +132,7 @@ class Recipe:
         d["betas"] = list(d["betas"])
         d["corpus_sizes"] = dict(d["corpus_sizes"])
         d["curriculum"] = list(d["curriculum"])
+        d["template_weights"] = {k: v for k, v in d["template_weights"]}
         return d
 
 
@@ -368,13 +376,17 @@ def train(corpus_dir: Path, out: Path, recipe: Recipe, log=None, *, init=None, t
         evals: list[dict] = []
         best = {"accuracy": -1.0, "step": 0, "state": None}
         train_seconds = 0.0
+        tw = dict(recipe.template_weights)
         for step in range(recipe.steps):
             t0 = time.perf_counter()
             if recipe.curriculum_hold or recipe.curriculum_every:
                 active = _active_templates(step, recipe, pools)
+                weights = torch.tensor([tw.get(t, 1.0) for t in active], dtype=torch.float64)
                 idx = []
                 for _ in range(recipe.batch_size):
-                    pool = pools[active[int(torch.randint(len(active), (1,), generator=order_gen))]]
+                    pick = (int(torch.randint(len(active), (1,), generator=order_gen)) if not tw
+                            else int(torch.multinomial(weights, 1, generator=order_gen)))
+                    pool = pools[active[pick]]
                     idx.append(pool[int(torch.randint(len(pool), (1,), generator=order_gen))])
             else:
                 if len(order) < recipe.batch_size:
