@@ -204,11 +204,14 @@ def _bars(rng, colours: list[str], heights: list[float]):
 
 
 def _word_image(rng, word: str, scale: int):
+    """The word centred (a few pixels of jitter), so that each letter falls on the same image tokens in
+    every picture: drawn anywhere, the organism had to read letters wherever they fell and did not learn
+    to (held-out word_read 0.1-0.3 of 1, chance 0.125)."""
     im, _ = _canvas(rng)
     w, h = _text_width(word, scale), 12 * scale
     ink = _pick(rng, tuple(INK))
-    x = int(rng.integers(4, SIZE - w - 3))
-    y = int(rng.integers(4, SIZE - h - 3))
+    x = (SIZE - w) // 2 + _jitter(rng, 3)
+    y = (SIZE - h) // 2 + _jitter(rng, 3)
     _text(im, (x, y), word, scale, INK[ink])
     return im, ink
 
@@ -369,7 +372,7 @@ def _scene_word_length(rng, spec):
     word = _pick(rng, WORDS[n])
     im, ink = _word_image(rng, word, 3)
     return Scene(im, str(n), f"The image shows the word {word} written in {ink} capital letters.",
-                 f"{'-'.join(word)} has {n} letters.")
+                 f"The word is {n} letters long.")
 
 
 TEMPLATES: dict[str, Template] = {t.name: t for t in (

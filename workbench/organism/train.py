@@ -50,13 +50,13 @@ ORGANISM_SHAPE = tiny.VLShape(
     vision_depth=2, vision_hidden=96, vision_intermediate=192, vision_heads=2, vision_pos_side=8, deepstack=(0,),
 )
 
-# A full training on 2 CPU cores in <= 15 minutes, measured with the CLI at batch 8, one torch thread, on a
-# 2-core host shared with another job: instruct ~4.1 steps/s (95-156-token rows), greedy evaluation of 200
-# items ~10 s. instruct 2400 steps: 10.4 min wall in all (corpus, training, 3 evaluations on the way, 4 at the
-# end: validation, validation blank, test, test blank); 3200 steps took 15.5 min at ~3.6 steps/s under heavier
-# load (validation 0.375, test 0.39, test blank 0.19, chance 0.22), so the plan keeps 2400. thinking (not
-# measured with this recipe): rows ~2x longer, validation ~1.4 s an item, so it evaluates a 64-item subset.
-PLANNED_STEPS = {"instruct": 2400, "thinking": 1200}
+# A full training on 2 CPU cores in <= 15 minutes, measured with one torch thread on a 2-core host: instruct
+# ~4.2 steps/s (the rows with the picture after the question and the one-sentence answers), greedy evaluation
+# of 200 items ~10 s; 2400 steps took 10.3 min wall in all (corpus, training, evaluations on the way and the
+# four at the end: validation, validation blank, test, test blank), so 3200 steps take ~13.5 min (more under
+# load: 2.7 steps/s beside the test suite). thinking (not measured with this recipe): rows ~2x longer,
+# validation ~1.4 s an item, so it evaluates a 64-item subset.
+PLANNED_STEPS = {"instruct": 3200, "thinking": 1200}
 EVAL_EVERY = {"instruct": 800, "thinking": 600}
 VAL_ITEMS = {"instruct": 0, "thinking": 64}  # 0: the whole validation split (and test split)
 # the curriculum (see Recipe): no hold, one more template every this many steps
@@ -106,7 +106,9 @@ class Recipe:
     curriculum_every: int = -1  # -1: CURRICULUM_EVERY[variant]
     # a batch row picks an active template with these weights (others 1): more rows of the templates whose
     # answers a small model finds hardest to map from what it sees (a choice letter, a word's letters)
-    template_weights: tuple[tuple[str, float], ...] = ()
+    template_weights: tuple[tuple[str, float], ...] = (
+        ("position_mc", 3.0), ("colour_at_position_mc", 3.0), ("bar_max_mc", 3.0),
+        ("word_read", 2.0), ("word_length_int", 2.0))
 
     def resolved(self) -> "Recipe":
         if self.variant not in VARIANTS:
