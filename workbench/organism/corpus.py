@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-GENERATOR_VERSION = "4"
+GENERATOR_VERSION = "5"
 DATASET = "organism"
 SPLITS = ("train", "validation", "test")
 SPLIT_ALIASES = {"val": "validation", "valid": "validation"}
@@ -442,12 +442,26 @@ _BOILERPLATE = {
 }
 
 
-def _targets(fmt: str, scene: Scene, final: str, shown: str) -> tuple[str, str]:
+def _choice_walk(choices: list[str], answer: str) -> str:
+    """The listed choices in order up to the right one: "(A) top left: no. (B) bottom left: yes." """
+    out = []
+    for letter, choice in zip(LETTERS, choices):
+        out.append(f"({letter}) {choice}: {'yes' if choice == answer else 'no'}.")
+        if choice == answer:
+            break
+    return " ".join(out)
+
+
+def _targets(fmt: str, scene: Scene, final: str, shown: str, choices: list[str] | None = None) -> tuple[str, str]:
     thinking = (f"<think>\nLet me look at the image carefully. {scene.description} {_BOILERPLATE[fmt]} "
                 f"{scene.reasoning} So the answer is {shown}.\n</think>\n\n{final}")
-    # instruct: the one step from the picture, then the answer (an Instruct model's short answer names what
-    # it read before the letter; a bare letter asked a 3-layer model to look up the choice in one token)
-    return thinking, f"{scene.reasoning} The answer is {final}."
+    # instruct: the one step from the picture, then the answer, as an Instruct model's short answer names
+    # what it read first. A multiple choice walks the listed choices to the right one before its letter:
+    # asked for the letter at once, the organism had to find its answer in the list and take the letter
+    # in front of it in one step, and answered the choice questions at chance (0.2-0.45) while it named
+    # the right place, bar or colour in the sentence before.
+    walk = f" {_choice_walk(choices, scene.answer)}" if fmt == "multi_choice" else ""
+    return thinking, f"{scene.reasoning}{walk} The answer is {final}."
 
 
 def build_item(template: str | Template, rng: np.random.Generator, spec: dict | None = None) -> Item:
@@ -476,7 +490,7 @@ def build_item(template: str | Template, rng: np.random.Generator, spec: dict | 
         final = shown = scene.answer
     if t.format == "free_text":
         meta["vocabulary"] = list(t.vocabulary)
-    meta["target_thinking"], meta["target_instruct"] = _targets(t.format, scene, final, shown)
+    meta["target_thinking"], meta["target_instruct"] = _targets(t.format, scene, final, shown, choices)
     meta["description"] = scene.description  # what the picture shows: the training's describe rows
     # the picture after the question in the user turn (workbench.chat): the answer then sits a near-constant
     # M-RoPE distance from the image tokens whatever the question's length (instruct, 2400 steps: held-out
