@@ -24,6 +24,13 @@ def image_position(prompt: Prompt) -> str:
     return pos
 
 
+def user_content(prompt: Prompt, image_parts: list[dict]) -> list[dict]:
+    """The user turn's parts: ``image_parts`` (one per picture, in whatever form the caller sends them)
+    and the text, in the order ``image_position`` says."""
+    text = [{"type": "text", "text": prompt.text}]
+    return text + image_parts if image_position(prompt) == "after_text" else image_parts + text
+
+
 def chat_messages(prompt: Prompt, with_images: bool = True) -> list[dict]:
     """One user turn: one image placeholder per image, in order, and the text (after the images, or
     before them where the prompt's ``meta.image_position`` is ``after_text``).
@@ -32,10 +39,7 @@ def chat_messages(prompt: Prompt, with_images: bool = True) -> list[dict]:
     """
     if not with_images:
         return [{"role": "user", "content": prompt.text}]
-    images = [{"type": "image"} for _ in prompt.images]
-    text = [{"type": "text", "text": prompt.text}]
-    content = text + images if image_position(prompt) == "after_text" else images + text
-    return [{"role": "user", "content": content}]
+    return [{"role": "user", "content": user_content(prompt, [{"type": "image"} for _ in prompt.images])}]
 
 
 def render_prompt(tokenizer, prompt: Prompt, with_images: bool = True) -> str:

@@ -75,7 +75,7 @@ def bench_dataset(prompts: list, path: Path) -> None:
     """The prompt set as vLLM's ``custom_image`` benchmark dataset: one chat turn per line, the images
     (as data URLs, so the server reads no local file) and the text in the order offline legs use
     (`workbench.chat.chat_messages`: images first unless the prompt puts them after its text)."""
-    from .chat import image_position
+    from .chat import user_content
 
     with path.open("w") as f:
         for p in prompts:
@@ -84,9 +84,7 @@ def bench_dataset(prompts: list, path: Path) -> None:
                 mime = mimetypes.guess_type(str(img))[0] or "image/png"
                 data = base64.b64encode(Path(img).read_bytes()).decode()
                 images.append({"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}})
-            text = [{"type": "text", "text": p.text}]
-            content = text + images if image_position(p) == "after_text" else images + text
-            f.write(json.dumps({"content": content}) + "\n")
+            f.write(json.dumps({"content": user_content(p, images)}) + "\n")
 
 
 def _flag(name: str, value: Any) -> list[str]:

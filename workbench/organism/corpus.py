@@ -456,10 +456,11 @@ def _targets(fmt: str, scene: Scene, final: str, shown: str, choices: list[str] 
     thinking = (f"<think>\nLet me look at the image carefully. {scene.description} {_BOILERPLATE[fmt]} "
                 f"{scene.reasoning} So the answer is {shown}.\n</think>\n\n{final}")
     # instruct: the one step from the picture, then the answer, as an Instruct model's short answer names
-    # what it read first. A multiple choice walks the listed choices to the right one before its letter:
-    # asked for the letter at once, the organism had to find its answer in the list and take the letter
-    # in front of it in one step, and answered the choice questions at chance (0.2-0.45) while it named
-    # the right place, bar or colour in the sentence before.
+    # what it read first. A multiple choice walks the listed choices to the right one before its letter,
+    # so that the letter sits next to the choice it names. Asked for the letter at once, the organism
+    # answered the choice questions at chance (0.2-0.45) while it named the right place, bar or colour in
+    # the sentence before; with the walk it still does: it writes a list of its own instead of copying
+    # the question's (docs/organism.md).
     walk = f" {_choice_walk(choices, scene.answer)}" if fmt == "multi_choice" else ""
     return thinking, f"{scene.reasoning}{walk} The answer is {final}."
 
