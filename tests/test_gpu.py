@@ -85,6 +85,9 @@ def _legs_plan(m: dict[str, Path]) -> dict[str, list[str]]:
         "fp32_full_async_c8": [*FP32, *dq, *g6, *c8, "--async-scheduling", "--draft-cudagraph-mode", "full"],
         # ... and the draft's W4A16 kernel (bf16 int4 twin: the near-tie rule)
         **{f"bf16_kernel_{k}_c1": [*BF16, *i4, *g6, "--draft-linear-kernel", k] for k in _draft_kernels()},
+        # ... and the draft's lm_head in int4 on the draft's kernel (Marlin by auto)
+        "bf16_int4_head_c1": [*BF16, *i4, *g6, "--draft-lm-head", "int4"],
+        "bf16_int4_head_c8": [*BF16, *i4, *g6, *c8, "--draft-lm-head", "int4"],
     }
 
 
@@ -439,6 +442,22 @@ def test_draft_linear_kernel_knob(legs, teacher, prompts, results_dir, kernel):
     # every draft layer is on the kernel asked for, or counted as having fallen back to vLLM's order
     assert ran.get(want, 0) + sum(r["draft_linear_kernel_fallback_layers"].values()) == sum(ran.values())
     assert r["linear_kernels"]["target"] == r_base["linear_kernels"]["target"], "the target's kernels changed"
+    assert not [d for d in result["divergences"] if d["class"] == "error"], result
+
+
+@pytest.mark.parametrize("conc", ["c1", "c8"])
+def test_an_int4_draft_head_runs_on_the_drafts_kernel_and_every_divergence_is_a_near_tie(
+        legs, teacher, prompts, results_dir, conc):
+    leg, base = _ok(legs, f"bf16_int4_head_{conc}"), _ok(legs, f"bf16_strict_{conc}")
+    r = leg.summary["engine_report"]
+    result = _classify(_ok(legs, f"bf16_vanilla_{conc}"), leg, teacher, prompts)
+    result.update(head=r.get("draft_lm_head"), kernel=r.get("draft_lm_head_kernel"),
+                  bytes=r.get("draft_lm_head_bytes"), acceptance=leg.summary["spec"]["acceptance_rate"],
+                  acceptance_bf16_head=base.summary["spec"]["acceptance_rate"])
+    _record(results_dir, f"bf16_int4_head_{conc}", result)
+    assert r["draft_lm_head"] == "int4" and r["draft_lm_head_kernel"] == "MarlinLinearKernel", r
+    assert base.summary["engine_report"]["draft_lm_head"] == "model"
+    assert leg.records[0]["knobs"]["draft_lm_head"] == "int4"
     assert not [d for d in result["divergences"] if d["class"] == "error"], result
 
 

@@ -264,11 +264,16 @@ def test_objects_are_large_enough_to_cover_several_image_tokens():
     assert ink.sum() >= 500 * n
 
 
-def test_items_put_their_picture_after_the_question():
+def test_items_put_their_picture_after_the_question_and_before_the_choices():
     from workbench.chat import chat_messages
     from workbench.prompts import Prompt
 
-    item = C.build_item("position_mc", np.random.default_rng(3))
+    item = C.build_item("count_int", np.random.default_rng(3))
     assert item.meta["image_position"] == "after_text"
     turn = chat_messages(Prompt("x", item.text, images=["x.png"], meta=item.meta))[0]["content"]
     assert [c["type"] for c in turn] == ["text", "image"]
+    item = C.build_item("position_mc", np.random.default_rng(3))
+    assert item.meta["image_position"] == "before_choices"
+    turn = chat_messages(Prompt("x", item.text, images=["x.png"], meta=item.meta))[0]["content"]
+    assert [c["type"] for c in turn] == ["text", "image", "text"]
+    assert turn[0]["text"].endswith(item.meta["question"]) and turn[2]["text"].startswith("Choices:\n(A) ")

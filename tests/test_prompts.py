@@ -187,6 +187,16 @@ def test_image_position_puts_the_pictures_before_or_after_the_text(tmp_path):
     bench_dataset([first, after], tmp_path / "bench.jsonl")
     rows = [json.loads(line) for line in (tmp_path / "bench.jsonl").read_text().splitlines()]
     assert [[c["type"] for c in r["content"]] for r in rows] == [["image_url", "text"], ["text", "image_url"]]
+    # a multiple choice's pictures between its question and its choices; without a Choices block, after the text
+    mc = Prompt("p4", "Question: Where?\nChoices:\n(A) top\n(B) left", images=[str(png)],
+                meta={"image_position": "before_choices"})
+    assert chat_messages(mc)[0]["content"] == [{"type": "text", "text": "Question: Where?"}, {"type": "image"},
+                                               {"type": "text", "text": "Choices:\n(A) top\n(B) left"}]
+    plain = Prompt("p5", "What is it?", images=[str(png)], meta={"image_position": "before_choices"})
+    assert [c["type"] for c in chat_messages(plain)[0]["content"]] == ["text", "image"]
+    bench_dataset([mc], tmp_path / "mc.jsonl")
+    row = json.loads((tmp_path / "mc.jsonl").read_text())
+    assert [c["type"] for c in row["content"]] == ["text", "image_url", "text"]
     bad = Prompt("p3", "x", images=[str(png)], meta={"image_position": "middle"})
     with pytest.raises(PromptError, match="p3.*image_position.*middle"):
         image_position(bad)

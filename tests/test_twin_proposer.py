@@ -276,6 +276,52 @@ def test_new_knobs_reach_leg_json_env_report_and_records_and_stay_exact(knob_leg
     assert {"draft_cudagraph_mode", "draft_linear_kernel", "async_scheduling"} <= set(LEG_COLUMNS)
 
 
+def test_the_int4_head_holds_what_compressed_tensors_packs_within_half_a_step():
+    import torch
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+
+    from vllm_patch import draft_head
+
+    torch.manual_seed(0)
+    w = (torch.randn(260, 256) * 0.05).to(torch.bfloat16)
+    w[-4:] = 0  # vLLM pads the vocabulary with zero rows
+    q = draft_head.quantize_rows(w, 128, chunk=100)  # chunks of rows give what one pass gives
+    assert all(torch.equal(q[k], v) for k, v in draft_head.quantize_rows(w, 128).items())
+    assert q["weight_packed"].shape == (260, 32) and q["weight_scale"].shape == (260, 2)
+    assert q["weight_zero_point"].shape == (33, 2) and q["weight_shape"].tolist() == [260, 256]
+    vals = unpack_from_int32(q["weight_packed"], 4, torch.Size([260, 256]))
+    assert int(vals.min()) >= -8 and int(vals.max()) <= 7 and len(vals.unique()) == 16
+    d = draft_head.dequantize(q)
+    step = q["weight_scale"].float().repeat_interleave(128, dim=1)
+    # half a step, plus what rounding the scale to bf16 (2^-8 relative) moves the 15-step range's far end
+    assert torch.all((d - w.float()).abs() <= step * (0.5 + 15 * 2**-8))
+    assert torch.equal(d[-4:], torch.zeros(4, 256))
+    # a hidden size 128 does not divide: one group per row
+    assert draft_head.group_size_for(200) is None and draft_head.quantize_rows(w[:, :200], None)[
+        "weight_scale"].shape == (260, 1)
+    with pytest.raises(ValueError, match="group size 128 does not divide the hidden size 200"):
+        draft_head.quantize_rows(w[:, :200], 128)
+
+
+@pytest.mark.vllm
+def test_an_int4_draft_head_keeps_strict_fp32_exact_and_is_reported(knob_legs, tiny_models, tmp_path):
+    # the plugin's int4 fallback forced: the one CPU int4 path with float32 activations, on every CPU kind
+    leg = run_leg_process(tmp_path / "int4_head", "--target", tiny_models["target"], "--leg", "int4_head",
+                          *FP32, "--draft", str(tiny_models["twin-dequant"]), "--gamma", "3",
+                          "--draft-lm-head", "int4", env={"VLLM_SPEC_INT4_FALLBACK": "1"}).ok()
+    van, bf16_head = knob_legs["vanilla"], knob_legs["strict_knobs"]
+    assert [r["gen_ids"] for r in leg.records] == [r["gen_ids"] for r in van.records]
+    report = leg.summary["engine_report"]
+    assert report["knobs"]["draft_lm_head"] == "int4"
+    assert report["draft_lm_head"] == "int4" and report["draft_lm_head_kernel"] == "TwinTorchWNA16LinearKernel"
+    assert report["draft_lm_head_bytes"]["int4"] < report["draft_lm_head_bytes"]["model"] / 6
+    assert bf16_head.summary["engine_report"]["draft_lm_head"] == "model"
+    assert {r["knobs"]["draft_lm_head"] for r in leg.records} == {"int4"}
+    # the drafts come from another head: the acceptance moves, the output does not
+    acc = [r["spec"]["accepted"] for r in leg.records], [r["spec"]["accepted"] for r in bf16_head.records]
+    assert acc[0] != acc[1] and sum(acc[0]) > 0
+
+
 def test_protocol_leg_carries_the_new_knobs():
     """experiments.yaml defaults -> planned leg -> leg.json knobs (execution.leg_knobs)."""
     from workbench.execution import leg_knobs

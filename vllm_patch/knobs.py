@@ -37,6 +37,7 @@ ENV_TRACE = "VLLM_SPEC_TRACE"
 ENV_GRAPH_MODE = "VLLM_SPEC_DRAFT_CUDAGRAPH_MODE"
 ENV_LINEAR_KERNEL = "VLLM_SPEC_DRAFT_LINEAR_KERNEL"
 ENV_ASYNC = "VLLM_SPEC_ASYNC_SCHEDULING"
+ENV_LM_HEAD = "VLLM_SPEC_DRAFT_LM_HEAD"
 ENV_REPORT_DIR = "VLLM_SPEC_REPORT_DIR"
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -138,6 +139,7 @@ def _any(_: Any) -> bool:
 
 DRAFT_CUDAGRAPH_MODES = ("auto", "none", "piecewise", "full")
 DRAFT_LINEAR_KERNELS = ("auto", "machete", "marlin", "humming", "exllama", "own")
+DRAFT_LM_HEADS = ("model", "int4")  # the same as vllm_patch.draft_head.DRAFT_LM_HEADS
 
 
 def own_kernel_available() -> bool:
@@ -183,6 +185,10 @@ SWITCHES: dict[str, Knob] = {k.name: k for k in [
          "first on CUDA, vLLM's CPU kernels on CPU; own: vllm_patch.twin_gemv",
          env=ENV_LINEAR_KERNEL, flag="--draft-linear-kernel", spec_only=True, applies_on_cpu=False,
          column="leg"),
+    Knob("draft_lm_head", str, "model", lambda v: v in DRAFT_LM_HEADS, "one of " + ", ".join(DRAFT_LM_HEADS),
+         "the draft's lm_head: model (as its checkpoint has it, bf16 in a W4A16 twin) or int4 (quantized "
+         "at load, round-to-nearest, group 128, on the draft's W4A16 kernel)",
+         env=ENV_LM_HEAD, flag="--draft-lm-head", spec_only=True, column="leg"),
     Knob("async_scheduling", bool, False, _any, "true or false",
          "vLLM's async scheduling for the draft_model leg (asked explicitly; the padded drafter batch "
          "stays on); vLLM's CPU platform always turns it off",

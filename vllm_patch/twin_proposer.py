@@ -22,6 +22,7 @@ from vllm.config import CUDAGraphMode
 from vllm.v1.spec_decode.draft_model import DraftModelProposer
 
 from . import draft_graphs
+from . import draft_head
 from . import draft_kernels
 from . import engine_state
 
@@ -137,6 +138,10 @@ class TwinDraftProposer(DraftModelProposer):
         with draft_kernels.prefer(self._twin_kernel[0]):
             super().load_model(target_model)
         self._twin_engine.report.update(**draft_kernels.report(self.model, self._twin_kernel[0]))
+        if self._twin_engine.knobs.draft_lm_head == "int4":
+            self._twin_engine.report.update(**draft_head.install(self.model, self._twin_kernel[0]))
+        else:
+            self._twin_engine.report.update(draft_lm_head="model", draft_lm_head_applies=True)
         if self._twin_graph_mode == "full":
             from vllm.compilation.cuda_graph import CUDAGraphWrapper
 

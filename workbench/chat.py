@@ -13,7 +13,8 @@ from .prompts import Prompt, PromptError
 
 # Where a prompt's pictures go in its user turn: before the text (every data set's default) or after it
 # (``meta["image_position"]``; the organism corpus's prompts, see ``workbench.organism.corpus``).
-IMAGE_POSITIONS = ("before_text", "after_text")
+IMAGE_POSITIONS = ("before_text", "after_text", "before_choices")
+CHOICES_MARK = "\nChoices:"  # where a multiple choice's listed choices begin (MathVista's query layout)
 
 
 def image_position(prompt: Prompt) -> str:
@@ -26,14 +27,21 @@ def image_position(prompt: Prompt) -> str:
 
 def user_content(prompt: Prompt, image_parts: list[dict]) -> list[dict]:
     """The user turn's parts: ``image_parts`` (one per picture, in whatever form the caller sends them)
-    and the text, in the order ``image_position`` says."""
-    text = [{"type": "text", "text": prompt.text}]
-    return text + image_parts if image_position(prompt) == "after_text" else image_parts + text
+    and the text, in the order ``image_position`` says: ``before_choices`` puts the pictures between the
+    question and its ``Choices:`` block (after the text where it has none)."""
+    pos = image_position(prompt)
+    if pos == "before_text":
+        return image_parts + [{"type": "text", "text": prompt.text}]
+    cut = prompt.text.find(CHOICES_MARK) if pos == "before_choices" else -1
+    if cut < 0:
+        return [{"type": "text", "text": prompt.text}] + image_parts
+    return ([{"type": "text", "text": prompt.text[:cut]}] + image_parts
+            + [{"type": "text", "text": prompt.text[cut + 1:]}])
 
 
 def chat_messages(prompt: Prompt, with_images: bool = True) -> list[dict]:
-    """One user turn: one image placeholder per image, in order, and the text (after the images, or
-    before them where the prompt's ``meta.image_position`` is ``after_text``).
+    """One user turn: one image placeholder per image, in order, and the text, placed as the prompt's
+    ``meta.image_position`` says (see `user_content`; after the images by default).
 
     ``with_images=False`` is for text-only models: the turn is the plain text.
     """

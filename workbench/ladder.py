@@ -148,8 +148,9 @@ def _drafter(row: pd.Series) -> str:
     if all(t is None or t != t for t in tags):
         return "as shipped"
     kernel, mode, sched = tags
-    tp = row.get("tensor_parallel_size")
+    tp, head = row.get("tensor_parallel_size"), row.get("draft_lm_head")
     return (f"{kernel} {mode}" + (" async" if sched is True else "")
+            + (" int4-head" if head == "int4" else "")
             + (f" tp{int(tp)}" if tp is not None and tp == tp and int(tp) > 1 else ""))
 
 

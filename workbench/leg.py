@@ -638,12 +638,13 @@ def _knobs_in_effect(cfg: LegConfig, engine_report: dict) -> dict[str, Any]:
     knobs["draft_cudagraph_applies"] = engine_report.get("draft_cudagraph_applies")
     knobs["draft_vision"] = engine_report.get("draft_vision")
     # issue 18: the graph mode built, the draft's W4A16 kernel and vLLM's async setting, as the engine ran them
-    for name in ("draft_cudagraph_mode", "draft_linear_kernel", "async_scheduling"):
+    for name in ("draft_cudagraph_mode", "draft_linear_kernel", "async_scheduling", "draft_lm_head"):
         knobs[name + "_requested"] = knobs.get(name)
         knobs[name] = engine_report.get(name, knobs.get(name))
         knobs[name + "_applies"] = engine_report.get(name + "_applies")
     knobs["draft_linear_kernels"] = engine_report.get("draft_mp_kernels")
     knobs["draft_linear_kernel_fallback_layers"] = engine_report.get("draft_linear_kernel_fallback_layers")
+    knobs["draft_lm_head_kernel"] = engine_report.get("draft_lm_head_kernel")
     return knobs
 
 

@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-GENERATOR_VERSION = "5"
+GENERATOR_VERSION = "6"
 DATASET = "organism"
 SPLITS = ("train", "validation", "test")
 SPLIT_ALIASES = {"val": "validation", "valid": "validation"}
@@ -495,8 +495,10 @@ def build_item(template: str | Template, rng: np.random.Generator, spec: dict | 
     meta["description"] = scene.description  # what the picture shows: the training's describe rows
     # the picture after the question in the user turn (workbench.chat): the answer then sits a near-constant
     # M-RoPE distance from the image tokens whatever the question's length (instruct, 2400 steps: held-out
-    # accuracy 0.53 with the picture first, 0.625 after; bar values 0.6-0.65 -> 1.0)
-    meta["image_position"] = "after_text"
+    # accuracy 0.53 with the picture first, 0.625 after; bar values 0.6-0.65 -> 1.0); a multiple choice's
+    # picture goes between its question and its choices, so the listed choices sit just before the answer
+    # that has to copy them
+    meta["image_position"] = "before_choices" if t.format == "multi_choice" else "after_text"
     meta["image_sizes"] = [[scene.image.width, scene.image.height]]
     return Item(t.name, t.format, text, scene.image, meta)
 

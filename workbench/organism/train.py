@@ -55,8 +55,8 @@ ORGANISM_SHAPE = tiny.VLShape(
 # of 200 items ~10 s; 2400 steps took 10.3 min wall in all (corpus, training, evaluations on the way and the
 # four at the end: validation, validation blank, test, test blank). The choice walks make a choice row up to
 # 78 tokens longer, so the plan stays at 2400 steps (3200 took 24 min beside the test suite, 2.3 steps/s).
-# Instruct answers are 13-78 tokens (the choice walks the longest). thinking (not measured with this recipe): rows ~2x longer,
-# validation ~1.4 s an item, so it evaluates a 64-item subset.
+# Instruct answers are 13-78 tokens (the choice walks the longest). thinking (not measured with this
+# recipe): rows ~2x longer, validation ~1.4 s an item, so it evaluates a 64-item subset.
 PLANNED_STEPS = {"instruct": 2400, "thinking": 1200}
 EVAL_EVERY = {"instruct": 800, "thinking": 600}
 VAL_ITEMS = {"instruct": 0, "thinking": 64}  # 0: the whole validation split (and test split)
@@ -82,6 +82,10 @@ class Recipe:
     # (instruct, 2400 steps, held-out test accuracy / with blank pictures: 0 -> 0.315 / 0.175, 0.5 -> 0.47 /
     # 0.225, 0.75 -> 0.515 / 0.23)
     describe_fraction: float = 0.75
+    # a multiple-choice item's row is, with this probability (drawn before describe_fraction), its choices
+    # row: the item's listed choices, the question "Repeat the listed choices." and the choices copied as the
+    # target: dense supervision for the copying its answer's walk over the choices needs
+    choices_fraction: float = 0.25
     min_lr_ratio: float = 0.1
     warmup_steps: int = 20
     weight_decay: float = 0.01
@@ -214,6 +218,20 @@ def _describe_example(ex: Example, tokenizer) -> Example:
     """The describe row of a training item (see ``Recipe.describe_fraction``)."""
     p = dataclasses.replace(ex.prompt, pid=f"{ex.prompt.pid}-describe", text=DESCRIBE_QUESTION)
     return _example(p, tokenizer, ex.prompt.meta["description"])
+
+
+CHOICES_QUESTION = "Question: Repeat the listed choices."
+
+
+def _choices_example(ex: Example, tokenizer) -> Example | None:
+    """The choices row of a multiple-choice training item (see ``Recipe.choices_fraction``); None for others."""
+    from workbench.chat import CHOICES_MARK
+
+    choices, cut = ex.prompt.meta.get("choices"), ex.prompt.text.find(CHOICES_MARK)
+    if not choices or cut < 0:
+        return None
+    p = dataclasses.replace(ex.prompt, pid=f"{ex.prompt.pid}-choices", text=CHOICES_QUESTION + ex.prompt.text[cut:])
+    return _example(p, tokenizer, " ".join(f"({C.LETTERS[i]}) {c}." for i, c in enumerate(choices)))
 
 
 def _images(examples: list[Example], blank: bool = False) -> list:
@@ -358,7 +376,10 @@ def train(corpus_dir: Path, out: Path, recipe: Recipe, log=None, *, init=None, t
     collate = Collator(processor)
     if not 0.0 <= recipe.describe_fraction <= 1.0:
         raise ValueError(f"organism: describe_fraction must be in [0, 1], got {recipe.describe_fraction}")
+    if not 0.0 <= recipe.choices_fraction <= 1.0:
+        raise ValueError(f"organism: choices_fraction must be in [0, 1], got {recipe.choices_fraction}")
     describe = [_describe_example(ex, tok) for ex in train_set] if recipe.describe_fraction > 0 else []
+    choices = [_choices_example(ex, tok) for ex in train_set] if recipe.choices_fraction > 0 else []
 
     with _deterministic(recipe.threads):
         torch.manual_seed(recipe.seed)
@@ -395,8 +416,15 @@ def train(corpus_dir: Path, out: Path, recipe: Recipe, log=None, *, init=None, t
                 if len(order) < recipe.batch_size:
                     order += torch.randperm(len(train_set), generator=order_gen).tolist()
                 idx, order = order[:recipe.batch_size], order[recipe.batch_size:]
-            examples = [describe[i] if describe and float(torch.rand((), generator=order_gen)) < recipe.describe_fraction
-                        else train_set[i] for i in idx]
+            examples = []
+            for i in idx:
+                mc = choices and choices[i] is not None
+                if mc and float(torch.rand((), generator=order_gen)) < recipe.choices_fraction:
+                    examples.append(choices[i])
+                elif describe and float(torch.rand((), generator=order_gen)) < recipe.describe_fraction:
+                    examples.append(describe[i])
+                else:
+                    examples.append(train_set[i])
             batch = collate(examples)
             if step == 0:
                 collate.check(examples, batch)
