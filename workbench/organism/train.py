@@ -66,6 +66,10 @@ CURRICULUM_EVERY = {"instruct": 100, "thinking": 50}
 MAX_NEW_TOKENS = {"instruct": 96, "thinking": 224}
 
 
+DEFAULT_TEMPLATE_WEIGHTS = (("position_mc", 3.0), ("colour_at_position_mc", 3.0), ("bar_max_mc", 3.0),
+                            ("word_read", 2.0), ("word_length_int", 2.0))
+
+
 @dataclass(frozen=True)
 class Recipe:
     """Everything besides the code and the corpus that decides the trained weights."""
@@ -110,10 +114,11 @@ class Recipe:
     curriculum_hold: int = -1  # -1: CURRICULUM_HOLD[variant]
     curriculum_every: int = -1  # -1: CURRICULUM_EVERY[variant]
     # a batch row picks an active template with these weights (others 1): more rows of the templates whose
-    # answers a small model finds hardest to map from what it sees (a choice letter, a word's letters)
-    # (the choice questions x3 and the word questions x2, 3200 steps: held-out 0.565 against 0.625 unweighted
-    # at 2400 steps, the choice questions no better and the colour questions worse: off by default)
-    template_weights: tuple[tuple[str, float], ...] = ()
+    # answers a small model finds hardest to map from what it sees (a choice letter, a word's letters).
+    # With the choices rows and the picture before the choices (instruct, 2400 steps, held-out test):
+    # unweighted 0.53, choices x3 0.65, choices x2 and words x2 0.66, choices x3 and words x2 0.68
+    # (docs/organism.md; per template the runs vary by up to 0.5, so these are single draws)
+    template_weights: tuple[tuple[str, float], ...] = DEFAULT_TEMPLATE_WEIGHTS
 
     def resolved(self) -> "Recipe":
         if self.variant not in VARIANTS:
