@@ -322,6 +322,20 @@ def test_an_int4_draft_head_keeps_strict_fp32_exact_and_is_reported(knob_legs, t
     assert acc[0] != acc[1] and sum(acc[0]) > 0
 
 
+@pytest.mark.vllm
+def test_an_int4_draft_head_runs_on_this_hosts_own_int4_path(tiny_models, tmp_path):
+    """bf16, nothing forced: vLLM's CPU int4 kernel on an AVX-512 host, the plugin's fallback on an AVX2 one,
+    the same kernel as the draft's other layers."""
+    leg = run_leg_process(tmp_path / "int4_head_bf16", "--target", tiny_models["target"], "--leg", "int4_head_bf16",
+                          "--max-tokens", "16", "--ignore-eos", "--dtype", "bfloat16", "--max-model-len", "1024",
+                          "--prompts", str(TINY_PROMPTS), "--draft", str(tiny_models["twin-int4"]), "--gamma", "3",
+                          "--draft-lm-head", "int4").ok()
+    report = leg.summary["engine_report"]
+    assert report["draft_lm_head"] == "int4"
+    assert report["draft_lm_head_kernel"] == report["draft_linear_kernel"], report
+    assert leg.summary["spec"]["num_drafts"] > 0
+
+
 def test_protocol_leg_carries_the_new_knobs():
     """experiments.yaml defaults -> planned leg -> leg.json knobs (execution.leg_knobs)."""
     from workbench.execution import leg_knobs

@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import torch
 
-DRAFT_LM_HEADS = ("model", "int4")
-GROUP_SIZE = 128
+GROUP_SIZE = 128  # the group of a W4A16 twin's other layers (llm-compressor's AWQ / GPTQ default)
 
 
 def _args(group_size: int | None):
@@ -126,6 +125,7 @@ def install(model, preferred_kernel: str | None) -> dict:
     scheme = CompressedTensorsWNA16(strategy="group" if group else "channel", num_bits=4, group_size=group,
                                     symmetric=False, layer_name="lm_head")
     holder = torch.nn.Module()
+    holder.register_parameter("bias", None)  # the logits' bias, if any, comes with each call (vLLM's CPU kernel reads it)
     try:
         with torch.device(weight.device), draft_kernels.prefer(preferred_kernel):
             scheme.create_weights(holder, output_size=n, input_size=k, output_partition_sizes=[n],

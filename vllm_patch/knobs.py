@@ -139,7 +139,7 @@ def _any(_: Any) -> bool:
 
 DRAFT_CUDAGRAPH_MODES = ("auto", "none", "piecewise", "full")
 DRAFT_LINEAR_KERNELS = ("auto", "machete", "marlin", "humming", "exllama", "own")
-DRAFT_LM_HEADS = ("model", "int4")  # the same as vllm_patch.draft_head.DRAFT_LM_HEADS
+DRAFT_LM_HEADS = ("model", "int4")  # model: as the checkpoint has it; int4: vllm_patch.draft_head
 
 
 def own_kernel_available() -> bool:
