@@ -190,3 +190,31 @@ def test_template_weights_are_checked_before_any_training():
         T.Recipe(template_weights=(("position_mc", 0.0),)).resolved()
     # the weights are part of the recipe fingerprint
     assert T.recipe_fingerprint(T.Recipe()) != T.recipe_fingerprint(T.Recipe(template_weights=(("position_mc", 3.0),)))
+
+
+def test_choices_rows_copy_a_multiple_choices_listed_choices(corpus_dir, tmp_path):
+    """A choices row keeps its item's picture and Choices block, asks CHOICES_QUESTION and labels the listed
+    choices in order; other formats have none; a fraction outside [0, 1] is refused by name."""
+    from transformers import AutoProcessor
+
+    from workbench.chat import chat_messages
+
+    T._write_common(tmp_path)
+    processor = AutoProcessor.from_pretrained(tmp_path)
+    train = T._examples(corpus_dir / "train" / C.PROMPTS_NAME, processor.tokenizer, "instruct")
+    mc = [ex for ex in train if ex.prompt.meta["format"] == "multi_choice"][:3]
+    other = next(ex for ex in train if ex.prompt.meta["format"] != "multi_choice")
+    assert mc and T._choices_example(other, processor.tokenizer) is None
+    for ex in mc:
+        row = T._choices_example(ex, processor.tokenizer)
+        choices = ex.prompt.meta["choices"]
+        assert row.target == " ".join(f"({letter}) {c}." for letter, c in zip("ABCD", choices))
+        assert row.prompt.text.startswith(T.CHOICES_QUESTION + "\nChoices:\n(A) " + choices[0])
+        assert row.prompt.images == ex.prompt.images
+        # the picture sits between the question and the choices, as in the item's own prompt
+        assert [c["type"] for c in chat_messages(row.prompt)[0]["content"]] == ["text", "image", "text"]
+    rows = [T._choices_example(ex, processor.tokenizer) for ex in mc]
+    collate = T.Collator(processor)
+    collate.check(rows, collate(rows))  # the labelled span is the copied choices and <|im_end|>
+    with pytest.raises(ValueError, match="choices_fraction"):
+        T.train(corpus_dir, tmp_path / "e", dataclasses.replace(RECIPE, steps=2, choices_fraction=-0.1))
