@@ -291,7 +291,15 @@ def test_the_int4_head_holds_what_compressed_tensors_packs_within_half_a_step():
     assert q["weight_zero_point"].shape == (33, 2) and q["weight_shape"].tolist() == [260, 256]
     vals = unpack_from_int32(q["weight_packed"], 4, torch.Size([260, 256]))
     assert int(vals.min()) >= -8 and int(vals.max()) <= 7 and len(vals.unique()) == 16
-    d = draft_head.dequantize(q)
+    def dequantize(q, group):  # the plugin's own reading of a pack-quantized layer (vLLM's unpacking)
+        from vllm.scalar_type import scalar_types
+
+        from vllm_patch.cpu_int4 import dequantize_packed
+
+        return dequantize_packed(q["weight_packed"], q["weight_scale"], q["weight_zero_point"], None,
+                                 scalar_types.uint4, group, torch.float32)
+
+    d = dequantize(q, 128)
     step = q["weight_scale"].float().repeat_interleave(128, dim=1)
     # half a step, plus what rounding the scale to bf16 (2^-8 relative) moves the 15-step range's far end
     assert torch.all((d - w.float()).abs() <= step * (0.5 + 15 * 2**-8))

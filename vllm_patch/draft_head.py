@@ -74,19 +74,6 @@ def quantize_rows(weight: torch.Tensor, group_size: int | None = GROUP_SIZE, chu
             "weight_shape": torch.tensor([n, k], dtype=torch.int64)}
 
 
-def dequantize(q: dict) -> torch.Tensor:
-    """The float32 weight ``q`` (from :func:`quantize_rows`) stands for: (value - zero point) x scale."""
-    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
-
-    n, k = (int(x) for x in q["weight_shape"])
-    vals = unpack_from_int32(q["weight_packed"], 4, torch.Size([n, k])).float()
-    ngroups = q["weight_scale"].shape[1]
-    zp = unpack_from_int32(q["weight_zero_point"], 4, torch.Size([n + (-n) % 8, ngroups]), packed_dim=0)[:n]
-    g = k // ngroups
-    return ((vals.view(n, ngroups, g) - zp.float().unsqueeze(-1))
-            * q["weight_scale"].float().unsqueeze(-1)).view(n, k)
-
-
 class Int4HeadMethod:
     """The head's quant method with ``apply`` through an int4 GEMM; everything else its original's."""
 
