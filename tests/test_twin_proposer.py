@@ -31,7 +31,9 @@ def test_graph_mode_resolution():
     assert resolve_graph_mode("piecewise", False, on_cuda=True)[0] == "none"  # draft_cudagraph off wins
     assert resolve_graph_mode("auto", True, on_cuda=True, full_verified=False)[0] == "piecewise"
     assert resolve_graph_mode("auto", True, on_cuda=True, full_verified=True)[0] == "full"
-    for mode in ("none", "piecewise", "full"):
+    assert resolve_graph_mode("auto", True, on_cuda=True, full_verified=True, full_all_verified=False)[0] == "full"
+    assert resolve_graph_mode("auto", True, on_cuda=True, full_verified=True, full_all_verified=True)[0] == "full_all"
+    for mode in ("none", "piecewise", "full", "full_all"):
         assert resolve_graph_mode(mode, True, on_cuda=True) == (mode, "requested")
 
 
@@ -232,6 +234,107 @@ def test_single_token_step_update_never_reaches_the_host(tiny_models, tmp_path):
     assert probe["syncs"] == [], f"host syncs in the single-token step update: {probe['syncs']}"
 
 
+# The full_all first pass, eagerly on CPU: each uniform first pass reads its query starts and sequence
+# lengths from the persistent buffers a FULL graph would read, and drafts exactly what vLLM's own
+# metadata drafts. (CPU has no CUDA graphs: the FULL dispatch is run eagerly; capture and replay are
+# proven on the GPU host, tests/test_gpu.py.)
+_FIRST_PASS_PROBE = textwrap.dedent("""
+    import json, sys, torch
+    from workbench.leg import in_process_cpu_env
+    in_process_cpu_env()
+    from vllm import LLM, SamplingParams
+    from vllm.config import CUDAGraphMode
+    from vllm_patch import twin_proposer as tp
+
+    drafts, used = [], {"persistent": 0, "first_passes": 0}
+    orig_propose = tp.TwinDraftProposer.propose
+    orig_det = tp.TwinDraftProposer._determine_batch_execution_and_padding
+    orig_meta = tp.TwinDraftProposer._first_pass_metadata
+
+    def propose(self, *a, **k):
+        out = orig_propose(self, *a, **k)
+        drafts.append(out.tolist())
+        return out
+
+    def det(self, num_tokens, use_cudagraphs=True):
+        mode, padded, dp = orig_det(self, num_tokens, use_cudagraphs)
+        return (CUDAGraphMode.NONE if mode == CUDAGraphMode.FULL else mode), padded, dp  # eager stand-in
+
+    def meta(self, cad, new_cad, num_out):
+        used["first_passes"] += 1
+        out = orig_meta(self, cad, new_cad, num_out)
+        if self._twin_first_pad is not None:
+            buf = self._twin_first
+            assert out.query_start_loc.data_ptr() == buf["qsl"].data_ptr()
+            assert out.seq_lens.data_ptr() == buf["seq_lens"].data_ptr()
+            assert torch.equal(out.query_start_loc, new_cad.query_start_loc)
+            assert torch.equal(out.seq_lens, new_cad.seq_lens)
+            used["persistent"] += 1
+        return out
+
+    tp.TwinDraftProposer.propose = propose
+    tp.TwinDraftProposer._determine_batch_execution_and_padding = det
+    tp.TwinDraftProposer._first_pass_metadata = meta
+    target, draft, gamma = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    llm = LLM(model=target, dtype="float32", max_model_len=512, max_num_seqs=4, enforce_eager=True,
+              gpu_memory_utilization=0.05, distributed_executor_backend="uni", seed=0,
+              enable_prefix_caching=False, limit_mm_per_prompt={"image": 0, "video": 0},
+              skip_tokenizer_init=True,
+              speculative_config={"method": "draft_model", "model": draft, "num_speculative_tokens": gamma})
+    drafter = llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter
+    sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, detokenize=False)
+    prompts = [{"prompt_token_ids": list(range(20 + i, 50 + 3 * i))} for i in range(3)]
+    runs = {}
+    for name in ("vllm", "persistent"):
+        if name == "persistent":  # the full_all state initialize_cudagraph_keys builds on CUDA
+            n, q = drafter.max_batch_size, drafter._first_pass_tokens()
+            drafter._twin_first = {"q": q, "seq_lens": torch.zeros(n, dtype=torch.int32),
+                                   "qsl": torch.arange(n + 1, dtype=torch.int32) * q,
+                                   "sizes": list(range(1, n + 1))}
+            drafter._first_captured = lambda: set(range(1, n + 1))
+        drafts.clear()
+        outs = llm.generate(prompts, sp, use_tqdm=False)
+        runs[name] = {"tokens": [list(o.outputs[0].token_ids) for o in outs], "drafts": list(drafts)}
+    print("PROBE " + json.dumps({"runs": runs, "used": used, "q": drafter._first_pass_tokens(),
+                                 "ran": drafter._twin_first_ran}))
+""")
+
+
+@pytest.mark.vllm
+def test_full_all_first_pass_reads_persistent_buffers_and_drafts_the_same(tiny_models, tmp_path):
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_SPEC_REPORT_DIR": str(tmp_path)}
+    res = subprocess.run([sys.executable, "-c", _FIRST_PASS_PROBE, str(tiny_models["target"]),
+                          str(tiny_models["twin-dequant"]), "3"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=600)
+    lines = [x for x in res.stdout.splitlines() if x.startswith("PROBE ")]
+    assert res.returncode == 0 and lines, res.stderr[-4000:]
+    probe = json.loads(lines[-1][len("PROBE "):])
+    assert probe["q"] == 3 + 2                      # gamma + 1 verified tokens and the new slot
+    vllm_run, ours = probe["runs"]["vllm"], probe["runs"]["persistent"]
+    assert ours["tokens"] == vllm_run["tokens"]
+    assert ours["drafts"] == vllm_run["drafts"]     # every proposal, step by step
+    # decode-step first passes took the persistent path; the prefill's (non-uniform) ones did not
+    assert 0 < probe["used"]["persistent"] < probe["used"]["first_passes"]
+    assert probe["ran"]["full"] == probe["used"]["persistent"] and probe["ran"]["piecewise"] == 0
+
+
+def test_first_pass_graphs_have_keys_of_their_own():
+    """A first pass of n requests of q tokens may have as many tokens as a single-token step of a larger
+    batch (1 x 8 = 8 x 1 at gamma 6): its FULL graph is keyed by requests and uniformity too."""
+    from types import SimpleNamespace
+
+    from vllm.forward_context import BatchDescriptor
+    from vllm_patch.draft_graphs import first_pass_key, full_captured
+
+    live = SimpleNamespace(cudagraph=object())
+    entries = {BatchDescriptor(num_tokens=8): live, first_pass_key(1, 8): live, first_pass_key(2, 8): live,
+               first_pass_key(4, 8): SimpleNamespace(cudagraph=None)}
+    model = SimpleNamespace(concrete_cudagraph_entries=entries)
+    assert first_pass_key(1, 8) != BatchDescriptor(num_tokens=8)
+    assert full_captured(model) == {8}
+    assert full_captured(model, first_pass=True) == {1, 2}
+
+
 @pytest.fixture(scope="module")
 def knob_legs(tmp_path_factory, tiny_models):
     out = {}
@@ -409,23 +512,26 @@ def test_async_scheduling_trace_keeps_only_committed_steps():
 
 
 @pytest.mark.parametrize("built,asked,expect", [
-    ("full", True, ("full", False, False)), ("full", "piecewise", ("piecewise", False, True)),
-    ("full", False, ("none", True, True)), ("piecewise", "built", ("piecewise", False, True)),
-    ("piecewise", "none", ("none", True, True)), ("none", True, ("none", True, True)),
+    ("full", True, ("full", False, False, True)), ("full", "piecewise", ("piecewise", False, True, True)),
+    ("full", False, ("none", True, True, True)), ("piecewise", "built", ("piecewise", False, True, True)),
+    ("piecewise", "none", ("none", True, True, True)), ("none", True, ("none", True, True, True)),
+    ("full_all", True, ("full_all", False, False, False)), ("full_all", "full", ("full", False, False, True)),
+    ("full_all", "piecewise", ("piecewise", False, True, True)),
 ])
 def test_the_dispatch_switch_sets_what_the_built_graphs_allow(built, asked, expect):
     from types import SimpleNamespace
 
     from vllm_patch.twin_proposer import TwinDraftProposer
 
-    fake = SimpleNamespace(built_graph_mode=lambda: built, _twin_graphs_off=None, _twin_full_off=None)
+    fake = SimpleNamespace(built_graph_mode=lambda: built, _twin_graphs_off=None, _twin_full_off=None,
+                           _twin_first_off=None)
     got = TwinDraftProposer.set_dispatch(fake, asked)
-    assert (got, fake._twin_graphs_off, fake._twin_full_off) == expect
+    assert (got, fake._twin_graphs_off, fake._twin_full_off, fake._twin_first_off) == expect
 
 
 @pytest.mark.parametrize("built,asked,message", [
     ("piecewise", "full", "this engine built 'piecewise'"), ("none", "piecewise", "this engine built 'none'"),
-    ("full", "loop", "expected one of"),
+    ("full", "full_all", "this engine built 'full'"), ("full", "loop", "expected one of"),
 ])
 def test_the_dispatch_switch_refuses_graphs_that_were_not_built(built, asked, message):
     from types import SimpleNamespace

@@ -1,10 +1,14 @@
-"""The drafter's CUDA-graph modes: which one to build, the FULL single-token graphs' sizes and capture.
+"""The drafter's CUDA-graph modes: which one to build, the FULL graphs' sizes, keys and capture.
 
 ``draft_cudagraph_mode`` picks how the twin's forward passes run on CUDA: ``piecewise`` (vLLM's own
 drafter graphs), ``full`` (one FULL graph per padded batch size for the gamma-1 single-token steps, the
-first pass staying piecewise) or ``none``. The FULL graphs are the drafter's own: keyed by padded batch
-size, captured at the first capture-time dummy run, largest first, and known to exist only through the
-graph wrapper's own entries.
+first pass staying piecewise), ``full_all`` (``full``, and the first pass of a decode step too: one FULL
+graph per padded batch size of ``gamma + 2`` tokens a request, replayed whenever every request of the
+batch verified the same number of tokens) or ``none``. The FULL graphs are the drafter's own: keyed by
+padded batch size (single-token steps: ``BatchDescriptor(num_tokens=n)``; first passes:
+``BatchDescriptor(num_tokens=n * q, num_reqs=n, uniform=True)``, so the two kinds never share a key),
+captured at the first capture-time dummy run, largest first, and known to exist only through the graph
+wrapper's own entries.
 """
 
 from __future__ import annotations
@@ -15,18 +19,21 @@ import torch
 from vllm.config import CUDAGraphMode
 from vllm.v1.spec_decode.utils import PADDING_SLOT_ID
 
-GRAPH_MODES = ("none", "piecewise", "full")
+GRAPH_MODES = ("none", "piecewise", "full", "full_all")  # each one's graphs include the previous one's
 # FULL single-token graphs of the drafter are exact on the H200 (tests/test_gpu.py,
 # test_draft_cudagraph_modes_exact; results/cuda-verify/20261201T1200Z-h200-077f25d) and faster than the
 # piecewise ones at every measured cell (E16, one engine timing both: 32B single-token step 9.5 ms vs
 # 9.6-14.5, 8B 3.6 ms vs 3.7-9.0; results/E16/20261201T151639Z-67f5442a, .../20261201T152639Z-c54d599a):
 # ``auto`` builds them on CUDA.
 FULL_VERIFIED = True
+# FULL first passes: not yet verified exact and faster on a GPU host, so ``auto`` does not build them.
+FULL_ALL_VERIFIED = False
 
 
 def resolve_graph_mode(requested: str, draft_cudagraph: bool, on_cuda: bool,
-                       full_verified: bool = FULL_VERIFIED) -> tuple[str, str]:
-    """The drafter's graph mode to build (``none`` / ``piecewise`` / ``full``) and why.
+                       full_verified: bool = FULL_VERIFIED,
+                       full_all_verified: bool = FULL_ALL_VERIFIED) -> tuple[str, str]:
+    """The drafter's graph mode to build (``none`` / ``piecewise`` / ``full`` / ``full_all``) and why.
 
     ``draft_cudagraph`` false means no drafter graphs, whatever the mode; a CPU host has no CUDA
     graphs at all. Whether the attention backend allows FULL decode graphs is decided later
@@ -37,6 +44,8 @@ def resolve_graph_mode(requested: str, draft_cudagraph: bool, on_cuda: bool,
     if not draft_cudagraph:
         return "none", "draft_cudagraph is off"
     if requested == "auto":
+        if full_verified and full_all_verified:
+            return "full_all", "auto: FULL graphs for the first pass and the single-token steps"
         return ("full", "auto: FULL decode graphs") if full_verified else (
             "piecewise", "auto: vLLM's piecewise drafter graphs (FULL not verified on this build)")
     return requested, "requested"
@@ -58,8 +67,9 @@ def padded_size(batch: int, captured) -> int | None:
     return min(fits) if fits else None
 
 
-def full_decode_support(proposer) -> tuple[bool, str]:
-    """Whether every draft attention layer's backend can replay a FULL graph of one-token decodes."""
+def full_decode_support(proposer, uniform_batch: bool = False) -> tuple[bool, str]:
+    """Whether every draft attention layer's backend can replay a FULL graph of one-token decodes
+    (``uniform_batch``: of decodes of several tokens a request, the first pass of ``full_all``)."""
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
     from vllm.v1.attention.backend import AttentionCGSupport
     from vllm.config import get_layers_from_vllm_config
@@ -72,54 +82,91 @@ def full_decode_support(proposer) -> tuple[bool, str]:
         layer = layers[name]
         builder = layer.get_attn_backend().get_builder_cls()
         support = builder.get_cudagraph_support(proposer.vllm_config, layer.get_kv_cache_spec(proposer.vllm_config))
-        if support.value < AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE.value:
-            return False, f"{layer.get_attn_backend().get_name()} has no FULL decode graphs ({support.name})"
+        need = AttentionCGSupport.UNIFORM_BATCH if uniform_batch else AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+        if support.value < need.value:
+            what = "uniform multi-token" if uniform_batch else "decode"
+            return False, f"{layer.get_attn_backend().get_name()} has no FULL {what} graphs ({support.name})"
     return True, "ok"
 
 
-def capture_full_decode(proposer, n: int) -> None:
-    """Warm up, then capture the FULL graph of one single-token step of ``n`` (padded) requests.
+def first_pass_key(n: int, q: int):
+    """The FULL graph key of a first pass of ``n`` (padded) requests of ``q`` tokens each."""
+    from vllm.forward_context import BatchDescriptor
 
-    Every tensor the graph reads is one the loop later writes in place: the input buffers,
-    ``proposer.arange`` (query starts), the persistent sequence lengths, the runner's block table
-    and the drafter's slot-mapping buffer.
+    return BatchDescriptor(num_tokens=n * q, num_reqs=n, uniform=True)
+
+
+def capture_full_decode(proposer, n: int, q: int = 1) -> None:
+    """Warm up, then capture the FULL graph of one drafter pass of ``n`` (padded) requests of ``q`` tokens
+    each: a single-token step (``q`` 1) or a first pass (``q`` = gamma + 2, keyed by :func:`first_pass_key`).
+
+    Every tensor the graph reads is one the loop later writes in place: the input buffers, the query
+    starts (``proposer.arange`` for single-token steps, the first pass's own constant buffer), the
+    persistent sequence lengths, the runner's block table and the drafter's slot-mapping buffer.
     """
     from vllm.forward_context import BatchDescriptor, set_forward_context
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
-    seq_lens = proposer._twin_full["seq_lens"][:n]
-    seq_lens.fill_(1)
+    state = proposer._twin_full if q == 1 else proposer._twin_first
+    tokens = n * q
+    seq_lens = state["seq_lens"][:n]
+    seq_lens.fill_(q)
     # the runner's block table of the draft's KV group: the tensor the loop's metadata reads
     block_table = proposer._twin["runner"].input_batch.block_table[proposer.kv_cache_gid].get_device_tensor(n)
+    qsl = proposer.arange[: n + 1] if q == 1 else state["qsl"][: n + 1]
     cad = CommonAttentionMetadata(
-        query_start_loc=proposer.arange[: n + 1],
-        query_start_loc_cpu=torch.from_numpy(proposer.token_arange_np[: n + 1]).clone(),
-        seq_lens=seq_lens, num_reqs=n, num_actual_tokens=n, max_query_len=1,
+        query_start_loc=qsl,
+        query_start_loc_cpu=torch.arange(n + 1, dtype=torch.int32) * q,
+        seq_lens=seq_lens, num_reqs=n, num_actual_tokens=tokens, max_query_len=q,
         max_seq_len=proposer.max_model_len, block_table_tensor=block_table,
-        slot_mapping=proposer._slot_mapping_buffer[:n], causal=True,
-        _seq_lens_cpu=torch.ones(n, dtype=torch.int32),
+        slot_mapping=proposer._slot_mapping_buffer[:tokens], causal=True,
+        _seq_lens_cpu=torch.full((n,), q, dtype=torch.int32),
         _num_computed_tokens_cpu=torch.zeros(n, dtype=torch.int32),
     )
-    proposer._slot_mapping_buffer[:n].fill_(PADDING_SLOT_ID)  # capture writes no KV entry
+    proposer._slot_mapping_buffer[:tokens].fill_(PADDING_SLOT_ID)  # capture writes no KV entry
     per_layer: dict[str, Any] = {}
     for group in proposer.draft_attn_groups:
         md = group.get_metadata_builder().build_for_cudagraph_capture(cad)
         per_layer.update({name: md for name in group.layer_names})
-    kwargs = {"positions": proposer._get_positions(n)}
+    kwargs = {"positions": proposer._get_positions(tokens)}
     if proposer.supports_mm_inputs:
-        kwargs.update(input_ids=None, inputs_embeds=proposer.inputs_embeds[:n])
+        kwargs.update(input_ids=None, inputs_embeds=proposer.inputs_embeds[:tokens])
     else:
-        kwargs.update(input_ids=proposer.input_ids[:n], inputs_embeds=None)
+        kwargs.update(input_ids=proposer.input_ids[:tokens], inputs_embeds=None)
+    key = BatchDescriptor(num_tokens=n) if q == 1 else first_pass_key(n, q)
     for mode in (CUDAGraphMode.NONE, CUDAGraphMode.FULL):  # warm-up, then capture
-        with set_forward_context(per_layer, proposer.vllm_config, num_tokens=n, cudagraph_runtime_mode=mode,
-                                 batch_descriptor=BatchDescriptor(num_tokens=n),
-                                 slot_mapping=proposer._get_slot_mapping(n)):
+        with set_forward_context(per_layer, proposer.vllm_config, num_tokens=tokens, cudagraph_runtime_mode=mode,
+                                 batch_descriptor=key, slot_mapping=proposer._get_slot_mapping(tokens)):
             proposer.model(**kwargs)
 
 
-def full_captured(model) -> set[int]:
-    """Batch sizes whose FULL single-token graph exists now. The wrapper's own entries decide:
-    vLLM's CUDA-graph memory profile captures graphs and then clears them all, and a replay key
-    whose graph is gone would make the wrapper try to capture in the middle of serving."""
+def full_captured(model, first_pass: bool = False) -> set[int]:
+    """Batch sizes whose FULL single-token graph (``first_pass``: FULL first-pass graph) exists now.
+    The wrapper's own entries decide: vLLM's CUDA-graph memory profile captures graphs and then
+    clears them all, and a replay key whose graph is gone would make the wrapper try to capture in
+    the middle of serving."""
     entries = getattr(model, "concrete_cudagraph_entries", None) or {}
-    return {desc.num_tokens for desc, entry in entries.items() if entry.cudagraph is not None}
+    live = [desc for desc, entry in entries.items() if entry.cudagraph is not None]
+    if first_pass:
+        return {desc.num_reqs for desc in live if desc.uniform and desc.num_reqs is not None}
+    return {desc.num_tokens for desc in live if desc.num_reqs is None}
+
+
+def make_graph_wrapper(model, vllm_config):
+    """vLLM's FULL graph wrapper around the drafter, which replays a first pass under the key the
+    proposer set (``wrapper.twin_key``, consumed by the next call): vLLM's forward context keys every
+    pass by its token count alone, and a first pass of n requests may have as many tokens as a
+    single-token step of a larger batch."""
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    class TwinFullGraphWrapper(CUDAGraphWrapper):
+        twin_key = None
+
+        def __call__(self, *args, **kwargs):
+            key, self.twin_key = self.twin_key, None
+            if key is not None and is_forward_context_available():
+                get_forward_context().batch_descriptor = key
+            return super().__call__(*args, **kwargs)
+
+    return TwinFullGraphWrapper(model, vllm_config, runtime_mode=CUDAGraphMode.FULL)

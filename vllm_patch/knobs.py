@@ -137,7 +137,7 @@ def _any(_: Any) -> bool:
     return True
 
 
-DRAFT_CUDAGRAPH_MODES = ("auto", "none", "piecewise", "full")
+DRAFT_CUDAGRAPH_MODES = ("auto", "none", "piecewise", "full", "full_all")
 DRAFT_LINEAR_KERNELS = ("auto", "machete", "marlin", "humming", "exllama", "own")
 DRAFT_LM_HEADS = ("model", "int4")  # model: as the checkpoint has it; int4: vllm_patch.draft_head
 
@@ -153,7 +153,7 @@ def check_combination(values: Mapping[str, Any], where: str = "") -> None:
     """Rules across knobs, the same in the workbench and in the engine; KnobError names the knobs."""
     pre = f"{where}: " if where else ""
     mode = values.get("draft_cudagraph_mode", "auto")
-    if values.get("draft_cudagraph") is False and mode in ("piecewise", "full"):
+    if values.get("draft_cudagraph") is False and mode in ("piecewise", "full", "full_all"):
         raise KnobError(f"{pre}knob 'draft_cudagraph_mode' is {mode!r} but knob 'draft_cudagraph' is off; "
                         "turn draft_cudagraph on or use draft_cudagraph_mode 'none' / 'auto'")
 
@@ -173,6 +173,7 @@ SWITCHES: dict[str, Knob] = {k.name: k for k in [
     Knob("draft_cudagraph_mode", str, "auto", lambda v: v in DRAFT_CUDAGRAPH_MODES,
          "one of " + ", ".join(DRAFT_CUDAGRAPH_MODES),
          "drafter CUDA graphs: none, piecewise (vLLM's), full (FULL graph per single-token step), "
+         "full_all (full, and the first pass of a uniform decode step too), "
          "auto (the best verified on the platform; none on CPU)",
          env=ENV_GRAPH_MODE, flag="--draft-cudagraph-mode", spec_only=True, applies_on_cpu=False,
          column="leg"),

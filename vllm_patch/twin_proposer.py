@@ -11,8 +11,11 @@ The γ−1 single-token draft steps advance positions, slot mapping and M-RoPE p
 operations on the device only (no ``.item()``, no host copy, no Python loop over requests), so the
 same code runs inside a captured CUDA graph. ``draft_cudagraph_mode`` picks how the drafter's
 forward passes run on CUDA: ``piecewise`` (vLLM's own drafter graphs), ``full`` (one FULL graph per
-single-token decode step, captured with the target's graphs; the first pass stays piecewise), or
-``none``; ``auto`` is the best verified mode of the platform (``none`` on CPU).
+single-token decode step, captured with the target's graphs; the first pass stays piecewise),
+``full_all`` (the first pass of a decode step too, whenever the batch is uniform: every request
+verified gamma + 1 tokens, so its first pass has gamma + 2; its query starts and sequence lengths
+are moved into persistent buffers before the attention metadata is built), or ``none``; ``auto`` is
+the best verified mode of the platform (``none`` on CPU).
 """
 
 from __future__ import annotations
@@ -40,8 +43,12 @@ class TwinDraftProposer(DraftModelProposer):
         knobs = self._twin_engine.knobs
         self._twin_graphs_off = False      # run-time switch: dispatch forced to eager (cost ladder)
         self._twin_full_off = False        # run-time switch: FULL graphs built, single-token steps piecewise
+        self._twin_first_off = False       # run-time switch: FULL first-pass graphs built, first pass piecewise
         self._twin_calls = 0               # dispatches in this propose: the first is the first pass
         self._twin_full = None             # FULL decode graph state (see initialize_cudagraph_keys)
+        self._twin_first = None            # FULL first-pass graph state (full_all)
+        self._twin_first_pad = None        # this propose's first pass: padded batch of its FULL replay
+        self._twin_first_ran = {"full": 0, "piecewise": 0, "none": 0}  # decode-step first passes by mode
         self._twin_dispatched = {m: 0 for m in draft_graphs.GRAPH_MODES}  # single-token steps by graph mode
         self._twin_loop_t0 = False
         self._twin_in_propose = False      # dispatches are counted for real proposes only
@@ -142,16 +149,14 @@ class TwinDraftProposer(DraftModelProposer):
             self._twin_engine.report.update(**draft_head.install(self.model, self._twin_kernel[0]))
         else:
             self._twin_engine.report.update(draft_lm_head="model", draft_lm_head_applies=True)
-        if self._twin_graph_mode == "full":
-            from vllm.compilation.cuda_graph import CUDAGraphWrapper
-
-            # The outer FULL wrapper replays whole single-token steps; under a PIECEWISE
-            # dispatch (the first pass) it passes through to the piecewise-compiled model.
-            self.model = CUDAGraphWrapper(self.model, self.vllm_config, runtime_mode=CUDAGraphMode.FULL)
+        if self._twin_graph_mode in ("full", "full_all"):
+            # The outer FULL wrapper replays whole passes (single-token steps; first passes too under
+            # full_all); under a PIECEWISE dispatch it passes through to the piecewise-compiled model.
+            self.model = draft_graphs.make_graph_wrapper(self.model, self.vllm_config)
 
     # -- CUDA graphs -------------------------------------------------------------------------------- #
     def initialize_cudagraph_keys(self, cudagraph_mode: CUDAGraphMode) -> None:
-        if self._twin is None or self._twin_graph_mode != "full":
+        if self._twin is None or self._twin_graph_mode not in ("full", "full_all"):
             return super().initialize_cudagraph_keys(cudagraph_mode)
         ok, why = draft_graphs.full_decode_support(self)
         if self.speculative_config.enforce_eager or cudagraph_mode.mixed_mode() == CUDAGraphMode.NONE:
@@ -175,12 +180,44 @@ class TwinDraftProposer(DraftModelProposer):
             "seq_lens": torch.zeros(n, dtype=torch.int32, device=self.device),
             "sizes": draft_graphs.full_decode_sizes(min(n, cap)),
         }
+        if self._twin_graph_mode == "full_all":
+            first_ok, first_why = draft_graphs.full_decode_support(self, uniform_batch=True)
+            if not first_ok:
+                self._twin_graph_mode = "full"
+                self._twin_engine.report.update(
+                    draft_cudagraph_mode_planned="full",
+                    draft_cudagraph_mode_reason=f"full_all refused: {first_why}; full instead")
+                return
+            q = self._first_pass_tokens()
+            self._twin_first = {
+                "q": q,
+                "seq_lens": torch.zeros(n, dtype=torch.int32, device=self.device),
+                # query starts of a uniform first pass, 0, q, 2q, ...: constant, written once
+                "qsl": torch.arange(n + 1, dtype=torch.int32, device=self.device) * q,
+                "sizes": self._twin_full["sizes"],
+            }
+
+    def _first_pass_tokens(self) -> int:
+        """Tokens a request has in a uniform first pass: the gamma + 1 it verified, and its new slot."""
+        return int(self.num_speculative_tokens) + 1 + int(self.net_num_new_slots_per_request)
 
     def _determine_batch_execution_and_padding(self, num_tokens, use_cudagraphs=True):
         if self._twin_graphs_off:
             use_cudagraphs = False
         single = self._twin_calls > 0   # the first dispatch of a propose / dummy run is the first pass
         self._twin_calls += 1
+        if not single and self._twin_in_propose and self._twin is not None:
+            pad = self._twin_first_pad
+            if pad is not None and use_cudagraphs and not self._twin_graphs_off:
+                q = self._twin_first["q"]
+                self.model.twin_key = draft_graphs.first_pass_key(pad, q)  # the wrapper's key for this pass
+                self._twin_first_ran["full"] += 1
+                self._report_first_pass()
+                return CUDAGraphMode.FULL, pad * q, None
+            out = super()._determine_batch_execution_and_padding(num_tokens, use_cudagraphs)
+            self._twin_first_ran["piecewise" if out[0] == CUDAGraphMode.PIECEWISE else "none"] += 1
+            self._report_first_pass()
+            return out
         # FULL only inside a real propose: a dummy run's inputs are not the persistent buffers'
         # live contents, and a replay would write KV entries at stale slots
         if (single and use_cudagraphs and self._twin_full is not None and self._twin_in_propose
@@ -194,6 +231,13 @@ class TwinDraftProposer(DraftModelProposer):
         if single:
             self._count_dispatch("piecewise" if out[0] == CUDAGraphMode.PIECEWISE else "none")
         return out
+
+    def _report_first_pass(self) -> None:
+        """The first passes' graph modes, as the report's ``draft_first_pass_modes_ran`` (the first
+        time a mode runs)."""
+        ran = [m for m in ("full", "piecewise", "none") if self._twin_first_ran[m]]
+        if ran != self._twin_engine.report.facts.get("draft_first_pass_modes_ran"):
+            self._twin_engine.report.update(draft_first_pass_modes_ran=ran)
 
     def _count_dispatch(self, mode: str) -> None:
         """Single-token steps by the graph mode they ran under; the report learns each mode once."""
@@ -214,18 +258,26 @@ class TwinDraftProposer(DraftModelProposer):
             # order vLLM captures in, so the smaller graphs reuse the pool's memory)
             for size in sorted(full["sizes"], reverse=True):
                 self._capture_full_decode(size)
+            first = self._twin_first
+            if first is not None:
+                for size in sorted(first["sizes"], reverse=True):
+                    self._capture_full_decode(size, first["q"])
 
-    def _capture_full_decode(self, n: int) -> None:
-        draft_graphs.capture_full_decode(self, n)
+    def _capture_full_decode(self, n: int, q: int = 1) -> None:
+        draft_graphs.capture_full_decode(self, n, q)
 
     def _full_captured(self) -> set[int]:
         return draft_graphs.full_captured(self.model)
+
+    def _first_captured(self) -> set[int]:
+        return draft_graphs.full_captured(self.model, first_pass=True)
 
     # -- drafting ----------------------------------------------------------------------------------- #
     def propose(self, *args, **kwargs):
         self._twin_calls = 0
         self._twin_loop_t0 = False
         self._twin_full_now = False        # set when this propose's single-token steps replay FULL
+        self._twin_first_pad = None        # set by set_inputs_first_pass when the first pass replays FULL
         self._twin_in_propose = True
         try:
             out = super().propose(*args, **kwargs)
@@ -237,6 +289,32 @@ class TwinDraftProposer(DraftModelProposer):
 
     def set_inputs_first_pass(self, target_token_ids, next_token_ids, target_positions, target_hidden_states,
                               token_indices_to_sample, cad, num_rejected_tokens_gpu):
+        args = (target_token_ids, next_token_ids, target_positions, target_hidden_states,
+                token_indices_to_sample, cad, num_rejected_tokens_gpu)
+        num_out, sample_idx, new_cad = self._first_pass_inputs(*args)
+        return num_out, sample_idx, self._first_pass_metadata(cad, new_cad, num_out)
+
+    def _first_pass_metadata(self, cad, new_cad, num_out: int):
+        """A uniform first pass's query starts and sequence lengths in the persistent buffers its FULL
+        graph reads (``full_all``); any other first pass's metadata as vLLM built it. Decided on host
+        values only: the batch is uniform when its verified tokens are ``batch * max_query_len``."""
+        first = self._twin_first
+        if first is None or not self._twin_in_propose or self._twin_first_off or self._twin_graphs_off:
+            return new_cad
+        n, q = cad.num_reqs, first["q"]
+        if cad.max_query_len * n != cad.num_actual_tokens or new_cad.max_query_len != q or num_out != n * q:
+            return new_cad
+        pad = draft_graphs.padded_size(n, self._first_captured())
+        if pad is None:
+            return new_cad
+        buf = first["seq_lens"]
+        buf[:n].copy_(new_cad.seq_lens[:n])
+        buf[n:pad].zero_()   # padded requests read nothing
+        self._twin_first_pad = pad
+        return new_cad.replace(query_start_loc=first["qsl"][: n + 1], seq_lens=buf[:n])
+
+    def _first_pass_inputs(self, target_token_ids, next_token_ids, target_positions, target_hidden_states,
+                           token_indices_to_sample, cad, num_rejected_tokens_gpu):
         tw = self._twin
         args = (target_token_ids, next_token_ids, target_positions, target_hidden_states,
                 token_indices_to_sample, cad, num_rejected_tokens_gpu)
@@ -327,17 +405,18 @@ class TwinDraftProposer(DraftModelProposer):
         if mode not in draft_graphs.GRAPH_MODES:
             raise ValueError(f"draft dispatch mode {mode!r}: expected one of {draft_graphs.GRAPH_MODES}, "
                              "True or 'built'")
-        order = draft_graphs.GRAPH_MODES  # none < piecewise < full: each one's graphs include the previous
+        order = draft_graphs.GRAPH_MODES  # none < piecewise < full < full_all: each includes the previous
         if order.index(mode) > order.index(built):
             raise ValueError(f"draft dispatch mode {mode!r}: this engine built {built!r} drafter graphs")
         self._twin_graphs_off = mode == "none"
-        self._twin_full_off = mode != "full"
+        self._twin_full_off = mode not in ("full", "full_all")
+        self._twin_first_off = mode != "full_all"
         return mode
 
     # -- what was built ------------------------------------------------------------------------------ #
     def built_graph_mode(self) -> str:
         if self._twin_full is not None and self._full_captured():
-            return "full"
+            return "full_all" if self._twin_first is not None and self._first_captured() else "full"
         keys = getattr(self.cudagraph_dispatcher, "cudagraph_keys", None) or {}
         return "piecewise" if keys.get(CUDAGraphMode.PIECEWISE) else "none"
 
