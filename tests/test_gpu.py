@@ -83,6 +83,10 @@ def _legs_plan(m: dict[str, Path]) -> dict[str, list[str]]:
         "fp32_async_c1": [*FP32, *dq, *g6, "--async-scheduling"],
         "fp32_async_c8": [*FP32, *dq, *g6, *c8, "--async-scheduling"],
         "fp32_full_async_c8": [*FP32, *dq, *g6, *c8, "--async-scheduling", "--draft-cudagraph-mode", "full"],
+        "fp32_full_all_async_c8": [*FP32, *dq, *g6, *c8, "--async-scheduling", "--draft-cudagraph-mode", "full_all"],
+        # FULL first passes in bf16 with the int4 twin: the drafts' acceptance beside the piecewise first pass's
+        "bf16_graph_full_c8": [*BF16, *i4, *g6, *c8, "--draft-cudagraph-mode", "full"],
+        "bf16_graph_full_all_c8": [*BF16, *i4, *g6, *c8, "--draft-cudagraph-mode", "full_all"],
         # ... and the draft's W4A16 kernel (bf16 int4 twin: the near-tie rule)
         **{f"bf16_kernel_{k}_c1": [*BF16, *i4, *g6, "--draft-linear-kernel", k] for k in _draft_kernels()},
         # ... and the draft's lm_head in int4 on the draft's kernel (Marlin by auto)
@@ -91,7 +95,7 @@ def _legs_plan(m: dict[str, Path]) -> dict[str, list[str]]:
     }
 
 
-GRAPH_MODES = ("none", "piecewise", "full")
+GRAPH_MODES = ("none", "piecewise", "full", "full_all")
 
 
 def _draft_kernels() -> list[str]:
@@ -402,13 +406,29 @@ def test_draft_cudagraph_modes_exact(legs, results_dir, mode, conc):
     assert r["draft_cudagraph_mode"] == mode, r.get("draft_cudagraph_mode_reason")
     assert spec.records[0]["knobs"]["draft_cudagraph_mode"] == mode
     # the single-token steps ran under the mode built (batches beyond the captured sizes aside)
-    assert mode in r["draft_single_step_modes_ran"], r["draft_single_step_modes_ran"]
+    single = "full" if mode == "full_all" else mode
+    assert single in r["draft_single_step_modes_ran"], r["draft_single_step_modes_ran"]
+    if mode == "full_all":  # decode-step first passes replayed FULL graphs (the prefill's ran piecewise)
+        assert "full" in r["draft_first_pass_modes_ran"], r.get("draft_first_pass_modes_ran")
     if mode == "none":
         assert r["draft_cudagraph_keys"] == 0
 
 
+@pytest.mark.parametrize("dtype,conc,tol", [("fp32", "c1", 0.02), ("fp32", "c8", 0.02), ("bf16", "c8", 0.02)])
+def test_full_first_pass_drafts_as_the_piecewise_first_pass(legs, results_dir, dtype, conc, tol):
+    """The same drafter with its first pass under a FULL graph (full_all) or piecewise (full): the
+    acceptance, which a wrong first pass (stale query starts or sequence lengths) would lower. In fp32
+    the drafts are the same (TRITON_ATTN both ways); bf16 on FA3 may round differently at near-ties."""
+    a, b = _ok(legs, f"{dtype}_graph_full_{conc}"), _ok(legs, f"{dtype}_graph_full_all_{conc}")
+    acc_a, acc_b = a.summary["spec"]["acceptance_rate"], b.summary["spec"]["acceptance_rate"]
+    _record(results_dir, f"{dtype}_full_vs_full_all_{conc}", {"full": acc_a, "full_all": acc_b,
+            "first_pass_modes": b.summary["engine_report"].get("draft_first_pass_modes_ran")})
+    assert abs(acc_a - acc_b) <= tol + 1e-9, (acc_a, acc_b)
+
+
 @pytest.mark.parametrize("name,ref", [("fp32_async_c1", "fp32_vanilla_c1"), ("fp32_async_c8", "fp32_vanilla_c8"),
-                                      ("fp32_full_async_c8", "fp32_vanilla_c8")])
+                                      ("fp32_full_async_c8", "fp32_vanilla_c8"),
+                                      ("fp32_full_all_async_c8", "fp32_vanilla_c8")])
 def test_async_scheduling_is_on_and_exact(legs, results_dir, name, ref):
     van, spec = _ok(legs, ref), _ok(legs, name)
     diffs = [pid for pid, r in spec.by_pid().items() if r["gen_ids"] != van.by_pid()[pid]["gen_ids"]]
