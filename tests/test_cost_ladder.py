@@ -1,7 +1,8 @@
 """The cost experiment E16 (GPU cost ladder): registry, profiles, bad options, the analysis, one CPU rehearsal.
 
 The analysis is checked on synthetic rows with known step times (c, S(1, gamma, c), S(alpha), the measured
-forced-acceptance speedup), through the analysis registry as `workbench export` and the explorer use it.
+forced-acceptance speedup, end to end and decode only), through the analysis registry as `workbench export`
+and the explorer use it.
 The one end-to-end test runs `workbench run E16 --profile tiny` (two tiny engines, two batches, one gamma).
 """
 
@@ -29,6 +30,10 @@ DECODE_MS, VERIFY_MS = 10.0, 12.0
 DRAFT_STEP_MS = {True: 3.0, False: 6.0}      # propose / gamma: drafter graphs on / off
 SINGLE_STEP_MS = {True: 2.0, False: 5.0}     # one single-token step of the propose
 BATCHES = (1, 4)
+# walls that time the first token apart: seconds to the first token of a batch (the prefill; in a spec cell
+# the draft's prefill and first propose too), and decode seconds per output token after the first
+FIRST_S = {"vanilla": 0.02, True: 0.10, False: 0.15}
+TOKEN_S = {"vanilla": 0.018, True: 0.012, False: 0.015}
 
 
 def _cuda() -> bool:
@@ -156,13 +161,31 @@ def _rows() -> tuple[list[dict], list[dict]]:
     return steps, walls
 
 
+def _walls_with_first(walls: list[dict]) -> list[dict]:
+    """``walls`` as the engine writes them since it times the first token apart: ``first_wall_s`` and a wall of
+    first token + decode. The first token's cost grows by repeat (x1.0, 1.1, 1.2: rep 1 is the median), the
+    decode per token does not, so the decode-only ratio is TOKEN_S's by construction."""
+    out = []
+    for w in walls:
+        if "wall_s" not in w:  # the engine's header row
+            out.append(w)
+            continue
+        side = "vanilla" if w["kind"] == "vanilla" else w["draft_graphs"]
+        first = FIRST_S[side] * (1 + 0.1 * w["rep"])
+        out.append({**w, "first_wall_s": first, "wall_s": first + TOKEN_S[side] * (w["out_tokens"] - w["batch"])})
+    return out
+
+
 def _jsonl(path, rows) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def _ladder_run(root):
-    """A run folder as `workbench run E16` leaves it: run.json, two complete ladder legs with their rows."""
+def _ladder_run(root, first_token: bool = False):
+    """A run folder as `workbench run E16` leaves it: run.json, two complete ladder legs with their rows
+    (``first_token``: walls that time the first token apart, as the engine writes them now)."""
     steps, walls = _rows()
+    if first_token:
+        walls = _walls_with_first(walls)
     rdir = root / "E16" / "20260101T000000Z-1add"
     legs = [{"index": 0, "name": "vanilla", "kind": "vanilla", "tier": "vanilla", "model": "target", "knobs": {}},
             {"index": 1, "name": f"forced_g{GAMMA}", "kind": "spec", "tier": "relaxed", "model": "target",
@@ -205,6 +228,8 @@ def test_analysis_derives_c_and_speedup_from_the_rows(tmp_path):
         assert r.S_steps_alpha1 == pytest.approx((GAMMA + 1) * DECODE_MS / (VERIFY_MS + GAMMA * DRAFT_STEP_MS[r.draft_graphs]))
         assert r.S_measured_alpha1 == pytest.approx(2.0 / (1.0 if r.draft_graphs else 1.6))
     assert ratios[ratios["draft_graphs"]]["S_pred_alpha1"].iloc[0] == pytest.approx(2.5)  # c = 0.25
+    # walls rows from before the engine timed the first token apart: no decode-only figure, no error
+    assert ratios[["S_measured_decode_alpha1", "first_ms_vanilla", "first_ms_spec"]].isna().all().all()
 
     assert curve["alpha"].min() == pytest.approx(0.5) and curve["alpha"].max() == pytest.approx(0.98)
     on = curve[(curve["batch"] == 1) & curve["draft_graphs"]].set_index("alpha")["S"]
@@ -242,8 +267,49 @@ def test_analysis_derives_c_and_speedup_from_the_rows(tmp_path):
                                   check_dtype=False)
     pd.testing.assert_frame_equal(ladder.tables(bench)["cost_ratio"].reset_index(drop=True),
                                   ratios.reset_index(drop=True), check_dtype=False)
-    assert "| 8b | 1 | 4 | 10.00 | 12.00 | 3.00 / 6.00 | 2.00 / 5.00 | 0.25 / 0.50 | 2.50 | 2.00 / 1.25 |" in \
-        ladder.summary_markdown(bench)
+    table = ladder.summary_markdown(bench)
+    assert "| 8b | 1 | 4 | 10.00 | 12.00 | 3.00 / 6.00 | 2.00 / 5.00 | 0.25 / 0.50 | 2.50 | 2.00 / 1.25 |" in table
+    assert "decode only" not in table  # an older folder's table keeps its columns
+    assert not [d for d in figs["speedup_curves"].data if (d.meta or {}).get("role") == "measured_decode_alpha1"]
+
+
+def test_decode_only_speedup_takes_the_first_token_off(tmp_path):
+    """Walls with ``first_wall_s``: the decode-only ratio is TOKEN_S's by construction, the end-to-end one is
+    lower (the spec side's first token costs more); both from the analysis registry, in the table and figure."""
+    from workbench.widgets import _ladder_readout_html
+
+    rdir, _, walls = _ladder_run(tmp_path / "results", first_token=True)
+    t = analyses.RunTables(load_run(rdir))
+    ratios = t["cost_ratio"]
+    assert len(ratios) == len(BATCHES) * 2
+    for r in ratios.itertuples():
+        side, after = r.draft_graphs, 128 * r.batch - r.batch  # output tokens after each request's first
+        decode = TOKEN_S["vanilla"] / TOKEN_S[side]
+        end_to_end = ((1.1 * FIRST_S["vanilla"] + TOKEN_S["vanilla"] * after)
+                      / (1.1 * FIRST_S[side] + TOKEN_S[side] * after))     # rep 1's walls are the medians
+        assert r.S_measured_decode_alpha1 == pytest.approx(decode)
+        assert r.S_measured_alpha1 == pytest.approx(end_to_end) and r.S_measured_alpha1 < decode
+        assert r.first_ms_vanilla == pytest.approx(1.1 * FIRST_S["vanilla"] * 1e3)
+        assert r.first_ms_spec == pytest.approx(1.1 * FIRST_S[side] * 1e3)
+
+    table = ladder.summary_markdown(ratios=ratios)
+    assert "| measured S at α=1 (graphs / eager) | measured S at α=1, decode only (graphs / eager) |" in table
+    on = ratios[(ratios["batch"] == 1) & ratios["draft_graphs"]].iloc[0]
+    assert f"| 2.50 | {on.S_measured_alpha1:.2f} / " in table and "| 1.50 / 1.20 |" in table
+    assert all(line.count("|") == 12 for line in table.splitlines())
+
+    figs = analyses.draw(t, ["speedup_curves"])
+    marks = [d for d in figs["speedup_curves"].data if (d.meta or {}).get("role") == "measured_decode_alpha1"]
+    assert sorted(round(m.y[0], 4) for m in marks) == sorted(round(x, 4) for x in ratios["S_measured_decode_alpha1"])
+    assert "decode only 1.50" in _ladder_readout_html(ratios, GAMMA)
+
+    # a side without first_wall_s (a vanilla leg from before it): no decode-only figure, the end-to-end one stays
+    old_vanilla = [{k: v for k, v in w.items() if k != "first_wall_s"} if w.get("kind") == "vanilla" else w
+                   for w in walls if "wall_s" in w]
+    mixed = ladder.cost_ratio(t["step_costs"], pd.DataFrame(old_vanilla))
+    assert mixed["S_measured_decode_alpha1"].isna().all() and mixed["first_ms_vanilla"].isna().all()
+    assert mixed["first_ms_spec"].notna().all()
+    pd.testing.assert_series_equal(mixed["S_measured_alpha1"], ratios["S_measured_alpha1"])
 
 
 def test_export_and_explorer_handle_a_ladder_run(tmp_path):
@@ -308,11 +374,21 @@ def test_workbench_run_e16_tiny_makes_a_complete_run_folder(tmp_path):
     steps = [json.loads(x) for x in (rdir / "steps.jsonl").read_text().splitlines()]
     assert {s["leg"] for s in steps} == {"vanilla", "forced_g2"} and {s["batch"] for s in steps} == {1, 4}
     assert {"target_ms", "draft_ms", "tokens", "reqs", "prefill", "draft_graphs", "rep"} <= set(steps[0])
+    # every timed generate's wall carries the time to the first token of its batch, timed apart before it;
+    # that generate's steps are not the cell's: one prefill per request, the timed prompts'
+    walls = [w for w in map(json.loads, (rdir / "walls.jsonl").read_text().splitlines()) if "wall_s" in w]
+    assert walls and all(0 < w["first_wall_s"] < w["wall_s"] for w in walls)
+    cell = ("leg", "batch", "rep", "draft_graphs", "draft_cudagraph_mode")
+    for w in walls:
+        mine = [s for s in steps if all(s.get(k) == w.get(k) for k in cell)]
+        assert sum(s["reqs"] for s in mine if s["prefill"]) == w["batch"], (w, mine)
+        assert sum(s["tokens"] for s in mine if s["prefill"]) == w["batch"] * cfg["ladder"]["prompt_len"], (w, mine)
     # the tables, from the analysis registry
     ratios = pd.read_csv(rdir / "tables" / "cost_ratio.csv")
     assert len(ratios) == 4  # 2 batches x drafter graphs on/off
     assert ratios["c"].map(math.isfinite).all() and (ratios["c"] > 0).all()
     assert (ratios["S_pred_alpha1"] > 0).all() and ratios["S_measured_alpha1"].notna().all()
+    assert ratios["S_measured_decode_alpha1"].notna().all() and (ratios["first_ms_spec"] > 0).all()
     costs = pd.read_csv(rdir / "tables" / "step_costs.csv")
     assert set(costs["role"]) == {"target decode", "target verify", "draft propose", "draft single-token step"}
     assert ratios["single_step_ms"].notna().all() and "propose_per_token_ms" in ratios

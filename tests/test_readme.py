@@ -63,7 +63,8 @@ def _close(text: str, value) -> bool:
 # README worked-example columns -> cost_ratio.csv columns
 RATIO_COLUMNS = {"verify ms": "verify_ms", "propose/γ ms": "propose_per_token_ms", "c": "c",
                  "S(1,γ,c)": "S_pred_alpha1", "measured S at α=1": "S_measured_alpha1", "decode ms": "decode_ms",
-                 "single-token step ms": "single_step_ms"}
+                 "single-token step ms": "single_step_ms",
+                 "measured S at α=1, decode only": "S_measured_decode_alpha1"}
 
 
 def check_cost_ratio_table(header: list[str], rows: list[list[str]], run: Path) -> list[str]:

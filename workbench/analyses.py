@@ -585,7 +585,8 @@ TABLES: dict[str, Table] = {t.name: t for t in [
           "verification step (gamma + 1 tokens per request) and the drafter's propose, per size, batch, gamma, "
           "drafter graphs (ladder.step_costs)"),
     Table("cost_ratio", _cost_ratio, "cost ladder (E16): c = (propose / gamma) / verification step per cell, "
-          "S(1, gamma, c) = (gamma + 1) / (gamma c + 1), and the measured forced-acceptance speedup"),
+          "S(1, gamma, c) = (gamma + 1) / (gamma c + 1), and the measured forced-acceptance speedup, end to end "
+          "and decode only (the first token, timed apart, taken off), with the time to the first token"),
     Table("speedup_curve", _speedup_curve, "cost ladder (E16): S(alpha, gamma, c) for alpha in [0.5, 0.98] at "
           "each cell's c", in_summary=False),
     Table("serving_legs", _serving_legs, "serving legs (E17): TTFT/TPOT/ITL/E2EL mean, median, p90, p99 ms, output "

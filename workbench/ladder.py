@@ -17,7 +17,10 @@ rows alone it derives:
   predicted speedup at alpha = 1, S(1, gamma, c) = (gamma + 1) / (gamma c + 1),
   the step-level prediction (gamma + 1) * decode / (verify + propose), and the
   measured forced-acceptance speedup (vanilla wall time / spec wall time for
-  the same prompts and output length);
+  the same prompts and output length), end to end (``S_measured_alpha1``) and
+  decode only (``S_measured_decode_alpha1``: the time to the first token, timed
+  apart by the engine as ``first_wall_s``, taken off; the figure to set beside
+  S(1, gamma, c), which models the decode alone);
 * ``speedup_curve``: S(alpha, gamma, c) for alpha in [0.5, 0.98].
 
 These three are tables of the analysis registry (``workbench.analyses``), and
@@ -200,7 +203,38 @@ def step_costs(steps: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _decode_s_per_token(walls: pd.DataFrame) -> pd.Series:
+    """Per walls row (one repeat), the decode-only seconds per output token after the first:
+    (wall_s - first_wall_s) / (out_tokens - batch). NaN where the row has no ``first_wall_s`` (written
+    before the engine timed the first token apart) or no token after the first."""
+    if "first_wall_s" not in walls or "out_tokens" not in walls:
+        return pd.Series(np.nan, index=walls.index, dtype=float)
+    after = pd.to_numeric(walls["out_tokens"], errors="coerce") - pd.to_numeric(walls["batch"], errors="coerce")
+    decode = pd.to_numeric(walls["wall_s"], errors="coerce") - pd.to_numeric(walls["first_wall_s"], errors="coerce")
+    return decode / after.where(after > 0)
+
+
+def _first_ms(walls: pd.DataFrame) -> float:
+    """Median time to the first token of the batch (ms), NaN without ``first_wall_s``."""
+    if "first_wall_s" not in walls:
+        return float("nan")
+    return float(pd.to_numeric(walls["first_wall_s"], errors="coerce").median() * 1e3)
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if np.isfinite(num) and np.isfinite(den) and den > 0 else float("nan")
+
+
 def cost_ratio(costs: pd.DataFrame, walls: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell (size, batch, gamma, drafter graphs): step costs, c, S(1, gamma, c), measured speedups.
+
+    ``S_measured_alpha1``: median vanilla wall / median spec wall, end to end (each wall holds the prefill,
+    and in a spec engine the draft's prefill and first propose, once per request). ``S_measured_decode_alpha1``:
+    the same with that first token taken off, median over repeats of the seconds per output token after
+    the first, vanilla / spec; ``first_ms_vanilla`` / ``first_ms_spec``: the median time to the first
+    token (ms), the fixed cost the end-to-end figure carries. The last three are NaN for walls rows
+    written before the engine timed the first token apart.
+    """
     if costs.empty:
         return pd.DataFrame()
     walls = _by_drafter(walls)  # the same size labels as step_costs gave the steps
@@ -221,12 +255,17 @@ def cost_ratio(costs: pd.DataFrame, walls: pd.DataFrame) -> pd.DataFrame:
         dec = decode.get((size, batch))
         row["decode_ms"] = dec
         row["S_steps_alpha1"] = (gamma + 1) * dec / (verify + propose) if dec is not None else None
-        w_van = walls[(walls["size"] == size) & (walls["kind"] == "vanilla")
-                      & (walls["batch"] == batch)]["wall_s"].median()
-        w_spec = walls[(walls["size"] == size) & (walls["kind"] == "spec") & (walls["gamma"] == gamma)
-                       & (walls["draft_graphs"] == graphs) & (walls["batch"] == batch)]["wall_s"].median()
+        van = walls[(walls["size"] == size) & (walls["kind"] == "vanilla") & (walls["batch"] == batch)]
+        spec = walls[(walls["size"] == size) & (walls["kind"] == "spec") & (walls["gamma"] == gamma)
+                     & (walls["draft_graphs"] == graphs) & (walls["batch"] == batch)]
+        w_van, w_spec = van["wall_s"].median(), spec["wall_s"].median()
         ok = w_van == w_van and w_spec == w_spec and w_spec > 0
         row["S_measured_alpha1"] = w_van / w_spec if ok else None
+        # decode only: what S(1, gamma, c) models (the first token is a fixed cost per request, the
+        # draft's prefill included on the spec side)
+        row["S_measured_decode_alpha1"] = _ratio(_decode_s_per_token(van).median(),
+                                                 _decode_s_per_token(spec).median())
+        row["first_ms_vanilla"], row["first_ms_spec"] = _first_ms(van), _first_ms(spec)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -251,15 +290,22 @@ def tables(run_dir: str | Path) -> dict[str, pd.DataFrame]:
 
 
 def summary_markdown(run_dir: str | Path | None = None, ratios: pd.DataFrame | None = None) -> str:
-    """The README table: one row per size, batch and gamma, graphs on and off (from ``ratios`` or the run's csv)."""
+    """The README table: one row per size, batch and gamma, graphs on and off (from ``ratios`` or the run's csv).
+
+    The decode-only measured speedup gets a column where some cell has one (rows that time the first token
+    apart); tables of older folders keep their ten columns.
+    """
     if ratios is None:
         ratios = tables(run_dir)["cost_ratio"]
     if ratios.empty:
         return "(no cost-ratio rows: no complete spec leg)"
     ratios = ratios.assign(draft_graphs=ratios["draft_graphs"].astype(bool))
+    decode = "S_measured_decode_alpha1" in ratios and bool(ratios["S_measured_decode_alpha1"].notna().any())
     lines = ["| size | batch | γ | decode ms | verify ms | propose/γ ms (graphs / eager) "
              "| single-token step ms (graphs / eager) | c (graphs / eager) "
-             "| S(1,γ,c) | measured S at α=1 (graphs / eager) |", "|" + "---|" * 10]
+             "| S(1,γ,c) | measured S at α=1 (graphs / eager) |"
+             + (" measured S at α=1, decode only (graphs / eager) |" if decode else ""),
+             "|" + "---|" * (11 if decode else 10)]
     for (size, batch, gamma), g in ratios.groupby(["size", "batch", "gamma"]):
         on = g[g["draft_graphs"]].iloc[0] if g["draft_graphs"].any() else None
         off = g[~g["draft_graphs"]].iloc[0] if (~g["draft_graphs"]).any() else None
@@ -271,7 +317,9 @@ def summary_markdown(run_dir: str | Path | None = None, ratios: pd.DataFrame | N
                      f"{f(off['propose_per_token_ms'] if off is not None else None)} | "
                      f"{f(on.get('single_step_ms'))} / {f(off.get('single_step_ms') if off is not None else None)} | "
                      f"{f(on['c'])} / {f(off['c'] if off is not None else None)} | {f(on['S_pred_alpha1'])} | "
-                     f"{f(on['S_measured_alpha1'])} / {f(off['S_measured_alpha1'] if off is not None else None)} |")
+                     f"{f(on['S_measured_alpha1'])} / {f(off['S_measured_alpha1'] if off is not None else None)} |"
+                     + (f" {f(on['S_measured_decode_alpha1'])} / "
+                        f"{f(off['S_measured_decode_alpha1'] if off is not None else None)} |" if decode else ""))
     return "\n".join(lines)
 
 

@@ -11,10 +11,13 @@ Used two ways, with one engine code path:
 What one engine does (``run_engine``): vLLM's in-process engine core (so the plugin's step timer
 is read directly) with the target alone (vanilla) or with the twin drafting (spec); a warm-up;
 then per batch and repeat one ``generate`` of ``batch`` random prompts, greedy, ``tokens`` output
-tokens each. A spec engine runs each batch with the drafter's CUDA graphs on and off, alternating,
-in the same engine (the drafter's dispatch forced to eager), and where FULL drafter graphs were
-built also with their single-token steps dispatched piecewise (``spec_cells``). Every timed step becomes one row of
-``steps.jsonl`` tagged with its cell; every timed ``generate`` one row of ``walls.jsonl``.
+tokens each, preceded by one of ``batch`` other random prompts with a single output token (the time to
+the first token of a batch, ``first_wall_s``: the fixed per-request cost the timed wall carries).
+A spec engine runs each batch with the drafter's CUDA graphs on and off, alternating, in the same engine
+(the drafter's dispatch forced to eager), and where FULL drafter graphs were built also with their
+single-token steps dispatched piecewise (``spec_cells``). Every timed step becomes one row of
+``steps.jsonl`` tagged with its cell (the first-token ``generate``'s steps are not a cell's); every timed
+``generate`` one row of ``walls.jsonl``, with its ``first_wall_s``.
 
 Times are engine-side (``VLLM_SPEC_STEP_TIMING``: CUDA events around the target's forward, the
 drafter's ``propose`` and its gamma-1 single-token steps; wall clock on CPU). With the relaxed gate opened wide
@@ -43,6 +46,7 @@ GPU_MEMORY_UTILIZATION = 0.80
 # Graphs only for the batch shapes the ladder runs: decode b, verification b*(gamma+1), drafting.
 CUDAGRAPH_CAPTURE_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128]
 WARMUP_TOKENS = 8
+FIRST_SEED = 1000          # prompts of the first-token generate: seed FIRST_SEED + rep, none of the timed ones'
 SIZES = ("8b", "32b", "tiny")
 
 
@@ -140,6 +144,11 @@ def run_engine(*, size: str, kind: str, target: str, draft: str | None, gamma: i
     timed: a batch size's first propose carries one-time costs (190-230 ms on the H200) that would
     otherwise land in that cell's first repeat.
 
+    Before each timed ``generate``, one of the same batch size and prompt length with one output token
+    is timed apart (``first_wall_s`` in the walls row): the prefill, and in a spec engine the draft's
+    prefill and first propose, which the timed wall also carries once per request. ``ladder.cost_ratio``
+    takes it off to compare the decode alone with S(1, gamma, c).
+
     Returns what the engine reported: start time, the plugin's engine report, rows written.
     """
     from vllm import SamplingParams
@@ -149,13 +158,20 @@ def run_engine(*, size: str, kind: str, target: str, draft: str | None, gamma: i
     extra = dict(tag or {})
     sp = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True, detokenize=False)
     warm = SamplingParams(temperature=0.0, max_tokens=WARMUP_TOKENS, ignore_eos=True, detokenize=False)
+    first = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False)
     hi = vocab_hi(size)
     max_b = max(batches)
     counts = {"steps": 0, "walls": 0}
     read_to = {"pos": 0}  # how far the step timer's file has been read: each cell reads only its own rows
 
     def timed(llm, cell: dict, b: int, rep: int) -> None:
-        _, read_to["pos"] = read_new_rows(flush_steps(llm), read_to["pos"])  # the warm-up's steps, not a cell's
+        # The time to the first token of a batch, on prompts of its own: a prefix cache (off in these engines)
+        # could otherwise make the timed generate's prefill cheaper than the one timed here.
+        t0 = time.perf_counter()
+        llm.generate(prompts(b, hi, seed=FIRST_SEED + rep, prompt_len=prompt_len), first, use_tqdm=False)
+        first_wall = time.perf_counter() - t0
+        # the warm-up's and the first-token generate's steps are not the cell's
+        _, read_to["pos"] = read_new_rows(flush_steps(llm), read_to["pos"])
         batch_prompts = prompts(b, hi, seed=rep, prompt_len=prompt_len)
         t0 = time.perf_counter()
         outs = llm.generate(batch_prompts, sp, use_tqdm=False)
@@ -165,7 +181,7 @@ def run_engine(*, size: str, kind: str, target: str, draft: str | None, gamma: i
         for r in rows:
             steps_f.write(json.dumps({**row_tag, **r}) + "\n")
         n_out = sum(len(o.outputs[0].token_ids) for o in outs)
-        walls_f.write(json.dumps({**row_tag, "wall_s": wall, "out_tokens": n_out}) + "\n")
+        walls_f.write(json.dumps({**row_tag, "wall_s": wall, "first_wall_s": first_wall, "out_tokens": n_out}) + "\n")
         steps_f.flush()
         walls_f.flush()
         counts["steps"] += len(rows)

@@ -491,7 +491,8 @@ def speedup_curves(curve: pd.DataFrame, ratios: pd.DataFrame | None = None) -> g
     """Predicted S(α, γ, c) at each cell's measured c (``ladder.speedup_curve``), with the published operating points.
 
     One line per size, batch, gamma and drafter mode (graphs solid, eager dashed). At α = 1: S(1, γ, c)
-    (open marker) and the measured forced-acceptance speedup (filled), from ``ratios``. The seed PR's
+    (open marker) and the measured forced-acceptance speedup, end to end (filled) and, where the rows time
+    the first token apart, decode only (open with a dot: the one S(1, γ, c) models), from ``ratios``. The seed PR's
     point (1.28x at acceptance length 1.49) is placed per gamma at the α whose expected acceptance
     length is 1.49; QuantSpec's (≈2.5x at > 90 % acceptance) at α = 0.9 (``ladder.OPERATING_POINTS_NOTE``).
     Every trace's meta carries its gamma, so a γ slider can show one gamma at a time.
@@ -533,9 +534,20 @@ def speedup_curves(curve: pd.DataFrame, ratios: pd.DataFrame | None = None) -> g
                     hovertemplate=(name + "<br>measured at α = 1 (forced acceptance, vanilla wall / spec wall): "
                                    "%{y:.2f}<extra></extra>"),
                     meta={"role": "measured_alpha1", "gamma": int(g)}))
+            decode = _num(getattr(r, "S_measured_decode_alpha1", None))
+            if decode is not None:
+                fig.add_trace(go.Scatter(
+                    x=[1.0], y=[decode], mode="markers", name=f"{name}: measured, decode only", legendgroup=name,
+                    showlegend=False, marker=dict(symbol=symbol + "-open-dot", size=10, color=color),
+                    hovertemplate=(name + "<br>measured at α = 1, decode only (first token timed apart and "
+                                   "taken off): %{y:.2f}<extra></extra>"),
+                    meta={"role": "measured_decode_alpha1", "gamma": int(g)}))
     if c_of:  # what the markers at alpha = 1 mean, once in the legend
-        for label, symbol in (("at α=1, open: predicted S(1,γ,c)", "circle-open"),
-                              ("at α=1, filled: measured, forced acceptance", "circle")):
+        keys = [("at α=1, open: predicted S(1,γ,c)", "circle-open"),
+                ("at α=1, filled: measured, forced acceptance", "circle")]
+        if any(_num(getattr(r, "S_measured_decode_alpha1", None)) is not None for r in c_of.values()):
+            keys.append(("at α=1, open with a dot: measured, decode only", "circle-open-dot"))
+        for label, symbol in keys:
             fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=label,
                                      marker=dict(symbol=symbol, size=10, color="#555555"), meta={"role": "legend"}))
     seed = ladder.SEED_POINT

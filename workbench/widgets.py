@@ -472,7 +472,8 @@ def _fmt(v: Any, spec: str = ".2f") -> str:
 
 
 def _ladder_readout_html(ratios: pd.DataFrame | None, gamma: int | None) -> str:
-    """One line per batch at ``gamma``: c with drafter graphs on / off, S(1,γ,c), measured S at α = 1."""
+    """One line per batch at ``gamma``: c with drafter graphs on / off, S(1,γ,c), measured S at α = 1
+    (end to end, and decode only where the rows time the first token apart)."""
     if ratios is None or not len(ratios) or gamma is None:
         return "cost ladder: no complete spec leg yet"
     sel = ratios[ratios["gamma"].astype(int) == gamma]
@@ -480,10 +481,12 @@ def _ladder_readout_html(ratios: pd.DataFrame | None, gamma: int | None) -> str:
     for (size, batch), d in sel.groupby(["size", "batch"], sort=True):
         on = d[d["draft_graphs"].astype(bool)]
         off = d[~d["draft_graphs"].astype(bool)]
-        get = lambda part, col: part[col].iloc[0] if len(part) else None  # noqa: E731
+        get = lambda part, col: part[col].iloc[0] if len(part) and col in part else None  # noqa: E731
+        decode = plots._num(get(on, "S_measured_decode_alpha1"))  # rows that time the first token apart
         parts.append(f"{html.escape(str(size))} b={int(batch)}: c = <b>{_fmt(get(on, 'c'))}</b> graphs / "
                      f"{_fmt(get(off, 'c'))} eager, S(1,γ,c) = {_fmt(get(on, 'S_pred_alpha1'))}, "
-                     f"measured at α=1 {_fmt(get(on, 'S_measured_alpha1'))}")
+                     f"measured at α=1 {_fmt(get(on, 'S_measured_alpha1'))}"
+                     + (f" (decode only {_fmt(decode)})" if decode is not None else ""))
     return f"γ = {gamma}: " + "; ".join(parts)
 
 
