@@ -457,6 +457,7 @@ def test_a_before_and_an_after_in_one_folder_are_told_apart_by_their_drafter_set
 @pytest.mark.parametrize("built,eager,expected", [
     ("full", True, [("full", True, "built"), ("piecewise", True, "piecewise"), ("full", False, "none")]),
     ("full", False, [("full", True, "built"), ("piecewise", True, "piecewise")]),
+    ("full_all", False, [("full_all", True, "built"), ("full", True, "full"), ("piecewise", True, "piecewise")]),
     ("piecewise", True, [("piecewise", True, "built"), ("piecewise", False, "none")]),
     ("none", True, [("none", True, "built"), ("none", False, "none")]),
 ])

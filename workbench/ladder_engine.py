@@ -249,13 +249,16 @@ def spec_cells(report: dict[str, Any], eager: bool = True) -> list[tuple[dict[st
 
     The drafter graphs that were built (the engine report's ``draft_cudagraph_mode``); with FULL
     graphs built also their single-token steps dispatched piecewise (the piecewise drafter it
-    replaces, in the same engine); with ``eager`` the dispatch forced to eager. A cell's rows carry
+    replaces, in the same engine), and with FULL first passes built (``full_all``) also the first
+    pass dispatched piecewise (``full``); with ``eager`` the dispatch forced to eager. A cell's rows carry
     ``draft_graphs`` (graphs on) and the ``draft_cudagraph_mode`` it ran (the eager cell keeps the
     built mode's label, so the analysis sets it beside that mode's graphs-on cell).
     """
     built = str(report.get("draft_cudagraph_mode") or "none")
     cells = [({"draft_graphs": True, "draft_cudagraph_mode": built}, "built")]
-    if built == "full":
+    if built == "full_all":  # FULL first passes built: also timed with the first pass piecewise
+        cells.append(({"draft_graphs": True, "draft_cudagraph_mode": "full"}, "full"))
+    if built in ("full", "full_all"):
         cells.append(({"draft_graphs": True, "draft_cudagraph_mode": "piecewise"}, "piecewise"))
     if eager:
         cells.append(({"draft_graphs": False, "draft_cudagraph_mode": built}, "none"))
