@@ -84,9 +84,9 @@ def _legs_plan(m: dict[str, Path]) -> dict[str, list[str]]:
         "fp32_async_c8": [*FP32, *dq, *g6, *c8, "--async-scheduling"],
         "fp32_full_async_c8": [*FP32, *dq, *g6, *c8, "--async-scheduling", "--draft-cudagraph-mode", "full"],
         "fp32_full_all_async_c8": [*FP32, *dq, *g6, *c8, "--async-scheduling", "--draft-cudagraph-mode", "full_all"],
-        # FULL first passes in bf16 with the int4 twin: the drafts' acceptance beside the piecewise first pass's
-        "bf16_graph_full_c8": [*BF16, *i4, *g6, *c8, "--draft-cudagraph-mode", "full"],
-        "bf16_graph_full_all_c8": [*BF16, *i4, *g6, *c8, "--draft-cudagraph-mode", "full_all"],
+        # FULL drafter graphs in bf16 (FA3) with the int4 twin: the drafts' acceptance beside piecewise graphs'
+        **{f"bf16_graph_{mode}_{c}": [*BF16, *i4, *g6, "--draft-cudagraph-mode", mode, *extra]
+           for mode in ("piecewise", "full", "full_all") for c, extra in (("c1", []), ("c8", c8))},
         # ... and the draft's W4A16 kernel (bf16 int4 twin: the near-tie rule)
         **{f"bf16_kernel_{k}_c1": [*BF16, *i4, *g6, "--draft-linear-kernel", k] for k in _draft_kernels()},
         # ... and the draft's lm_head in int4 on the draft's kernel (Marlin by auto)
@@ -414,16 +414,23 @@ def test_draft_cudagraph_modes_exact(legs, results_dir, mode, conc):
         assert r["draft_cudagraph_keys"] == 0
 
 
-@pytest.mark.parametrize("dtype,conc,tol", [("fp32", "c1", 0.02), ("fp32", "c8", 0.02), ("bf16", "c8", 0.02)])
-def test_full_first_pass_drafts_as_the_piecewise_first_pass(legs, results_dir, dtype, conc, tol):
-    """The same drafter with its first pass under a FULL graph (full_all) or piecewise (full): the
-    acceptance, which a wrong first pass (stale query starts or sequence lengths) would lower. In fp32
-    the drafts are the same (TRITON_ATTN both ways); bf16 on FA3 may round differently at near-ties."""
-    a, b = _ok(legs, f"{dtype}_graph_full_{conc}"), _ok(legs, f"{dtype}_graph_full_all_{conc}")
+@pytest.mark.parametrize("dtype,mode,ref,conc", [
+    ("fp32", "full_all", "full", "c1"), ("fp32", "full_all", "full", "c8"),
+    ("bf16", "full", "piecewise", "c1"), ("bf16", "full", "piecewise", "c8"),
+    ("bf16", "full_all", "piecewise", "c1"), ("bf16", "full_all", "piecewise", "c8")])
+def test_full_drafter_graphs_draft_as_piecewise_ones(legs, results_dir, dtype, mode, ref, conc):
+    """The same drafter under FULL graphs drafts what it drafts under piecewise graphs: the acceptance,
+    which a FULL replay reading stale attention metadata lowers while the output stays exact (the
+    target verifies). FA3's scheduler metadata did exactly that (bf16 c8: 0.21 FULL vs 0.66 piecewise)
+    until FULL replays built it afresh. bf16 may round differently at near-ties: 0.02 of slack."""
+    a, b = _ok(legs, f"{dtype}_graph_{ref}_{conc}"), _ok(legs, f"{dtype}_graph_{mode}_{conc}")
     acc_a, acc_b = a.summary["spec"]["acceptance_rate"], b.summary["spec"]["acceptance_rate"]
-    _record(results_dir, f"{dtype}_full_vs_full_all_{conc}", {"full": acc_a, "full_all": acc_b,
-            "first_pass_modes": b.summary["engine_report"].get("draft_first_pass_modes_ran")})
-    assert abs(acc_a - acc_b) <= tol + 1e-9, (acc_a, acc_b)
+    rep = b.summary["engine_report"]
+    _record(results_dir, f"{dtype}_{mode}_vs_{ref}_{conc}", {
+        ref: acc_a, mode: acc_b, "attention": rep.get("attention_backend"),
+        "single_step_modes": rep.get("draft_single_step_modes_ran"),
+        "first_pass_modes": rep.get("draft_first_pass_modes_ran")})
+    assert abs(acc_a - acc_b) <= 0.02, (acc_a, acc_b)
 
 
 @pytest.mark.parametrize("name,ref", [("fp32_async_c1", "fp32_vanilla_c1"), ("fp32_async_c8", "fp32_vanilla_c8"),

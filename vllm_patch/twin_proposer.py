@@ -364,6 +364,25 @@ class TwinDraftProposer(DraftModelProposer):
                     mm_embed_inputs = (mm_embeds, remapped)
         return super().build_model_inputs_first_pass(num_tokens, num_input_tokens, mm_embed_inputs)
 
+    def build_per_group_and_layer_attn_metadata(self, common_attn_metadata, draft_index=0):
+        """Attention metadata of one drafter pass. A pass that replays a FULL graph gets metadata built
+        as the target's own FULL steps get it, with the backend's ahead-of-time scheduling on: FA3
+        then writes this pass's scheduler metadata (splits, batch order, per-request blocks) into the
+        persistent buffer the captured kernels read. vLLM's drafting build skips it (``fast_build``),
+        which left the capture's metadata (one-token sequences) in place: wrong attention at batch > 1
+        and over longer contexts, seen on the H200 as bf16 acceptance 0.21 at concurrency 8 against
+        0.66 piecewise (fp32 on TRITON_ATTN, which has no such metadata, was unaffected)."""
+        full = self._twin_first_pad is not None if draft_index == 0 else self._twin_full_now
+        if self._twin is None or not full:
+            return super().build_per_group_and_layer_attn_metadata(common_attn_metadata, draft_index)
+        per_group, per_layer = [], {}
+        for group in self.draft_attn_groups:
+            md = group.get_metadata_builder().build(common_prefix_len=0, common_attn_metadata=common_attn_metadata,
+                                                    fast_build=False)
+            per_group.append(md)
+            per_layer.update({name: md for name in group.layer_names})
+        return per_group, per_layer
+
     def _update_positions_dependent_metadata(self, positions, common_attn_metadata, batch_size,
                                              input_batch_size, block_size):
         """One single-token step's positions, slot mapping and sequence lengths: device ops only."""
