@@ -170,3 +170,59 @@ def make_graph_wrapper(model, vllm_config):
             return super().__call__(*args, **kwargs)
 
     return TwinFullGraphWrapper(model, vllm_config, runtime_mode=CUDAGraphMode.FULL)
+
+
+def first_pass_state(proposer, n: int):
+    """The FULL first-pass buffers of ``full_all`` for up to ``n`` requests, or None (the mode then
+    falls back to ``full``, saying why in the report) when the draft's attention backend has no FULL
+    graphs of uniform multi-token batches."""
+    ok, why = full_decode_support(proposer, uniform_batch=True)
+    if not ok:
+        proposer._twin_graph_mode = "full"
+        proposer._twin_engine.report.update(draft_cudagraph_mode_planned="full",
+                                            draft_cudagraph_mode_reason=f"full_all refused: {why}; full instead")
+        return None
+    q = proposer._first_pass_tokens()
+    return {"q": q,
+            "seq_lens": torch.zeros(n, dtype=torch.int32, device=proposer.device),
+            # query starts of a uniform first pass, 0, q, 2q, ...: constant, written once
+            "qsl": torch.arange(n + 1, dtype=torch.int32, device=proposer.device) * q,
+            "sizes": proposer._twin_full["sizes"]}
+
+
+def first_pass_metadata(proposer, cad, new_cad, num_out: int):
+    """A uniform first pass's query starts and sequence lengths in the persistent buffers its FULL
+    graph reads (``full_all``); any other first pass's metadata as vLLM built it. Decided on host
+    values only: the batch is uniform when its verified tokens are ``batch * max_query_len``. Sets
+    ``proposer._twin_first_pad`` (the padded batch of the replay) when the graph will replay."""
+    first = proposer._twin_first
+    if (first is None or not proposer._twin_in_propose or proposer._twin_first_off
+            or proposer._twin_graphs_off):
+        return new_cad
+    n, q = cad.num_reqs, first["q"]
+    if cad.max_query_len * n != cad.num_actual_tokens or new_cad.max_query_len != q or num_out != n * q:
+        return new_cad
+    pad = padded_size(n, proposer._first_captured())
+    if pad is None:
+        return new_cad
+    buf = first["seq_lens"]
+    buf[:n].copy_(new_cad.seq_lens[:n])
+    buf[n:pad].zero_()   # padded requests read nothing
+    proposer._twin_first_pad = pad
+    return new_cad.replace(query_start_loc=first["qsl"][: n + 1], seq_lens=buf[:n])
+
+
+def full_pass_metadata(proposer, cad):
+    """Attention metadata of a drafter pass that replays a FULL graph, built as the target's own FULL
+    steps get theirs: with the backend's ahead-of-time scheduling on, so that FA3 writes this pass's
+    scheduler metadata (splits, batch order, per-request blocks) into the persistent buffer the
+    captured kernels read. vLLM's drafting build skips it (``fast_build``), which left the capture's
+    metadata (one-token sequences) in place: wrong draft attention at batch > 1, seen on the H200 as
+    bf16 acceptance 0.21 at concurrency 8 against 0.66 piecewise while the output stayed exact
+    (fp32 on TRITON_ATTN, which keeps no such metadata, was unaffected)."""
+    per_group, per_layer = [], {}
+    for group in proposer.draft_attn_groups:
+        md = group.get_metadata_builder().build(common_prefix_len=0, common_attn_metadata=cad, fast_build=False)
+        per_group.append(md)
+        per_layer.update({name: md for name in group.layer_names})
+    return per_group, per_layer

@@ -11,11 +11,8 @@ The γ−1 single-token draft steps advance positions, slot mapping and M-RoPE p
 operations on the device only (no ``.item()``, no host copy, no Python loop over requests), so the
 same code runs inside a captured CUDA graph. ``draft_cudagraph_mode`` picks how the drafter's
 forward passes run on CUDA: ``piecewise`` (vLLM's own drafter graphs), ``full`` (one FULL graph per
-single-token decode step, captured with the target's graphs; the first pass stays piecewise),
-``full_all`` (the first pass of a decode step too, whenever the batch is uniform: every request
-verified gamma + 1 tokens, so its first pass has gamma + 2; its query starts and sequence lengths
-are moved into persistent buffers before the attention metadata is built), or ``none``; ``auto`` is
-the best verified mode of the platform (``none`` on CPU).
+single-token decode step; the first pass stays piecewise), ``full_all`` (a uniform decode step's
+first pass too: ``draft_graphs``), or ``none``; ``auto`` is the best verified mode (``none`` on CPU).
 """
 
 from __future__ import annotations
@@ -42,13 +39,11 @@ class TwinDraftProposer(DraftModelProposer):
         super().__init__(vllm_config=vllm_config, device=device, runner=runner)
         knobs = self._twin_engine.knobs
         self._twin_graphs_off = False      # run-time switch: dispatch forced to eager (cost ladder)
-        self._twin_full_off = False        # run-time switch: FULL graphs built, single-token steps piecewise
-        self._twin_first_off = False       # run-time switch: FULL first-pass graphs built, first pass piecewise
+        self._twin_full_off = self._twin_first_off = False  # run-time switches: FULL built, run piecewise
         self._twin_calls = 0               # dispatches in this propose: the first is the first pass
         self._twin_full = None             # FULL decode graph state (see initialize_cudagraph_keys)
-        self._twin_first = None            # FULL first-pass graph state (full_all)
-        self._twin_first_pad = None        # this propose's first pass: padded batch of its FULL replay
-        self._twin_first_ran = {"full": 0, "piecewise": 0, "none": 0}  # decode-step first passes by mode
+        self._twin_first, self._twin_first_pad = None, None  # full_all: buffers; this pass's padded batch
+        self._twin_first_ran = {"full": 0, "piecewise": 0, "none": 0}  # first passes by mode
         self._twin_dispatched = {m: 0 for m in draft_graphs.GRAPH_MODES}  # single-token steps by graph mode
         self._twin_loop_t0 = False
         self._twin_in_propose = False      # dispatches are counted for real proposes only
@@ -181,21 +176,7 @@ class TwinDraftProposer(DraftModelProposer):
             "sizes": draft_graphs.full_decode_sizes(min(n, cap)),
         }
         if self._twin_graph_mode == "full_all":
-            first_ok, first_why = draft_graphs.full_decode_support(self, uniform_batch=True)
-            if not first_ok:
-                self._twin_graph_mode = "full"
-                self._twin_engine.report.update(
-                    draft_cudagraph_mode_planned="full",
-                    draft_cudagraph_mode_reason=f"full_all refused: {first_why}; full instead")
-                return
-            q = self._first_pass_tokens()
-            self._twin_first = {
-                "q": q,
-                "seq_lens": torch.zeros(n, dtype=torch.int32, device=self.device),
-                # query starts of a uniform first pass, 0, q, 2q, ...: constant, written once
-                "qsl": torch.arange(n + 1, dtype=torch.int32, device=self.device) * q,
-                "sizes": self._twin_full["sizes"],
-            }
+            self._twin_first = draft_graphs.first_pass_state(self, n)
 
     def _first_pass_tokens(self) -> int:
         """Tokens a request has in a uniform first pass: the gamma + 1 it verified, and its new slot."""
@@ -208,15 +189,13 @@ class TwinDraftProposer(DraftModelProposer):
         self._twin_calls += 1
         if not single and self._twin_in_propose and self._twin is not None:
             pad = self._twin_first_pad
-            if pad is not None and use_cudagraphs and not self._twin_graphs_off:
-                q = self._twin_first["q"]
-                self.model.twin_key = draft_graphs.first_pass_key(pad, q)  # the wrapper's key for this pass
-                self._twin_first_ran["full"] += 1
-                self._report_first_pass()
-                return CUDAGraphMode.FULL, pad * q, None
-            out = super()._determine_batch_execution_and_padding(num_tokens, use_cudagraphs)
-            self._twin_first_ran["piecewise" if out[0] == CUDAGraphMode.PIECEWISE else "none"] += 1
-            self._report_first_pass()
+            if pad is not None and use_cudagraphs:
+                q = self._twin_first["q"]  # the wrapper's key for this pass, then the padded dispatch
+                self.model.twin_key, out = draft_graphs.first_pass_key(pad, q), (CUDAGraphMode.FULL, pad * q, None)
+            else:
+                out = super()._determine_batch_execution_and_padding(num_tokens, use_cudagraphs)
+            modes = {CUDAGraphMode.FULL: "full", CUDAGraphMode.PIECEWISE: "piecewise"}
+            self._report_first_pass(modes.get(out[0], "none"))
             return out
         # FULL only inside a real propose: a dummy run's inputs are not the persistent buffers'
         # live contents, and a replay would write KV entries at stale slots
@@ -232,12 +211,12 @@ class TwinDraftProposer(DraftModelProposer):
             self._count_dispatch("piecewise" if out[0] == CUDAGraphMode.PIECEWISE else "none")
         return out
 
-    def _report_first_pass(self) -> None:
-        """The first passes' graph modes, as the report's ``draft_first_pass_modes_ran`` (the first
-        time a mode runs)."""
-        ran = [m for m in ("full", "piecewise", "none") if self._twin_first_ran[m]]
-        if ran != self._twin_engine.report.facts.get("draft_first_pass_modes_ran"):
-            self._twin_engine.report.update(draft_first_pass_modes_ran=ran)
+    def _report_first_pass(self, mode: str) -> None:
+        """First passes by graph mode; the report's ``draft_first_pass_modes_ran`` learns each once."""
+        ran = self._twin_first_ran
+        ran[mode] += 1
+        if ran[mode] == 1:
+            self._twin_engine.report.update(draft_first_pass_modes_ran=[m for m, k in ran.items() if k])
 
     def _count_dispatch(self, mode: str) -> None:
         """Single-token steps by the graph mode they ran under; the report learns each mode once."""
@@ -276,8 +255,7 @@ class TwinDraftProposer(DraftModelProposer):
     def propose(self, *args, **kwargs):
         self._twin_calls = 0
         self._twin_loop_t0 = False
-        self._twin_full_now = False        # set when this propose's single-token steps replay FULL
-        self._twin_first_pad = None        # set by set_inputs_first_pass when the first pass replays FULL
+        self._twin_full_now, self._twin_first_pad = False, None  # this propose's FULL replays (steps, first pass)
         self._twin_in_propose = True
         try:
             out = super().propose(*args, **kwargs)
@@ -295,23 +273,7 @@ class TwinDraftProposer(DraftModelProposer):
         return num_out, sample_idx, self._first_pass_metadata(cad, new_cad, num_out)
 
     def _first_pass_metadata(self, cad, new_cad, num_out: int):
-        """A uniform first pass's query starts and sequence lengths in the persistent buffers its FULL
-        graph reads (``full_all``); any other first pass's metadata as vLLM built it. Decided on host
-        values only: the batch is uniform when its verified tokens are ``batch * max_query_len``."""
-        first = self._twin_first
-        if first is None or not self._twin_in_propose or self._twin_first_off or self._twin_graphs_off:
-            return new_cad
-        n, q = cad.num_reqs, first["q"]
-        if cad.max_query_len * n != cad.num_actual_tokens or new_cad.max_query_len != q or num_out != n * q:
-            return new_cad
-        pad = draft_graphs.padded_size(n, self._first_captured())
-        if pad is None:
-            return new_cad
-        buf = first["seq_lens"]
-        buf[:n].copy_(new_cad.seq_lens[:n])
-        buf[n:pad].zero_()   # padded requests read nothing
-        self._twin_first_pad = pad
-        return new_cad.replace(query_start_loc=first["qsl"][: n + 1], seq_lens=buf[:n])
+        return draft_graphs.first_pass_metadata(self, cad, new_cad, num_out)
 
     def _first_pass_inputs(self, target_token_ids, next_token_ids, target_positions, target_hidden_states,
                            token_indices_to_sample, cad, num_rejected_tokens_gpu):
@@ -365,23 +327,11 @@ class TwinDraftProposer(DraftModelProposer):
         return super().build_model_inputs_first_pass(num_tokens, num_input_tokens, mm_embed_inputs)
 
     def build_per_group_and_layer_attn_metadata(self, common_attn_metadata, draft_index=0):
-        """Attention metadata of one drafter pass. A pass that replays a FULL graph gets metadata built
-        as the target's own FULL steps get it, with the backend's ahead-of-time scheduling on: FA3
-        then writes this pass's scheduler metadata (splits, batch order, per-request blocks) into the
-        persistent buffer the captured kernels read. vLLM's drafting build skips it (``fast_build``),
-        which left the capture's metadata (one-token sequences) in place: wrong attention at batch > 1
-        and over longer contexts, seen on the H200 as bf16 acceptance 0.21 at concurrency 8 against
-        0.66 piecewise (fp32 on TRITON_ATTN, which has no such metadata, was unaffected)."""
+        # a pass that replays a FULL graph: its metadata built afresh (draft_graphs.full_pass_metadata)
         full = self._twin_first_pad is not None if draft_index == 0 else self._twin_full_now
         if self._twin is None or not full:
             return super().build_per_group_and_layer_attn_metadata(common_attn_metadata, draft_index)
-        per_group, per_layer = [], {}
-        for group in self.draft_attn_groups:
-            md = group.get_metadata_builder().build(common_prefix_len=0, common_attn_metadata=common_attn_metadata,
-                                                    fast_build=False)
-            per_group.append(md)
-            per_layer.update({name: md for name in group.layer_names})
-        return per_group, per_layer
+        return draft_graphs.full_pass_metadata(self, common_attn_metadata)
 
     def _update_positions_dependent_metadata(self, positions, common_attn_metadata, batch_size,
                                              input_batch_size, block_size):
