@@ -289,8 +289,7 @@ _FIRST_PASS_PROBE = textwrap.dedent("""
         if name == "persistent":  # the full_all state initialize_cudagraph_keys builds on CUDA
             n, q = drafter.max_batch_size, drafter._first_pass_tokens()
             drafter._twin_first = {"q": q, "seq_lens": torch.zeros(n, dtype=torch.int32),
-                                   "qsl": torch.arange(n + 1, dtype=torch.int32) * q,
-                                   "sizes": list(range(1, n + 1))}
+                                   "qsl": torch.arange(n + 1, dtype=torch.int32) * q}
             drafter._first_captured = lambda: set(range(1, n + 1))
         drafts.clear()
         outs = llm.generate(prompts, sp, use_tqdm=False)

@@ -173,7 +173,8 @@ def make_graph_wrapper(model, vllm_config):
 
 
 def first_pass_state(proposer, n: int):
-    """The FULL first-pass buffers of ``full_all`` for up to ``n`` requests, or None (the mode then
+    """The FULL first-pass buffers of ``full_all`` for up to ``n`` requests (its graphs have the
+    single-token steps' padded sizes), or None (the mode then
     falls back to ``full``, saying why in the report) when the draft's attention backend has no FULL
     graphs of uniform multi-token batches."""
     ok, why = full_decode_support(proposer, uniform_batch=True)
@@ -186,8 +187,7 @@ def first_pass_state(proposer, n: int):
     return {"q": q,
             "seq_lens": torch.zeros(n, dtype=torch.int32, device=proposer.device),
             # query starts of a uniform first pass, 0, q, 2q, ...: constant, written once
-            "qsl": torch.arange(n + 1, dtype=torch.int32, device=proposer.device) * q,
-            "sizes": proposer._twin_full["sizes"]}
+            "qsl": torch.arange(n + 1, dtype=torch.int32, device=proposer.device) * q}
 
 
 def first_pass_metadata(proposer, cad, new_cad, num_out: int):

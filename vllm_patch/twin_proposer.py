@@ -237,10 +237,9 @@ class TwinDraftProposer(DraftModelProposer):
             # order vLLM captures in, so the smaller graphs reuse the pool's memory)
             for size in sorted(full["sizes"], reverse=True):
                 self._capture_full_decode(size)
-            first = self._twin_first
-            if first is not None:
-                for size in sorted(first["sizes"], reverse=True):
-                    self._capture_full_decode(size, first["q"])
+            if self._twin_first is not None:  # the first passes', at the same padded sizes
+                for size in sorted(full["sizes"], reverse=True):
+                    self._capture_full_decode(size, self._twin_first["q"])
 
     def _capture_full_decode(self, n: int, q: int = 1) -> None:
         draft_graphs.capture_full_decode(self, n, q)
