@@ -119,6 +119,40 @@ def test_run_tables_judge_strict_legs_by_the_rule(tmp_path, tiny_models):
     assert "3/4 equal, 1 near-tie (gaps 0.04)" in cells[-1]
 
 
+def test_a_strict_leg_is_judged_against_a_vanilla_leg_of_its_own_target(tmp_path):
+    """E14 runs two targets: each strict leg is compared with the vanilla output of its own target (not the
+    run's first vanilla leg), with a gap cache per target."""
+    from synthetic_runs import write_run
+    from workbench.analyses import RunTables
+    from workbench.results import load_run
+
+    legs = [{"name": "vanilla_1", "tier": "vanilla"}, {"name": "a_strict", "tier": "strict", "gamma": 6},
+            {"name": "vanilla_2", "tier": "vanilla"}, {"name": "vanilla_3", "tier": "vanilla"},
+            {"name": "b_strict", "tier": "strict", "gamma": 6}, {"name": "vanilla_4", "tier": "vanilla"}]
+    rdir = write_run(tmp_path, legs=legs, n_prompts=3)
+    for leg in ("vanilla_3", "b_strict", "vanilla_4"):  # target B: other outputs, its strict leg equal to them
+        for name, edit in (("summary.json", None), ("records.jsonl", True)):
+            path = rdir / "legs" / leg / name
+            if edit:
+                rows = [json.loads(line) for line in path.read_text().splitlines()]
+                for r in rows:
+                    r["gen_ids"] = [(i + 1) % 1000 for i in r["gen_ids"]]
+                path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            else:
+                summary = json.loads(path.read_text())
+                summary["target"] = "target-b"
+                path.write_text(json.dumps(summary))
+    t = RunTables(load_run(rdir), teacher=False)
+    ex = t["exactness"].set_index("leg")
+    assert ex.loc["a_strict", "n_exact"] == ex.loc["b_strict", "n_exact"] == 3
+    assert ex.loc["b_strict", "rule_ok"] and ex.loc["a_strict", "rule_ok"]
+    assert ex.loc["a_strict", "ref_leg"] == "vanilla_1" and ex.loc["b_strict", "ref_leg"] == "vanilla_3"
+    from workbench.analyses import _per_target, _targets_in_order
+    order = _targets_in_order(t)
+    assert order == ["tiny-target", "target-b"]
+    assert [_per_target(X.GAPS_CACHE, order, x) for x in order] == ["top2_gaps.json", "top2_gaps-2.json"]
+
+
 # --------------------------------------------------------------------------- the tie rule
 @pytest.fixture
 def sampler(tmp_path, monkeypatch):

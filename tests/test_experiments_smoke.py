@@ -3,8 +3,8 @@ test in test_cost_ladder.py) under the tiny profile at smoke size, with the real
 
 Run with `pytest -m vllm tests/test_experiments_smoke.py`; the total time is printed at the end.
 `WORKBENCH_SMOKE_PROFILE=organism` runs them under the trained organism instead (trained and built on first
-use, ~20 min; not part of CI): E14 is then refused by name, the organism having one variant (thinking and
-instruct would be the same model), and the data-set checks follow the organism's own prompt set.
+use, ~20 min a variant; not part of CI): E14 then compares the thinking organism with the instruct one (the
+profile's stand_ins), and the data-set checks follow the organism's own prompt set.
 Shared data (MM-Vet / MathVista copies) is used where `<repo>/../shared/data` (or $WORKBENCH_SHARED_DATA)
 has it; otherwise E13/E15 fall back to the built-in tiny set, and run.json says so.
 """
@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("WORKBENCH_SHARED_DATA", REPO.parent / "shared" / "data"))
 IDS = [e.id for e in load_registry().experiments.values() if e.runner == "legs"]
 PROFILE = os.environ.get("WORKBENCH_SMOKE_PROFILE", "tiny")
-# experiments a profile refuses, with the words of the refusal
-REFUSED = {"organism": {"E14": "compares profiles 8b-instruct, 8b-thinking"}}
+# experiments a profile refuses, with the words of the refusal (none today)
+REFUSED: dict[str, dict[str, str]] = {}
 
 
 def _sources() -> dict[str, str]:

@@ -143,16 +143,84 @@ def test_profile_checks(tmp_path):
     assert prof.stand_in  # the organism stands in for the real profiles' roles
 
 
-def test_organism_stands_in_for_pinned_experiments_but_not_a_comparison_of_two():
-    """E11 (8b-thinking), E12 (32b) and E15 (8b-instruct) plan under the organism; E14 compares two
-    profiles, which one organism variant cannot, and is refused saying so."""
+def test_organism_stands_in_for_pinned_experiments_and_e14_compares_its_two_variants():
+    """E11 (8b-thinking), E12 (32b) and E15 (8b-instruct) plan under the organism; E14's legs resolve
+    @8b-thinking to the thinking organism (profile organism-thinking) and @8b-instruct to the instruct one,
+    under either organism profile; without that mapping E14 is refused, naming what each resolves to."""
     from workbench.planning import plan
 
+    reg = R.load_registry()
     for exp in ("E11", "E12", "E15"):
         assert plan(exp, "organism", smoke=True).legs, exp
-    with pytest.raises(R.RegistryError, match="compares profiles 8b-instruct, 8b-thinking"):
-        plan("E14", "organism", smoke=True)
+    assert reg.profile("organism-thinking").organism == "thinking"
+    for name in ("organism", "organism-thinking"):
+        legs = plan("E14", name, smoke=True).legs
+        assert {l.model for l in legs} == {"target@8b-thinking", "target@8b-instruct"}
+        variant = {ref: reg.role_profile(name, ref).organism for l in legs for ref in (l.model, l.draft) if ref}
+        assert variant == {"target@8b-thinking": "thinking", "twin@8b-thinking": "thinking",
+                           "target@8b-instruct": "instruct", "twin@8b-instruct": "instruct"}
+    # a plain role stays the profile's own; a profile the mapping does not name is the profile itself
+    assert reg.role_profile("organism", "twin").name == "organism"
+    assert reg.role_profile("organism", "target@32b").name == "organism"
+    assert reg.role_profile("organism-thinking", "target@32b").name == "organism-thinking"
+    assert reg.role_profile("8b-instruct", "target@8b-thinking").name == "8b-thinking"  # not a stand-in
     assert plan("E14", "tiny", smoke=True).legs  # the tiny stand-in has no variants to tell apart
+
+    text = R.PROFILES_FILE.read_text()
+    unmapped = text.replace("    stand_ins: {8b-thinking: organism-thinking}\n", "", 1)
+    assert unmapped != text
+    import yaml
+    reg2 = R.Registry(experiments=reg.experiments, defaults=reg.defaults, smoke_defaults=reg.smoke_defaults,
+                      profiles=R._load_profiles(yaml.safe_load(unmapped), "profiles"))
+    with pytest.raises(R.RegistryError, match=r"compares profiles 8b-instruct, 8b-thinking; .* "
+                                              r"8b-instruct -> organism \(instruct\), 8b-thinking -> organism "):
+        plan("E14", "organism", smoke=True, registry=reg2)
+
+
+def test_stand_ins_checks(tmp_path):
+    base = ("  o:\n    device: cpu\n    organism: instruct\n    stand_in: true\n    stand_ins: {real: o2}\n"
+            "    roles: {target: target, twin: twin-int4}\n"
+            "  o2:\n    device: cpu\n    organism: thinking\n    stand_in: true\n"
+            "    roles: {target: target, twin: twin-int4}\n"
+            "  real:\n    device: gpu\n    roles: {target: a, twin: b, small-vlm: c, text-draft: d}\n")
+    assert _profiles(tmp_path, base)["o"].stand_ins == {"real": "o2"}
+    with pytest.raises(R.RegistryError, match="'nowhere' is not a profile that a stand-in stands in for"):
+        _profiles(tmp_path, base.replace("{real: o2}", "{nowhere: o2}"))
+    with pytest.raises(R.RegistryError, match="'real' is not another stand-in profile"):
+        _profiles(tmp_path, base.replace("{real: o2}", "{real: real}"))
+    with pytest.raises(R.RegistryError, match="only a stand-in profile"):
+        _profiles(tmp_path, base.replace("    stand_in: true\n    stand_ins", "    stand_ins", 1))
+    tiny_o2 = base.replace("    organism: thinking\n    stand_in: true\n    roles: {target: target, twin: twin-int4}\n",
+                           "    tiny: true\n    stand_in: true\n    roles: {target: target, twin: twin-int4, "
+                           "small-vlm: small-vlm, text-draft: text-draft}\n")
+    assert tiny_o2 != base
+    with pytest.raises(R.RegistryError, match="not a stand-in of the same kind"):
+        _profiles(tmp_path, tiny_o2)
+
+
+def test_e14_under_the_organism_resolves_each_variants_models(tmp_path, monkeypatch):
+    """Model resolution of E14 under the organism builds both variants and binds each leg's roles to its
+    own; a plain --model-path role override no longer reaches a role the mapping sends elsewhere."""
+    from workbench import execution
+    from workbench.planning import plan
+
+    built = []
+
+    def fake(variant):
+        built.append(variant)
+        return {role: tmp_path / variant / role for role in M.ROLES}
+
+    monkeypatch.setattr(M, "ensure_organism_models", fake)
+    p = plan("E14", "organism", smoke=True)
+    models = execution.resolve_models(p)
+    assert sorted(set(built)) == ["instruct", "thinking"]
+    assert models == {"target@8b-thinking": str(tmp_path / "thinking" / "target"),
+                      "twin@8b-thinking": str(tmp_path / "thinking" / "twin-int4"),
+                      "target@8b-instruct": str(tmp_path / "instruct" / "target"),
+                      "twin@8b-instruct": str(tmp_path / "instruct" / "twin-int4")}
+    models = execution.resolve_models(p, {"twin": str(tmp_path / "mine")})
+    assert models["twin@8b-instruct"] == str(tmp_path / "mine")
+    assert models["twin@8b-thinking"] == str(tmp_path / "thinking" / "twin-int4")
 
 
 def _run(*args, timeout=900):

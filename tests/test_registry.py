@@ -29,7 +29,8 @@ def test_catalogue_has_e1_to_e17():
     reg = load_registry()
     assert reg.ids() == [f"E{i}" for i in range(1, 18)]
     assert reg.experiment("E17").runner == "serve"
-    assert set(reg.profiles) == {"tiny", "organism", "8b-thinking", "8b-instruct", "32b", "8b-shape", "32b-shape"}
+    assert set(reg.profiles) == {"tiny", "organism", "organism-thinking", "8b-thinking", "8b-instruct", "32b",
+                                 "8b-shape", "32b-shape"}
     assert reg.experiment("e4").id == "E4"
     e11 = reg.experiment("E11")
     assert e11.result_prefix == "og8_" and e11.sweep["gamma"] == [2, 3, 4, 6, 8]

@@ -180,12 +180,26 @@ class RunTables:
         return serving.load(self.run.path) if serving.has_serving(self.run.path) else None
 
     @cached_property
+    def references(self) -> dict[str, str]:
+        """Spec leg -> the vanilla leg its output is compared with: the first of its own target (E14 runs
+        two targets), else the run's first vanilla leg."""
+        recs, legs = self.records, self.run.legs.set_index("leg")
+        order = [l for l in self.run.legs_order if l in set(recs["leg"])]
+        vans = [l for l in order if (recs.loc[recs["leg"] == l, "tier"] == "vanilla").all()]
+        if not vans:
+            return {}
+        target_of = lambda leg: legs.loc[leg, "target"] if "target" in legs.columns else None  # noqa: E731
+        return {leg: next((v for v in vans if target_of(v) == target_of(leg)), vans[0])
+                for leg in order if leg not in vans}
+
+    @cached_property
     def verdicts(self) -> dict[str, "exactness.Verdict"]:
-        """Strict leg -> the exactness rule's verdict against the first vanilla leg.
+        """Strict leg -> the exactness rule's verdict against the first vanilla leg of its target.
 
         Divergences are classified with the float32 target's top-2 gap,
         teacher-forced (``exactness.TeacherGaps``), cached in the run folder's
-        ``top2_gaps.json`` so a copied run opens without the model; where
+        ``top2_gaps.json`` (a second target's in ``top2_gaps-2.json``) so a
+        copied run opens without the model; where
         neither the cache nor the model has it, a bf16 divergence stays
         unclassified (and fails the rule). ``WORKBENCH_NO_TEACHER=1`` uses the
         cache only.
@@ -196,16 +210,23 @@ class RunTables:
         strict = [l for l in order if (recs.loc[recs["leg"] == l, "tier"] == "strict").all()]
         if not vans or not strict:
             return {}
-        ref = vans[0]
         by_pid = lambda leg: dict(zip(recs.loc[recs["leg"] == leg, "pid"], recs.loc[recs["leg"] == leg, "gen_ids"]))
-        target = legs.loc[ref, "target"] if "target" in legs.columns else None
-        gaps = None
-        if target:
-            prompts = lambda: {p.pid: p for p in _prompts(self)}  # noqa: E731 (read only if a gap is computed)
-            gaps = exactness.TeacherGaps(_model_dir(target), prompts, cache=self.run.path / exactness.GAPS_CACHE,
-                                         cache_only=not self.teacher or os.environ.get("WORKBENCH_NO_TEACHER") == "1")
+        target_of = lambda leg: legs.loc[leg, "target"] if "target" in legs.columns else None  # noqa: E731
+        order_targets = _targets_in_order(self)
+        prompts = lambda: {p.pid: p for p in _prompts(self)}  # noqa: E731 (read only if a gap is computed)
+        gaps_by_target: dict = {}
         out = {}
         for leg in strict:
+            ref = self.references[leg]  # a vanilla leg of the strict leg's own target (E14 runs two)
+            target = target_of(ref)
+            gaps = None
+            if target:
+                if target not in gaps_by_target:
+                    gaps_by_target[target] = exactness.TeacherGaps(
+                        _model_dir(target), prompts,
+                        cache=self.run.path / _per_target(exactness.GAPS_CACHE, order_targets, target),
+                        cache_only=not self.teacher or os.environ.get("WORKBENCH_NO_TEACHER") == "1")
+                gaps = gaps_by_target[target]
             dtype = legs.loc[leg, "dtype"] if "dtype" in legs.columns else None
             # "auto" (or a leg summary without it) is Qwen3-VL's checkpoint dtype, bf16: the lenient rule
             dtype = dtype if isinstance(dtype, str) and dtype != "auto" else "bfloat16"
@@ -260,7 +281,7 @@ def _prompt_speedups(t: RunTables) -> pd.DataFrame:
 def _exactness(t: RunTables) -> pd.DataFrame:
     """Exact-match statistics, and each strict leg judged by the one exactness rule (``workbench.exactness``)."""
     t.need(t.has_spec and t.has_vanilla, "vanilla and spec legs")
-    out = metrics.exactness_summary(t.records)
+    out = metrics.exactness_summary(t.records, refs=t.references)
     verdicts = t.verdicts
     out["dtype"] = [v.dtype if (v := verdicts.get(leg)) else None for leg in out["leg"]]
     for col in ("n_near_tie", "n_error", "n_unclassified"):
@@ -307,9 +328,10 @@ def _token_classes(t: RunTables) -> pd.DataFrame:
     """Per traced spec leg and token class: evaluated draft positions, accepted, rate.
 
     Classes by the grounded definition (``workbench.grounding``: the float32 target's greedy choice there
-    changes with a blank picture, teacher-forced on the leg's output, cached in ``grounded.json``) where the
-    target can be loaded (automatically up to ``GROUNDED_AUTO_BYTES`` of weights, at any size with
-    ``WORKBENCH_GROUNDED=1``) or the cache has every output; else by the vocabulary proxy
+    changes with a blank picture, teacher-forced on the leg's output by the leg's own target, cached in
+    ``grounded.json``, a second target's in ``grounded-2.json``) where the target can be loaded
+    (automatically up to ``GROUNDED_AUTO_BYTES`` of weights, at any size with ``WORKBENCH_GROUNDED=1``)
+    or the cache has every output; else by the vocabulary proxy
     (``metrics.image_word_token_ids`` with the target's tokenizer). Column ``definition`` says which.
     """
     from . import grounding
@@ -319,12 +341,25 @@ def _token_classes(t: RunTables) -> pd.DataFrame:
     traced = recs[recs["trace"].map(lambda x: isinstance(x, dict) and bool(x.get("steps")))]
     t.need(len(traced) > 0, "traced spec output")
     legs = t.run.legs.set_index("leg")
-    target = None
-    for leg in traced["leg"].unique():
-        if "target" in legs.columns and isinstance(legs.loc[leg, "target"], str):
-            target = legs.loc[leg, "target"]
-            break
-    t.need(target is not None, "target model of the spec legs")
+    target_of = {leg: legs.loc[leg, "target"] for leg in traced["leg"].unique()
+                 if "target" in legs.columns and isinstance(legs.loc[leg, "target"], str)}
+    t.need(bool(target_of), "target model of the spec legs")
+    # each leg's tokens are classed by its own target (E14 runs two), with a cache file per target
+    order = _targets_in_order(t)
+    parts = [_token_classes_of(t, traced[traced["leg"].map(target_of.get) == target], target,
+                               _per_target(grounding.CACHE, order, target))
+             for target in dict.fromkeys(target_of.values())]
+    out = pd.concat(parts, ignore_index=True)
+    tiers = traced.drop_duplicates("leg").set_index("leg")
+    for k in ("tier", "blind_mm"):
+        if k in tiers.columns:
+            out.insert(1, k, out["leg"].map(tiers[k]))
+    return out
+
+
+def _token_classes_of(t: RunTables, traced: pd.DataFrame, target: str, cache: str) -> pd.DataFrame:
+    from . import grounding
+
     model_dir = _model_dir(target)
     # One float32 teacher pass per traced output: automatic for checkpoints up to GROUNDED_AUTO_BYTES on disk
     # (the tiny models, the organism); WORKBENCH_GROUNDED=1 asks for it at any size, 0 never.
@@ -333,7 +368,7 @@ def _token_classes(t: RunTables) -> pd.DataFrame:
     cache_only = (not t.teacher or os.environ.get("WORKBENCH_NO_TEACHER") == "1" or ask == "0"
                   or (ask != "1" and weights > GROUNDED_AUTO_BYTES))
     finder = grounding.GroundedPositions(model_dir, lambda: {p.pid: p for p in _prompts(t)},
-                                         cache=t.run.path / grounding.CACHE, cache_only=cache_only)
+                                         cache=t.run.path / cache, cache_only=cache_only)
     rows = list(traced[["pid", "gen_ids"]].itertuples(index=False))
     if finder.available() or all(finder.cached(r.pid, r.gen_ids) for r in rows):
         labels = [finder.labels(r.pid, r.gen_ids) for r in rows]
@@ -346,10 +381,6 @@ def _token_classes(t: RunTables) -> pd.DataFrame:
         ids = metrics.image_word_token_ids(AutoTokenizer.from_pretrained(model_dir))
         out = metrics.token_class_acceptance(traced, ids)
         out["definition"] = "vocabulary proxy (metrics.IMAGE_WORDS)"
-    tiers = traced.drop_duplicates("leg").set_index("leg")
-    for k in ("tier", "blind_mm"):
-        if k in tiers.columns:
-            out.insert(1, k, out["leg"].map(tiers[k]))
     return out
 
 
@@ -450,6 +481,23 @@ def _legs_throughput(t: RunTables) -> pd.DataFrame:
     return vt.reset_index()
 
 
+def _targets_in_order(t: "RunTables") -> list[str]:
+    """The run's target checkpoints in the order its legs first use them (most runs have one; E14 two)."""
+    legs = t.run.legs
+    if "target" not in legs.columns:
+        return []
+    order = {leg: i for i, leg in enumerate(t.run.legs_order)}
+    rows = sorted(legs.itertuples(index=False), key=lambda r: order.get(r.leg, len(order)))
+    return list(dict.fromkeys(r.target for r in rows if isinstance(r.target, str)))
+
+
+def _per_target(name: str, targets: list[str], target: str) -> str:
+    """A teacher cache's file in the run folder for ``target``: ``name`` for the run's first target (so a run
+    of one target keeps its one file), ``<stem>-<k>.json`` for the k-th other (a cache belongs to one target)."""
+    k = targets.index(target) if target in targets else 0
+    return name if k == 0 else f"{Path(name).stem}-{k + 1}{Path(name).suffix}"
+
+
 def _model_dir(path: str) -> str:
     """A leg's model path as written (relative to where the run was made, the repository root) -> a folder."""
     p = Path(path)
@@ -487,13 +535,23 @@ def _organism_accuracy(t: RunTables) -> pd.DataFrame:
         style = load_registry().profile(t.run.config.get("profile")).organism
     except Exception:  # noqa: BLE001 - a run folder from elsewhere: judge by what the outputs look like
         style = None
+    # a leg's style is its target's variant (E14 under the organism runs both), read from the organism's
+    # manifest where the checkpoint is here, else the profile's
+    legs = t.run.legs.set_index("leg")
+    leg_style = {}
+    for leg in t.records["leg"].unique():
+        target = legs.loc[leg, "target"] if "target" in legs.columns and leg in legs.index else None
+        try:
+            leg_style[leg] = json.loads((Path(_model_dir(target)) / "manifest.json").read_text())["variant"]
+        except (TypeError, OSError, ValueError, KeyError):
+            leg_style[leg] = style
     prompts = {p.pid: p for p in _prompts(t)}
     templates = [p.meta.get("template") for p in prompts.values()]
     chance = chance_level(templates) if templates and all(n in TEMPLATES for n in templates) else float("nan")
     rows = []
     for r in t.records.itertuples():
         meta = prompts[r.pid].meta
-        s = style or ("thinking" if "<think>" in (r.text or "") else "instruct")
+        s = leg_style.get(r.leg) or ("thinking" if "<think>" in (r.text or "") else "instruct")
         res = score_output(r.text or "", meta, style=s)
         rows.append({"leg": r.leg, "tier": r.tier, "pid": r.pid, "correct": bool(res["correct"])})
     out = pd.DataFrame(rows).groupby("leg", sort=False).agg(

@@ -90,22 +90,23 @@ def resolve_models(p: Plan, model_paths: dict[str, str] | None = None,
     out: dict[str, str] = {}
     tiny_dirs = shape_dirs = None
     for ref in refs:  # unbound roles are refused before anything is trained or built
-        role, other = split_role(ref)
-        prof = p.profile if (other is None or p.profile.stand_in) else reg.profile(other)
+        role = split_role(ref)[0]
+        prof = reg.role_profile(p.profile, ref)
         if role not in prof.roles and not (model_paths.get(ref) or os.environ.get(_env_key(ref))):
             raise RegistryError(f"profile {prof.name} binds no {role!r} model, which {p.experiment.id} needs "
                                 f"for {ref!r} (bound: {', '.join(prof.roles)}); give one with "
                                 f"--model-path {ref}=<folder>")
     for ref in refs:
-        role, other = split_role(ref)
+        role = split_role(ref)[0]
         explicit = model_paths.get(ref) or os.environ.get(_env_key(ref))
-        if not explicit and ref != role and p.profile.stand_in:
-            # under a stand-in profile every profile's role is the same model, so a plain role override applies
+        prof = reg.role_profile(p.profile, ref)
+        if not explicit and ref != role and prof.name == p.profile.name:
+            # a stand-in profile standing in for another profile's role binds the same model, so a plain role
+            # override applies (not where its stand_ins map that profile to another stand-in)
             explicit = model_paths.get(role) or os.environ.get(_env_key(role))
         if explicit:
             out[ref] = str(explicit)
             continue
-        prof = p.profile if (other is None or p.profile.stand_in) else reg.profile(other)
         if prof.shapes:
             # configs of the published architecture, written on demand (no weights: load_format dummy)
             if shape_dirs is None:
@@ -144,7 +145,8 @@ def _rebuild_missing_models(run_dir: Path, cfg: dict[str, Any], reg: Registry) -
         build_shapes()
     elif builds and prof.organism:
         from workbench.organism.models import ensure_organism_models
-        ensure_organism_models(prof.organism)
+        for variant in sorted({reg.role_profile(prof, ref).organism for ref in missing} - {None}):
+            ensure_organism_models(variant)
     elif builds:
         from workbench.tiny import ensure_tiny_models
         ensure_tiny_models()

@@ -251,10 +251,12 @@ def exactness(records: pd.DataFrame, ref_leg: str, leg: str) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def exactness_summary(records: pd.DataFrame, ref_leg: str | None = None, legs: Sequence[str] | None = None) -> pd.DataFrame:
+def exactness_summary(records: pd.DataFrame, ref_leg: str | None = None, legs: Sequence[str] | None = None,
+                      refs: Mapping[str, str] | None = None) -> pd.DataFrame:
     """One row per compared leg: exact-match rate and first-divergence statistics.
 
-    Defaults: reference = the first vanilla leg in run order; compared = every spec leg.
+    Defaults: reference = the first vanilla leg in run order (``refs``: a reference per compared leg, e.g.
+    a vanilla leg of its own target where a run has two); compared = every spec leg.
     """
     order = _leg_order(records, None)
     if ref_leg is None:
@@ -267,11 +269,12 @@ def exactness_summary(records: pd.DataFrame, ref_leg: str | None = None, legs: S
     meta = _leg_meta(records)
     rows = []
     for leg in legs:
-        ex = exactness(records, ref_leg, leg)
+        ref = (refs or {}).get(leg, ref_leg)
+        ex = exactness(records, ref, leg)
         div = ex["first_divergence"].dropna().astype(float)
         rows.append({
             **{k: meta.loc[leg, k] for k in LEG_KEYS[1:] if k in meta.columns}, "leg": leg,
-            "ref_leg": ref_leg, "n": len(ex), "n_exact": int(ex["exact"].sum()),
+            "ref_leg": ref, "n": len(ex), "n_exact": int(ex["exact"].sum()),
             "match_rate": float(ex["exact"].mean()),
             "median_first_divergence": float(div.median()) if len(div) else np.nan,
             "min_first_divergence": float(div.min()) if len(div) else np.nan,

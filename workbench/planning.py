@@ -190,14 +190,17 @@ def plan(experiment: str | Experiment, profile: str | None = None, overrides: An
         raise RegistryError(f"{exp.id} runs under profile(s) {', '.join(exp.profiles)} (or a stand-in such as "
                             f"tiny), not {prof.name!r}")
     if prof.organism and prof.stand_in:
-        # one organism variant stands in for every profile's roles: an experiment that compares two
-        # profiles (E14: thinking vs instruct) would compare the organism with itself
+        # an organism variant stands in for the profiles its `stand_ins` does not map: an experiment that
+        # compares two profiles (E14: thinking vs instruct) must find a different organism for each, or it
+        # would compare the organism with itself
         others = sorted({split_role(r)[1] for leg in exp.legs for r in (leg.model, leg.draft)
                          if r and split_role(r)[1]})
-        if len(others) > 1:
-            raise RegistryError(f"{exp.id} compares profiles {', '.join(others)}; the organism profile "
-                                f"{prof.name!r} has one variant ({prof.organism}) standing in for all of them, "
-                                f"so it would compare the organism with itself")
+        by = {o: reg.role_profile(prof, f"target@{o}") for o in others}
+        if len(others) > 1 and len({p.organism for p in by.values()}) < len(others):
+            said = ", ".join(f"{o} -> {p.name} ({p.organism})" for o, p in by.items())
+            raise RegistryError(f"{exp.id} compares profiles {', '.join(others)}; under the organism profile "
+                                f"{prof.name!r} they resolve to {said}, so it would compare an organism with "
+                                f"itself (map each to its own organism profile in stand_ins)")
     if prof.shapes and exp.runner not in ("ladder", "serve"):
         raise RegistryError(f"profile {prof.name!r} binds shape-only stand-ins with random weights "
                             f"(load_format {prof.load_format or 'auto'}): only the cost ladder and the serving "

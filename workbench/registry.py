@@ -76,7 +76,7 @@ _EXPERIMENT_FIELDS = {"title", "question", "dataset", "legs", "sweep", "defaults
 _LEG_FIELDS = {"name", "kind", "model", "draft", "tier", "reference"} | set(KNOBS)
 _SMOKE_FIELDS = {"sweep", "legs", "dataset", "bracket", "ladder"} | set(KNOBS)
 _PROFILE_FIELDS = {"description", "device", "tiny", "stand_in", "default_smoke", "roles", "engine", "shapes",
-                   "load_format", "organism"}
+                   "load_format", "organism", "stand_ins"}
 _ENGINE_KNOBS = {"dtype", "max_model_len", "gpu_memory_utilization", "max_num_seqs", "tensor_parallel_size"}
 _ID_RE = re.compile(r"^E[1-9][0-9]*$")
 _LEG_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -222,6 +222,9 @@ class Profile:
     shapes: bool = False              # roles are workbench.shapes stand-ins (configs only), built on demand
     load_format: str | None = None    # vLLM load_format; "dummy": random weights
     organism: str | None = None       # the trained organism's variant (workbench.organism), built on demand
+    # a stand-in profile's `role@other` references resolve to the profile named here for `other` (E14 under
+    # the organism: 8b-thinking -> organism-thinking), to this profile itself for any other profile
+    stand_ins: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -248,6 +251,18 @@ class Registry:
 
     def table(self) -> list[dict[str, Any]]:
         return [e.summary_row() for e in self.experiments.values()]
+
+    def role_profile(self, profile: "Profile | str", ref: str) -> Profile:
+        """The profile whose binding the role reference ``ref`` ("twin", "twin@8b-instruct") takes in a run
+        under ``profile``: that profile for a plain role; under a stand-in profile, the one its
+        ``stand_ins`` names for the referenced profile, else itself; otherwise the referenced profile."""
+        prof = self.profile(profile) if isinstance(profile, str) else profile
+        other = split_role(ref)[1]
+        if other is None:
+            return prof
+        if prof.stand_in:
+            return self.profile(prof.stand_ins.get(other, prof.name))
+        return self.profile(other)
 
 
 # --- loading -----------------------------------------------------------------------------------
@@ -329,13 +344,27 @@ def _load_profiles(raw: Any, where: str) -> dict[str, Profile]:
             raise RegistryError(f"{w}.roles: missing role(s) {missing}")
         engine = _check_knobs(_need_mapping(body.get("engine", {}), f"{w}.engine"), f"{w}.engine",
                               allowed=_ENGINE_KNOBS)
+        stand_ins = _need_mapping(body.get("stand_ins", {}), f"{w}.stand_ins")
+        if stand_ins and not body.get("stand_in"):
+            raise RegistryError(f"{w}.stand_ins: only a stand-in profile (stand_in: true) maps other profiles")
         out[str(name)] = Profile(name=str(name), description=str(body.get("description", "")), device=device,
                                  roles=dict(roles), engine=engine, tiny=body.get("tiny", False),
                                  stand_in=body.get("stand_in", False),
                                  default_smoke=body.get("default_smoke", False), shapes=shapes,
-                                 load_format=load_format, organism=organism)
+                                 load_format=load_format, organism=organism,
+                                 stand_ins={str(k): str(v) for k, v in stand_ins.items()})
     if not out:
         raise RegistryError(f"{where}: no profiles defined")
+    for name, prof in out.items():
+        for other, by in prof.stand_ins.items():
+            w = f"profile {name}.stand_ins.{other}"
+            if other not in out or out[other].stand_in:
+                raise RegistryError(f"{w}: {other!r} is not a profile that a stand-in stands in for")
+            if by not in out or not out[by].stand_in or by == name:
+                raise RegistryError(f"{w}: {by!r} is not another stand-in profile")
+            if bool(out[by].organism) != bool(prof.organism) or out[by].tiny != prof.tiny:
+                raise RegistryError(f"{w}: {by!r} is not a stand-in of the same kind as {name!r} "
+                                    f"(organism / tiny)")
     return out
 
 
