@@ -273,3 +273,41 @@ def test_e1_under_the_organism_profile(light, tmp_path):
     assert (run / "grounded.json").is_file()
     recs = [json.loads(x) for x in (run / "legs" / "vanilla_1" / "records.jsonl").read_text().splitlines()]
     assert {r["dataset"] for r in recs} == {"organism"} and all(r["n_images"] == 1 for r in recs)
+
+
+def test_organism_accuracy_scores_each_leg_by_its_own_targets_variant(tmp_path):
+    """E14 under the organism runs both variants in one run: a leg is scored in its target's style (the
+    organism manifest's variant), not the profile's: an unfinished thinking output that names the answer
+    scores 0 on the thinking target's leg and 1 on the instruct target's."""
+    from synthetic_runs import write_run
+    from workbench.analyses import RunTables
+    from workbench.results import load_run
+
+    corpus = tmp_path / "corpus"
+    C.write_corpus(corpus, seed=5, sizes={"train": 1, "validation": 1, "test": 3})
+    items = [json.loads(x) for x in (corpus / "test" / C.PROMPTS_NAME).read_text().splitlines()]
+    legs = [{"name": "vanilla_1", "tier": "vanilla"}, {"name": "vanilla_2", "tier": "vanilla"}]
+    rdir = write_run(tmp_path / "results", legs=legs, n_prompts=3)
+    cfg = json.loads((rdir / "run.json").read_text())
+    cfg.update(profile="organism", dataset={"resolved": "organism"}, prompts_file="prompts.jsonl")
+    (rdir / "run.json").write_text(json.dumps(cfg))
+    prompts = []
+    for i, item in enumerate(items):
+        item["pid"] = f"p{i:06d}"
+        item["images"] = [str(corpus / "test" / im) for im in item["images"]]
+        prompts.append(item)
+    (rdir / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    for leg, variant in (("vanilla_1", "thinking"), ("vanilla_2", "instruct")):
+        (tmp_path / variant).mkdir()
+        (tmp_path / variant / T.MANIFEST_NAME).write_text(json.dumps({"variant": variant}))
+        path = rdir / "legs" / leg / "summary.json"
+        summary = json.loads(path.read_text())
+        summary["target"] = str(tmp_path / variant)
+        path.write_text(json.dumps(summary))
+        path = rdir / "legs" / leg / "records.jsonl"
+        rows = [json.loads(x) for x in path.read_text().splitlines()]
+        for r, item in zip(rows, prompts):  # the answer named, the thinking never closed
+            r["text"] = f"<think>\nThe answer is {item['meta'].get('answer_letter', item['meta']['answer'])}."
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    acc = RunTables(load_run(rdir), teacher=False)["organism_accuracy"].set_index("leg")["accuracy"]
+    assert acc["vanilla_1"] == 0.0 and acc["vanilla_2"] == 1.0
