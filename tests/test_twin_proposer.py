@@ -58,6 +58,113 @@ def test_full_decode_sizes_cover_every_batch_the_scheduler_can_form():
     assert padded_size(3, set()) is None
 
 
+def test_full_graphs_replay_only_exact_batches_unless_padded_replays_are_on(monkeypatch):
+    """A batch of 5 in the graph of 8 hung the H200 (FA3's scheduler metadata for 5, the kernels for 8):
+    by default a FULL graph replays only a batch of its own size; the switch brings padded replays back."""
+    from vllm_patch import draft_graphs as dg
+
+    monkeypatch.delenv(dg.PADDED_REPLAY_ENV, raising=False)
+    sizes = dg.full_decode_sizes(16)   # 1, 2, 4, 8, 16
+    assert [dg.replay_size(b, sizes) for b in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, None, 4, None, 8, None, 16]
+    monkeypatch.setenv(dg.PADDED_REPLAY_ENV, "1")
+    assert [dg.replay_size(b, sizes) for b in (1, 3, 5, 9, 17)] == [1, 4, 8, 16, None]
+    assert dg.replay_size(5, sizes, padded=False) is None and dg.replay_size(5, sizes, padded=True) == 8
+    monkeypatch.setenv(dg.PADDED_REPLAY_ENV, "yes")
+    with pytest.raises(ValueError, match="VLLM_SPEC_FULL_PADDED_REPLAY='yes': expected 0 or 1"):
+        dg.replay_size(3, sizes)
+
+
+def _padding_proposer(n_max: int, q: int):
+    """The attributes of a drafter that padded_metadata reads, with CPU tensors."""
+    import torch
+    from types import SimpleNamespace
+
+    table = torch.arange(n_max * 4, dtype=torch.int32).reshape(n_max, 4)
+    runner = SimpleNamespace(input_batch=SimpleNamespace(
+        block_table=[SimpleNamespace(get_device_tensor=lambda k: table[:k])]))
+    return SimpleNamespace(
+        arange=torch.arange(n_max * q + 1, dtype=torch.int32), kv_cache_gid=0, _twin={"runner": runner},
+        _slot_mapping_buffer=torch.arange(n_max * q, dtype=torch.int64),
+        _twin_full={"seq_lens": torch.full((n_max,), 99, dtype=torch.int32)},
+        _twin_first={"q": q, "seq_lens": torch.full((n_max,), 99, dtype=torch.int32),
+                     "qsl": torch.arange(n_max + 1, dtype=torch.int32) * q})
+
+
+@pytest.mark.parametrize("first_pass", [False, True])
+def test_padded_metadata_describes_the_batch_the_graph_launches(first_pass):
+    """With padded replays on, the metadata a FULL pass is built from (and FA3 schedules) has the graph's
+    batch: its query starts, zero-length sequences for the padded requests, block-table rows and slots
+    up to the padded size; the live requests' values untouched. An exact fit is passed through."""
+    import torch
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from vllm_patch import draft_graphs as dg
+
+    q = 6 if first_pass else 1
+    prop = _padding_proposer(8, q)
+    state = prop._twin_first if first_pass else prop._twin_full
+    n, pad = 5, 8
+    state["seq_lens"][:n] = torch.tensor([17, 30, 9, 41, 12], dtype=torch.int32)
+    qsl = state["qsl"][: n + 1] if first_pass else prop.arange[: n + 1]
+    cad = CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=state["seq_lens"][:n], num_reqs=n,
+        num_actual_tokens=n * q, max_query_len=q, max_seq_len=41, block_table_tensor=torch.zeros(n, 4),
+        slot_mapping=prop._slot_mapping_buffer[: n * q], causal=True)
+    out = dg.padded_metadata(prop, cad, pad, first_pass)
+    assert out.num_reqs == pad and out.num_actual_tokens == pad * q and out.max_query_len == q
+    assert out.query_start_loc.tolist() == [i * q for i in range(pad + 1)]
+    assert out.query_start_loc_cpu.tolist() == [i * q for i in range(pad + 1)]
+    assert out.seq_lens.tolist() == [17, 30, 9, 41, 12, 0, 0, 0]
+    assert out.seq_lens.data_ptr() == state["seq_lens"].data_ptr()   # the persistent buffer the graph reads
+    assert out.block_table_tensor.shape[0] == pad and out.slot_mapping.shape[0] == pad * q
+    assert out.max_seq_len == 41 and cad.num_reqs == n                # the live batch's copy is unchanged
+    assert dg.padded_metadata(prop, cad, n, first_pass) is cad
+
+
+def test_full_pass_metadata_builds_the_padded_batch_with_scheduling_on():
+    """The builder of every draft attention group gets the padded batch and fast_build off."""
+    import torch
+    from types import SimpleNamespace
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from vllm_patch import draft_graphs as dg
+
+    prop = _padding_proposer(4, 1)
+    seen = []
+    builder = SimpleNamespace(build=lambda **kw: seen.append(kw) or "md")
+    prop.draft_attn_groups = [SimpleNamespace(get_metadata_builder=lambda: builder, layer_names=["a", "b"])]
+    cad = CommonAttentionMetadata(
+        query_start_loc=prop.arange[:4], query_start_loc_cpu=torch.arange(4, dtype=torch.int32),
+        seq_lens=prop._twin_full["seq_lens"][:3], num_reqs=3, num_actual_tokens=3, max_query_len=1,
+        max_seq_len=99, block_table_tensor=torch.zeros(3, 4), slot_mapping=prop._slot_mapping_buffer[:3])
+    per_group, per_layer = dg.full_pass_metadata(prop, cad, 4, first_pass=False)
+    assert per_group == ["md"] and per_layer == {"a": "md", "b": "md"}
+    assert seen[0]["fast_build"] is False and seen[0]["common_attn_metadata"].num_reqs == 4
+
+
+def test_a_kernel_asked_for_by_name_that_runs_no_layer_is_refused():
+    """humming without its package ran every draft layer on Machete on the H200, under humming's name."""
+    import torch
+    from types import SimpleNamespace
+    from vllm_patch import draft_kernels as dk
+
+    def model(*kernels):
+        m = torch.nn.Module()
+        for i, k in enumerate(kernels):
+            layer = torch.nn.Module()
+            layer.scheme = SimpleNamespace(kernel=type(k, (), {})())
+            m.add_module(f"l{i}", layer)
+        return m
+
+    with pytest.raises(RuntimeError, match="draft_linear_kernel=humming: none of the draft's 2 quantized "
+                                           "layers can run on HummingLinearKernel"):
+        dk.checked_report(model("MacheteLinearKernel", "MacheteLinearKernel"), "HummingLinearKernel", "humming")
+    mixed = dk.checked_report(model("HummingLinearKernel", "MarlinLinearKernel"), "HummingLinearKernel", "humming")
+    assert mixed["draft_linear_kernel"] == "mixed"
+    assert mixed["draft_linear_kernel_fallback_layers"] == {"MarlinLinearKernel": 1}
+    # auto accepts vLLM's fallback (the reason the knob exists is a preference, not a demand)
+    assert dk.checked_report(model("MacheteLinearKernel"), "MarlinLinearKernel", "auto")["draft_linear_kernel"] \
+        == "MacheteLinearKernel"
+
+
 def test_full_captured_reads_the_graph_wrappers_entries():
     """Whether a FULL graph exists is the wrapper's word, not a set of our own: vLLM's memory profile
     captures graphs and clears them all, and replaying a cleared key would capture mid-serving."""

@@ -13,6 +13,7 @@ wrapper's own entries.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -26,8 +27,19 @@ GRAPH_MODES = ("none", "piecewise", "full", "full_all")  # each one's graphs inc
 # 9.6-14.5, 8B 3.6 ms vs 3.7-9.0; results/E16/20261201T151639Z-67f5442a, .../20261201T152639Z-c54d599a):
 # ``auto`` builds them on CUDA.
 FULL_VERIFIED = True
-# FULL first passes: not yet verified exact and faster on a GPU host, so ``auto`` does not build them.
-FULL_ALL_VERIFIED = False
+# FULL first passes too (``full_all``): exact in fp32 at concurrency 1 and 8 and drafting as piecewise
+# in bf16 at concurrency 1 on the H200 (results/cuda-verify/20261203T0455Z-h200-25e5115), and ahead of
+# ``full`` at every E16 cell measured side by side in one engine (32B batch 1: c 0.511 vs 0.520; 8B
+# batch 1 / 4: 0.708 / 0.733 vs 0.723 / 0.738; results/E16/20261203T075405Z-68ff8b06,
+# .../20261203T080243Z-73e95d40): ``auto`` builds them on CUDA.
+FULL_ALL_VERIFIED = True
+# Padded replays: a batch of n requests replaying the graph of a larger captured size. With FA3's
+# ahead-of-time scheduling on (full_pass_metadata), such replays hung the H200 at concurrency 8 in bf16
+# (results/cuda-verify/20261203T0805Z-h200-a2d746d: 5 requests in the graph of 8), the scheduler metadata
+# having been built for n requests and the captured kernels launched for the padded batch. Until the padded
+# metadata (padded_metadata) is verified there, a FULL graph replays only a batch of exactly its size,
+# every other batch running piecewise; ``VLLM_SPEC_FULL_PADDED_REPLAY=1`` turns padded replays on.
+PADDED_REPLAY_ENV = "VLLM_SPEC_FULL_PADDED_REPLAY"
 
 
 def resolve_graph_mode(requested: str, draft_cudagraph: bool, on_cuda: bool,
@@ -65,6 +77,31 @@ def padded_size(batch: int, captured) -> int | None:
     """The smallest captured size that holds ``batch`` requests, or None (then no FULL replay)."""
     fits = [s for s in captured if s >= batch]
     return min(fits) if fits else None
+
+
+def padded_replays() -> bool:
+    """Whether a FULL graph may replay a smaller batch, padded (``VLLM_SPEC_FULL_PADDED_REPLAY=1``)."""
+    value = os.environ.get(PADDED_REPLAY_ENV, "0").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"{PADDED_REPLAY_ENV}={value!r}: expected 0 or 1")
+    return value == "1"
+
+
+def replay_size(batch: int, captured, padded: bool | None = None) -> int | None:
+    """The captured size a FULL replay of ``batch`` requests uses, or None (no FULL replay): the smallest
+    that holds it with padded replays on, else ``batch`` itself when a graph of that size exists."""
+    if padded_replays() if padded is None else padded:
+        return padded_size(batch, captured)
+    return batch if batch in set(captured) else None
+
+
+def full_state(proposer, n: int, cap: int) -> dict:
+    """The single-token FULL graphs' state for up to ``n`` requests (graphs up to ``cap``); the report
+    says whether padded replays are on."""
+    proposer._twin_engine.report.update(draft_full_padded_replay=padded_replays())
+    # Persistent sequence lengths: a FULL graph reads the tensor it was captured with.
+    return {"seq_lens": torch.zeros(n, dtype=torch.int32, device=proposer.device),
+            "sizes": full_decode_sizes(min(n, cap))}
 
 
 def full_decode_support(proposer, uniform_batch: bool = False) -> tuple[bool, str]:
@@ -202,7 +239,7 @@ def first_pass_metadata(proposer, cad, new_cad, num_out: int):
     n, q = cad.num_reqs, first["q"]
     if cad.max_query_len * n != cad.num_actual_tokens or new_cad.max_query_len != q or num_out != n * q:
         return new_cad
-    pad = padded_size(n, proposer._first_captured())
+    pad = replay_size(n, proposer._first_captured())
     if pad is None:
         return new_cad
     buf = first["seq_lens"]
@@ -212,14 +249,40 @@ def first_pass_metadata(proposer, cad, new_cad, num_out: int):
     return new_cad.replace(query_start_loc=first["qsl"][: n + 1], seq_lens=buf[:n])
 
 
-def full_pass_metadata(proposer, cad):
-    """Attention metadata of a drafter pass that replays a FULL graph, built as the target's own FULL
-    steps get theirs: with the backend's ahead-of-time scheduling on, so that FA3 writes this pass's
-    scheduler metadata (splits, batch order, per-request blocks) into the persistent buffer the
-    captured kernels read. vLLM's drafting build skips it (``fast_build``), which left the capture's
-    metadata (one-token sequences) in place: wrong draft attention at batch > 1, seen on the H200 as
-    bf16 acceptance 0.21 at concurrency 8 against 0.66 piecewise while the output stayed exact
-    (fp32 on TRITON_ATTN, which keeps no such metadata, was unaffected)."""
+def padded_metadata(proposer, cad, pad: int, first_pass: bool):
+    """``cad`` (n requests) as the batch of ``pad`` requests its FULL graph launches, built the way vLLM's
+    runner pads the target's FULL steps: the padded requests with the graph's query starts (``q`` tokens
+    each), sequence length 0 (they read no KV entry), the runner's block-table rows and the drafter's slot
+    mapping up to ``pad``. FA3's scheduler metadata is then computed for the batch the kernels run."""
+    n = cad.num_reqs
+    if pad <= n:
+        return cad
+    if first_pass:
+        state = proposer._twin_first
+        q, qsl = state["q"], state["qsl"]
+    else:
+        state, q, qsl = proposer._twin_full, 1, proposer.arange
+    seq_lens = state["seq_lens"]
+    seq_lens[n:pad].zero_()
+    block_table = proposer._twin["runner"].input_batch.block_table[proposer.kv_cache_gid].get_device_tensor(pad)
+    return cad.replace(query_start_loc=qsl[: pad + 1],
+                       query_start_loc_cpu=torch.arange(pad + 1, dtype=torch.int32) * q,
+                       seq_lens=seq_lens[:pad], num_reqs=pad, num_actual_tokens=pad * q, max_query_len=q,
+                       block_table_tensor=block_table, slot_mapping=proposer._slot_mapping_buffer[: pad * q],
+                       _seq_lens_cpu=None, _num_computed_tokens_cpu=None, seq_lens_cpu_upper_bound=None,
+                       is_prefilling=None, positions=None)
+
+
+def full_pass_metadata(proposer, cad, pad: int, first_pass: bool):
+    """Attention metadata of a drafter pass that replays the FULL graph of ``pad`` requests, built as the
+    target's own FULL steps get theirs: for the padded batch (:func:`padded_metadata`) and with the
+    backend's ahead-of-time scheduling on, so that FA3 writes this pass's scheduler metadata (splits,
+    batch order, per-request blocks) into the persistent buffer the captured kernels read. vLLM's
+    drafting build skips it (``fast_build``), which left the capture's metadata (one-token sequences) in
+    place: wrong draft attention at batch > 1, seen on the H200 as bf16 acceptance 0.21 at concurrency 8
+    against 0.66 piecewise while the output stayed exact (fp32 on TRITON_ATTN, which keeps no such
+    metadata, was unaffected)."""
+    cad = padded_metadata(proposer, cad, pad, first_pass)
     per_group, per_layer = [], {}
     for group in proposer.draft_attn_groups:
         md = group.get_metadata_builder().build(common_prefix_len=0, common_attn_metadata=cad, fast_build=False)

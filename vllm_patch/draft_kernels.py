@@ -110,3 +110,18 @@ def report(model, preferred: str | None) -> dict:
         ran = "mixed"
     return {"draft_linear_kernel": ran, "draft_mp_kernels": counts,
             "draft_linear_kernel_fallback_layers": fell_back}
+
+
+def checked_report(model, preferred: str | None, requested: str) -> dict:
+    """:func:`report`, refusing a kernel asked for by name that none of the draft's quantized layers runs:
+    the engine would otherwise time vLLM's next kernel under the requested one's name (seen on the H200:
+    ``humming`` without the ``humming-kernels`` package ran every layer on Machete)."""
+    out = report(model, preferred)
+    counts = out["draft_mp_kernels"]
+    if requested != "auto" and preferred is not None and counts and not counts.get(preferred):
+        raise RuntimeError(
+            f"draft_linear_kernel={requested}: none of the draft's {sum(counts.values())} quantized layers "
+            f"can run on {preferred} here (vLLM fell back to {', '.join(sorted(counts))}); "
+            f"is its package installed (humming: humming-kernels) and does this GPU support it? "
+            "Use draft_linear_kernel=auto to accept vLLM's choice")
+    return out

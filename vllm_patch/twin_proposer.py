@@ -47,7 +47,7 @@ class TwinDraftProposer(DraftModelProposer):
         self._twin_dispatched = {m: 0 for m in draft_graphs.GRAPH_MODES}  # single-token steps by graph mode
         self._twin_loop_t0 = False
         self._twin_in_propose = False      # dispatches are counted for real proposes only
-        self._twin_full_now = False
+        self._twin_full_now = 0    # the padded batch this propose's single-token steps replay (0: none)
         if not self._is_twin():
             return
         from vllm.platforms import current_platform
@@ -139,7 +139,8 @@ class TwinDraftProposer(DraftModelProposer):
             return super().load_model(target_model)
         with draft_kernels.prefer(self._twin_kernel[0]):
             super().load_model(target_model)
-        self._twin_engine.report.update(**draft_kernels.report(self.model, self._twin_kernel[0]))
+        self._twin_engine.report.update(**draft_kernels.checked_report(
+            self.model, self._twin_kernel[0], self._twin_engine.knobs.draft_linear_kernel))
         if self._twin_engine.knobs.draft_lm_head == "int4":
             self._twin_engine.report.update(**draft_head.install(self.model, self._twin_kernel[0]))
         else:
@@ -170,11 +171,7 @@ class TwinDraftProposer(DraftModelProposer):
         super().initialize_cudagraph_keys(cudagraph_mode)
         cap = self.vllm_config.compilation_config.max_cudagraph_capture_size or self.max_batch_size
         n = self.max_batch_size
-        self._twin_full = {
-            # Persistent sequence lengths: a FULL graph reads the tensor it was captured with.
-            "seq_lens": torch.zeros(n, dtype=torch.int32, device=self.device),
-            "sizes": draft_graphs.full_decode_sizes(min(n, cap)),
-        }
+        self._twin_full = draft_graphs.full_state(self, n, cap)
         if self._twin_graph_mode == "full_all":
             self._twin_first = draft_graphs.first_pass_state(self, n)
 
@@ -201,9 +198,9 @@ class TwinDraftProposer(DraftModelProposer):
         # live contents, and a replay would write KV entries at stale slots
         if (single and use_cudagraphs and self._twin_full is not None and self._twin_in_propose
                 and not self._twin_full_off):
-            padded = draft_graphs.padded_size(num_tokens, self._full_captured())
+            padded = draft_graphs.replay_size(num_tokens, self._full_captured())
             if padded is not None:
-                self._twin_full_now = True
+                self._twin_full_now = padded  # this propose's single-token steps replay the graph of this size
                 self._count_dispatch("full")
                 return CUDAGraphMode.FULL, padded, None
         out = super()._determine_batch_execution_and_padding(num_tokens, use_cudagraphs)
@@ -254,7 +251,7 @@ class TwinDraftProposer(DraftModelProposer):
     def propose(self, *args, **kwargs):
         self._twin_calls = 0
         self._twin_loop_t0 = False
-        self._twin_full_now, self._twin_first_pad = False, None  # this propose's FULL replays (steps, first pass)
+        self._twin_full_now, self._twin_first_pad = 0, None  # this propose's FULL replays (steps, first pass)
         self._twin_in_propose = True
         try:
             out = super().propose(*args, **kwargs)
@@ -327,10 +324,10 @@ class TwinDraftProposer(DraftModelProposer):
 
     def build_per_group_and_layer_attn_metadata(self, common_attn_metadata, draft_index=0):
         # a pass that replays a FULL graph: its metadata built afresh (draft_graphs.full_pass_metadata)
-        full = self._twin_first_pad is not None if draft_index == 0 else self._twin_full_now
-        if self._twin is None or not full:
+        pad = self._twin_first_pad if draft_index == 0 else self._twin_full_now
+        if self._twin is None or not pad:
             return super().build_per_group_and_layer_attn_metadata(common_attn_metadata, draft_index)
-        return draft_graphs.full_pass_metadata(self, common_attn_metadata)
+        return draft_graphs.full_pass_metadata(self, common_attn_metadata, pad, first_pass=draft_index == 0)
 
     def _update_positions_dependent_metadata(self, positions, common_attn_metadata, batch_size,
                                              input_batch_size, block_size):
