@@ -11,7 +11,7 @@ demo: env
 	$(PY) -m workbench.demo
 
 test: env
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=30
 
 # everything that starts no vLLM engine
 test-fast: env
