@@ -45,8 +45,10 @@ def test_full_decode_sizes_cover_every_batch_the_scheduler_can_form():
     from vllm_patch.draft_graphs import full_decode_sizes, padded_size
 
     assert full_decode_sizes(1) == [1]
-    assert full_decode_sizes(8) == [1, 2, 4, 8]
-    assert full_decode_sizes(13) == [1, 2, 4, 8, 13]
+    assert full_decode_sizes(8) == list(range(1, 9))               # every size: exact-fit replays only
+    assert full_decode_sizes(13) == list(range(1, 14))
+    assert full_decode_sizes(50) == [*range(1, 33), 40, 48, 50]    # beyond 32: every 8, and the largest
+    assert full_decode_sizes(13, dense=4) == [1, 2, 3, 4, 8, 13]
     assert full_decode_sizes(0) == []
     for max_batch in (1, 3, 8, 13, 40, 256):
         sizes = full_decode_sizes(max_batch)
@@ -64,7 +66,7 @@ def test_full_graphs_replay_only_exact_batches_unless_padded_replays_are_on(monk
     from vllm_patch import draft_graphs as dg
 
     monkeypatch.delenv(dg.PADDED_REPLAY_ENV, raising=False)
-    sizes = dg.full_decode_sizes(16)   # 1, 2, 4, 8, 16
+    sizes = [1, 2, 4, 8, 16]
     assert [dg.replay_size(b, sizes) for b in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, None, 4, None, 8, None, 16]
     monkeypatch.setenv(dg.PADDED_REPLAY_ENV, "1")
     assert [dg.replay_size(b, sizes) for b in (1, 3, 5, 9, 17)] == [1, 4, 8, 16, None]

@@ -37,8 +37,9 @@ FULL_ALL_VERIFIED = True
 # ahead-of-time scheduling on (full_pass_metadata), such replays hung the H200 at concurrency 8 in bf16
 # (results/cuda-verify/20261203T0805Z-h200-a2d746d: 5 requests in the graph of 8), the scheduler metadata
 # having been built for n requests and the captured kernels launched for the padded batch. Until the padded
-# metadata (padded_metadata) is verified there, a FULL graph replays only a batch of exactly its size,
-# every other batch running piecewise; ``VLLM_SPEC_FULL_PADDED_REPLAY=1`` turns padded replays on.
+# metadata (padded_metadata) is verified there, a FULL graph replays only a batch of exactly its size
+# (every size up to DENSE_SIZES has one), every other batch running piecewise;
+# ``VLLM_SPEC_FULL_PADDED_REPLAY=1`` turns padded replays on.
 PADDED_REPLAY_ENV = "VLLM_SPEC_FULL_PADDED_REPLAY"
 
 
@@ -64,12 +65,18 @@ def resolve_graph_mode(requested: str, draft_cudagraph: bool, on_cuda: bool,
 
 
 
-def full_decode_sizes(max_batch: int) -> list[int]:
-    """Padded batch sizes of the drafter's FULL single-token graphs: 1, 2, 4, then every 8, up to
-    ``max_batch`` (included, so every batch the scheduler can form has a graph)."""
+# Every batch of up to this many requests has a FULL graph of its own size, so that it replays without
+# padding (see PADDED_REPLAY_ENV); beyond it, every multiple of 8 has one. A drafter graph is small: the
+# extra captures cost seconds at engine start, and vLLM's graph pool shares their memory.
+DENSE_SIZES = 32
+
+
+def full_decode_sizes(max_batch: int, dense: int = DENSE_SIZES) -> list[int]:
+    """Batch sizes of the drafter's FULL graphs: every size up to ``dense``, then every 8, up to
+    ``max_batch`` (included, so every batch the scheduler can form fits one)."""
     if max_batch < 1:
         return []
-    sizes = {s for s in (1, 2, 4) if s <= max_batch} | set(range(8, max_batch + 1, 8)) | {max_batch}
+    sizes = set(range(1, min(dense, max_batch) + 1)) | set(range(8, max_batch + 1, 8)) | {max_batch}
     return sorted(sizes)
 
 
