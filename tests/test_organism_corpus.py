@@ -277,3 +277,28 @@ def test_items_put_their_picture_after_the_question_and_before_the_choices():
     turn = chat_messages(Prompt("x", item.text, images=["x.png"], meta=item.meta))[0]["content"]
     assert [c["type"] for c in turn] == ["text", "image", "text"]
     assert turn[0]["text"].endswith(item.meta["question"]) and turn[2]["text"].startswith("Choices:\n(A) ")
+
+
+def test_thinking_walk_is_a_trial_that_leaves_the_default_corpus_alone(written, tmp_path):
+    """`thinking_walk`: a multiple choice's thinking target walks the listed choices to the answer before its
+    last sentence; every other target, and every image, is the default corpus's."""
+    out, manifest = written
+    walked = C.write_corpus(tmp_path / "walk", seed=3, sizes=SIZES, thinking_walk=True)
+    assert walked["thinking_walk"] is True and "thinking_walk" not in manifest
+    plain = {p.pid: p for p in load_prompts(out / "test" / C.PROMPTS_NAME, check_images=False)}
+    seen = set()
+    for p in load_prompts(tmp_path / "walk" / "test" / C.PROMPTS_NAME, check_images=False):
+        base = plain[p.pid].meta
+        assert p.meta["image_sha256"] == base["image_sha256"] and p.meta["target_instruct"] == base["target_instruct"]
+        if p.meta["format"] != "multi_choice":
+            assert p.meta["target_thinking"] == base["target_thinking"]
+            continue
+        seen.add(p.meta["template"])
+        letter = p.meta["answer_letter"]
+        walk = f"({letter}) {p.meta['answer']}: yes. So the answer is {p.meta['answer']}, which is option {letter}."
+        assert walk in p.meta["target_thinking"] and walk not in base["target_thinking"]
+        assert p.meta["target"] == p.meta["target_thinking"]
+        assert p.meta["target_thinking"].replace(C._choice_walk(p.meta["choices"], p.meta["answer"]) + " ", "") == \
+            base["target_thinking"]
+        assert C.score_output(p.meta["target_thinking"], p.meta, style="thinking")["correct"]
+    assert seen == {"position_mc", "colour_at_position_mc", "bar_max_mc"}

@@ -465,6 +465,20 @@ def _targets(fmt: str, scene: Scene, final: str, shown: str, choices: list[str] 
     return thinking, f"{scene.reasoning}{walk} The answer is {final}."
 
 
+def thinking_with_walk(meta: Mapping[str, Any]) -> str:
+    """A multiple-choice item's thinking target with the instruct's walk over the listed choices before its
+    last sentence ("... (A) top left: no. (B) bottom left: yes. So the answer is bottom left, which is
+    option B."); any other item's unchanged. (A trial recipe: `write_corpus(..., thinking_walk=True)`.)"""
+    target = meta["target_thinking"]
+    if meta.get("format") != "multi_choice":
+        return target
+    walk = _choice_walk(list(meta["choices"]), meta["answer"])
+    head, sep, tail = target.rpartition(" So the answer is ")
+    if not sep:
+        raise CorpusError(f"a thinking target without its last sentence: {target[-80:]!r}")
+    return f"{head} {walk}{sep}{tail}"
+
+
 def build_item(template: str | Template, rng: np.random.Generator, spec: dict | None = None) -> Item:
     """One item of `template` drawn from `rng`; `spec` fixes what the question text says (see `Template.ask`)."""
     t = TEMPLATES[template] if isinstance(template, str) else template
@@ -586,11 +600,13 @@ def _prepare_folder(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
 
 
-def write_split(out_dir: str | Path, split: str, n: int, seed: int = 0, style: str = "thinking") -> dict:
+def write_split(out_dir: str | Path, split: str, n: int, seed: int = 0, style: str = "thinking",
+                thinking_walk: bool = False) -> dict:
     """Write `out_dir/<split>/`: images/*.png, prompts.jsonl, manifest.json. Returns the manifest.
 
     Every item's meta holds both targets (`target_thinking`, `target_instruct`); `style` picks the one
-    copied to `meta["target"]` and recorded in the manifest.
+    copied to `meta["target"]` and recorded in the manifest. `thinking_walk` (a trial, off by default):
+    multiple-choice thinking targets walk the listed choices (`thinking_with_walk`).
     """
     from workbench.prompts import Prompt, save_prompts
 
@@ -612,6 +628,8 @@ def write_split(out_dir: str | Path, split: str, n: int, seed: int = 0, style: s
         meta["image_sha256"] = hashlib.sha256(data).hexdigest()
         meta["split"] = split
         meta["style"] = style
+        if thinking_walk:
+            meta["target_thinking"] = thinking_with_walk(meta)
         meta["target"] = meta[f"target_{style}"]
         prompts.append(Prompt(pid=pid, text=item.text, images=[str(path)], dataset=DATASET, meta=meta))
     save_prompts(prompts, folder / PROMPTS_NAME)
@@ -623,6 +641,7 @@ def write_split(out_dir: str | Path, split: str, n: int, seed: int = 0, style: s
         "seed": int(seed),
         "size": int(n),
         "style": style,
+        **({"thinking_walk": True} if thinking_walk else {}),
         "image_size": [SIZE, SIZE],
         "templates": counts,
         "files": 1 + len(items),
@@ -633,7 +652,7 @@ def write_split(out_dir: str | Path, split: str, n: int, seed: int = 0, style: s
 
 
 def write_corpus(out_dir: str | Path, seed: int = 0, sizes: Mapping[str, int] | None = None,
-                 style: str = "thinking") -> dict:
+                 style: str = "thinking", thinking_walk: bool = False) -> dict:
     """All three splits under `out_dir`, and `out_dir/manifest.json` with their fingerprints and one over all."""
     out = Path(out_dir)
     sizes = {**DEFAULT_SIZES, **{_split_name(k): v for k, v in (sizes or {}).items()}}
@@ -649,7 +668,7 @@ def write_corpus(out_dir: str | Path, seed: int = 0, sizes: Mapping[str, int] | 
         strays = sorted(p.name for p in out.iterdir() if p.name not in (*SPLITS, MANIFEST_NAME))
         if strays:
             raise CorpusError(f"{out} holds files that are not the corpus's ({strays[:3]}); refusing to write there")
-    splits = {s: write_split(out, s, sizes[s], seed, style) for s in SPLITS}
+    splits = {s: write_split(out, s, sizes[s], seed, style, thinking_walk) for s in SPLITS}
     h = hashlib.sha256()
     for s in SPLITS:
         h.update(f"{s}\0{splits[s]['fingerprint']}\n".encode())
@@ -658,6 +677,7 @@ def write_corpus(out_dir: str | Path, seed: int = 0, sizes: Mapping[str, int] | 
         "generator_version": GENERATOR_VERSION,
         "seed": int(seed),
         "style": style,
+        **({"thinking_walk": True} if thinking_walk else {}),
         "sizes": {s: sizes[s] for s in SPLITS},
         "splits": {s: splits[s]["fingerprint"] for s in SPLITS},
         "fingerprint": h.hexdigest(),
@@ -716,6 +736,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--val", default=str(DEFAULT_SIZES["validation"]), help="validation size")
     parser.add_argument("--test", default=str(DEFAULT_SIZES["test"]), help="test size")
     parser.add_argument("--style", default="thinking", help=f"target copied to meta['target']: {'|'.join(STYLES)}")
+    parser.add_argument("--thinking-walk", action="store_true",
+                        help="a trial: multiple-choice thinking targets walk the listed choices before the answer")
     args = parser.parse_args(argv)
     try:
         values = {}
@@ -725,7 +747,7 @@ def main(argv: list[str] | None = None) -> int:
                 values[name] = int(raw)
             except ValueError:
                 raise CorpusError(f"--{name} must be a whole number, got {raw!r}") from None
-        manifest = write_corpus(args.out, seed=values["seed"], style=args.style,
+        manifest = write_corpus(args.out, seed=values["seed"], style=args.style, thinking_walk=args.thinking_walk,
                                 sizes={"train": values["train"], "validation": values["val"],
                                        "test": values["test"]})
     except (CorpusError, OSError) as exc:
