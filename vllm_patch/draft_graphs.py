@@ -105,10 +105,11 @@ def replay_size(batch: int, captured, padded: bool | None = None) -> int | None:
 def full_state(proposer, n: int, cap: int) -> dict:
     """The single-token FULL graphs' state for up to ``n`` requests (graphs up to ``cap``); the report
     says whether padded replays are on."""
-    proposer._twin_engine.report.update(draft_full_padded_replay=padded_replays())
+    padded = padded_replays()  # read once: the dispatch of every propose consults it
+    proposer._twin_engine.report.update(draft_full_padded_replay=padded)
     # Persistent sequence lengths: a FULL graph reads the tensor it was captured with.
     return {"seq_lens": torch.zeros(n, dtype=torch.int32, device=proposer.device),
-            "sizes": full_decode_sizes(min(n, cap))}
+            "sizes": full_decode_sizes(min(n, cap)), "padded": padded}
 
 
 def full_decode_support(proposer, uniform_batch: bool = False) -> tuple[bool, str]:
@@ -231,7 +232,8 @@ def first_pass_state(proposer, n: int):
     return {"q": q,
             "seq_lens": torch.zeros(n, dtype=torch.int32, device=proposer.device),
             # query starts of a uniform first pass, 0, q, 2q, ...: constant, written once
-            "qsl": torch.arange(n + 1, dtype=torch.int32, device=proposer.device) * q}
+            "qsl": torch.arange(n + 1, dtype=torch.int32, device=proposer.device) * q,
+            "padded": proposer._twin_full["padded"]}
 
 
 def first_pass_metadata(proposer, cad, new_cad, num_out: int):
@@ -246,7 +248,7 @@ def first_pass_metadata(proposer, cad, new_cad, num_out: int):
     n, q = cad.num_reqs, first["q"]
     if cad.max_query_len * n != cad.num_actual_tokens or new_cad.max_query_len != q or num_out != n * q:
         return new_cad
-    pad = replay_size(n, proposer._first_captured())
+    pad = replay_size(n, proposer._first_captured(), padded=first.get("padded"))
     if pad is None:
         return new_cad
     buf = first["seq_lens"]

@@ -198,7 +198,7 @@ class TwinDraftProposer(DraftModelProposer):
         # live contents, and a replay would write KV entries at stale slots
         if (single and use_cudagraphs and self._twin_full is not None and self._twin_in_propose
                 and not self._twin_full_off):
-            padded = draft_graphs.replay_size(num_tokens, self._full_captured())
+            padded = draft_graphs.replay_size(num_tokens, self._full_captured(), self._twin_full["padded"])
             if padded is not None:
                 self._twin_full_now = padded  # this propose's single-token steps replay the graph of this size
                 self._count_dispatch("full")

@@ -180,17 +180,29 @@ class RunTables:
         return serving.load(self.run.path) if serving.has_serving(self.run.path) else None
 
     @cached_property
+    def leg_targets(self) -> dict[str, str]:
+        """Leg -> its target checkpoint as the run wrote it (legs without one are absent)."""
+        legs = self.run.legs
+        if "target" not in legs.columns:
+            return {}
+        return {r.leg: r.target for r in legs.itertuples(index=False) if isinstance(r.target, str)}
+
+    def _legs_of_tier(self, tier: str) -> list[str]:
+        """The legs with records, in run order, whose every record has ``tier``."""
+        recs = self.records
+        return [l for l in self.run.legs_order if l in set(recs["leg"])
+                and (recs.loc[recs["leg"] == l, "tier"] == tier).all()]
+
+    @cached_property
     def references(self) -> dict[str, str]:
         """Spec leg -> the vanilla leg its output is compared with: the first of its own target (E14 runs
         two targets), else the run's first vanilla leg."""
-        recs, legs = self.records, self.run.legs.set_index("leg")
-        order = [l for l in self.run.legs_order if l in set(recs["leg"])]
-        vans = [l for l in order if (recs.loc[recs["leg"] == l, "tier"] == "vanilla").all()]
+        vans = self._legs_of_tier("vanilla")
         if not vans:
             return {}
-        target_of = lambda leg: legs.loc[leg, "target"] if "target" in legs.columns else None  # noqa: E731
+        target_of = self.leg_targets.get
         return {leg: next((v for v in vans if target_of(v) == target_of(leg)), vans[0])
-                for leg in order if leg not in vans}
+                for leg in self.run.legs_order if leg in set(self.records["leg"]) and leg not in vans}
 
     @cached_property
     def verdicts(self) -> dict[str, "exactness.Verdict"]:
@@ -205,13 +217,11 @@ class RunTables:
         cache only.
         """
         recs, legs = self.records, self.run.legs.set_index("leg")
-        order = [l for l in self.run.legs_order if l in set(recs["leg"])]
-        vans = [l for l in order if (recs.loc[recs["leg"] == l, "tier"] == "vanilla").all()]
-        strict = [l for l in order if (recs.loc[recs["leg"] == l, "tier"] == "strict").all()]
-        if not vans or not strict:
+        strict = self._legs_of_tier("strict")
+        if not self._legs_of_tier("vanilla") or not strict:
             return {}
         by_pid = lambda leg: dict(zip(recs.loc[recs["leg"] == leg, "pid"], recs.loc[recs["leg"] == leg, "gen_ids"]))
-        target_of = lambda leg: legs.loc[leg, "target"] if "target" in legs.columns else None  # noqa: E731
+        target_of = self.leg_targets.get
         order_targets = _targets_in_order(self)
         prompts = lambda: {p.pid: p for p in _prompts(self)}  # noqa: E731 (read only if a gap is computed)
         gaps_by_target: dict = {}
@@ -340,9 +350,7 @@ def _token_classes(t: RunTables) -> pd.DataFrame:
     recs = t.records
     traced = recs[recs["trace"].map(lambda x: isinstance(x, dict) and bool(x.get("steps")))]
     t.need(len(traced) > 0, "traced spec output")
-    legs = t.run.legs.set_index("leg")
-    target_of = {leg: legs.loc[leg, "target"] for leg in traced["leg"].unique()
-                 if "target" in legs.columns and isinstance(legs.loc[leg, "target"], str)}
+    target_of = {leg: t.leg_targets[leg] for leg in traced["leg"].unique() if leg in t.leg_targets}
     t.need(bool(target_of), "target model of the spec legs")
     # each leg's tokens are classed by its own target (E14 runs two), with a cache file per target
     order = _targets_in_order(t)
@@ -537,10 +545,9 @@ def _organism_accuracy(t: RunTables) -> pd.DataFrame:
         style = None
     # a leg's style is its target's variant (E14 under the organism runs both), read from the organism's
     # manifest where the checkpoint is here, else the profile's
-    legs = t.run.legs.set_index("leg")
     leg_style = {}
     for leg in t.records["leg"].unique():
-        target = legs.loc[leg, "target"] if "target" in legs.columns and leg in legs.index else None
+        target = t.leg_targets.get(leg)
         try:
             leg_style[leg] = json.loads((Path(_model_dir(target)) / "manifest.json").read_text())["variant"]
         except (TypeError, OSError, ValueError, KeyError):
