@@ -152,8 +152,11 @@ def legs(tiny_models, results_dir) -> dict[str, LegResult]:
         if reuse and finished(out):
             return name, LegResult(out, subprocess.CompletedProcess([], 0, "", "(reused)")), 0.0
         if RECHECK:
+            log = results_dir / "legs" / f"{name}.log"
+            said = log.read_text() if (out / "failure.json").exists() and log.exists() else ""
             return name, LegResult(out, subprocess.CompletedProcess([], 1, "", f"leg {name}: not finished in "
-                                                                             f"{RECHECK} (a recheck runs no leg)")), 0.0
+                                                                             f"{RECHECK} (a recheck runs no leg)\n"
+                                                                             + said)), 0.0
         cmd = [sys.executable, "-m", "workbench.leg", "--out", str(out), "--force", "--leg", name,
                "--target", str(tiny_models["target"]), "--prompts", str(TINY_PROMPTS),
                "--kv-cache-memory-bytes", str(KV_BYTES), *plan[name]]
@@ -492,13 +495,23 @@ def test_draft_linear_kernel_knob(legs, teacher, prompts, results_dir, kernel):
         if not has_humming():   # the leg is refused at load (draft_kernels.checked_report), not run on Machete
             pytest.skip("draft_linear_kernel=humming needs the humming-kernels package on this host "
                         "(carry its wheel beside the staged vLLM)")
+    want = KERNEL_CLASSES[kernel]
+    refusal = f"draft_linear_kernel={kernel}: none of the draft's"
+    if kernel not in ("marlin", "own") and legs[f"bf16_kernel_{kernel}_c1"].returncode != 0 \
+            and refusal in legs[f"bf16_kernel_{kernel}_c1"].stderr:
+        # vLLM's kernel cannot run any of the tiny twin's layers (its shapes, its zero points): the engine
+        # refuses to start under that kernel's name, and says what the kernel answered
+        said = legs[f"bf16_kernel_{kernel}_c1"].stderr
+        line = said[said.index(refusal):].splitlines()[0]
+        _record(results_dir, f"bf16_kernel_{kernel}_c1", {"refused": line})
+        assert f"can run on {want} here (it said: " in line and "no reason given" not in line, line
+        return
     base, leg = _ok(legs, "bf16_strict_c1"), _ok(legs, f"bf16_kernel_{kernel}_c1")
     r, r_base = leg.summary["engine_report"], base.summary["engine_report"]
     result = _classify(_ok(legs, "bf16_vanilla_c1"), leg, teacher, prompts)
     result.update(ran=r.get("draft_mp_kernels"), fallback=r.get("draft_linear_kernel_fallback_layers"),
                   acceptance=leg.summary["spec"]["acceptance_rate"])
     _record(results_dir, f"bf16_kernel_{kernel}_c1", result)
-    want = KERNEL_CLASSES[kernel]
     ran = r["draft_mp_kernels"]
     assert sum(ran.values()) > 0
     # every draft layer is on the kernel asked for, or counted as having fallen back to vLLM's order

@@ -30,6 +30,10 @@ KERNEL_CLASSES = {
 }
 AUTO_ON_CUDA = "marlin"
 
+# what the preferred class answered when it could not implement a draft layer (distinct reasons, in order),
+# filled while :func:`prefer` is active: vLLM's chooser keeps its reasons only when no kernel at all fits
+REFUSALS: list[str] = []
+
 
 def resolve(requested: str, on_cuda: bool) -> tuple[str | None, str]:
     """The kernel class name to put first for the draft (None: vLLM's order unchanged) and why."""
@@ -87,10 +91,25 @@ def prefer(name: str | None) -> Iterator[None]:
     platform_list = linear._POSSIBLE_KERNELS.setdefault(current_platform._enum, [])
     saved = list(platform_list)
     platform_list[:] = reorder(saved, cls)  # in place: choose_mp_linear_kernel reads this list per call
+    REFUSALS.clear()
+    own = cls.__dict__.get("can_implement")
+    asked = cls.can_implement
+
+    def can_implement(klass, config):
+        ok, why = asked(config)
+        if not ok and klass is cls and str(why) not in REFUSALS:
+            REFUSALS.append(str(why))
+        return ok, why
+
+    cls.can_implement = classmethod(can_implement)
     try:
         yield
     finally:
         platform_list[:] = saved
+        if own is None:
+            del cls.can_implement
+        else:
+            cls.can_implement = own
 
 
 def report(model, preferred: str | None) -> dict:
@@ -117,11 +136,13 @@ def checked_report(model, preferred: str | None, requested: str) -> dict:
     the engine would otherwise time vLLM's next kernel under the requested one's name (seen on the H200:
     ``humming`` without the ``humming-kernels`` package ran every layer on Machete)."""
     out = report(model, preferred)
+    out["draft_linear_kernel_refused"] = list(REFUSALS) if out["draft_linear_kernel_fallback_layers"] else []
     counts = out["draft_mp_kernels"]
     if requested != "auto" and preferred is not None and counts and not counts.get(preferred):
+        said = "; ".join(out["draft_linear_kernel_refused"]) or "no reason given"
         raise RuntimeError(
             f"draft_linear_kernel={requested}: none of the draft's {sum(counts.values())} quantized layers "
-            f"can run on {preferred} here (vLLM fell back to {', '.join(sorted(counts))}); "
-            f"is its package installed (humming: humming-kernels) and does this GPU support it? "
-            "Use draft_linear_kernel=auto to accept vLLM's choice")
+            f"can run on {preferred} here (it said: {said}; vLLM fell back to {', '.join(sorted(counts))}). "
+            "A missing package (humming: humming-kernels), this GPU, or the layers' shape or quantization "
+            "(e.g. zero points) can be the cause. Use draft_linear_kernel=auto to accept vLLM's choice")
     return out
