@@ -25,8 +25,12 @@ Weights are random ``pack-quantized`` int4 (asymmetric ``uint4`` with zero
 points by default, ``--symmetric`` for ``uint4b8``), group 128. Each GEMM
 cycles through enough copies of its weights that they do not fit in L2 (so
 every call reads HBM). The byte floor is the int4 bytes (weights, scales, zero
-points, x, y) over the device-copy bandwidth measured in the same run
-(``dst.copy_(src)`` of 1 GiB, read + write bytes). ``--check`` compares every
+points, x, y) over the read bandwidth measured in the same run (a reduction
+over 1 GiB: what a kernel that only streams its operands in can reach). The
+device copy (``dst.copy_(src)`` of 1 GiB in a CUDA graph, read + write bytes)
+is measured beside it; up to commit e736766 the floor divided by that copy
+rate, which on the H200 (2.75 TB/s) is well below the read rate, so those
+folders' floors are too high. ``--check`` compares every
 kernel's output with ``x @ W^T`` on the float32 dequantized weight.
 
 Writes ``results/int4-gemm/<UTC id>-<gpu tag>/``: ``env.json``,
@@ -336,6 +340,17 @@ def copy_bandwidth(repeats: int) -> tuple[float, float]:
     return 2 * size / (med * 1e-6) / 1e12, 1.0
 
 
+def read_bandwidth(repeats: int) -> float:
+    """TB/s of a reduction over 1 GiB (read bytes): the rate a kernel that only streams its operands in reaches."""
+    size = 1 << 30
+    src = torch.zeros(size // 4, dtype=torch.float32, device="cuda")
+    acc = torch.zeros((), dtype=torch.float32, device="cuda")
+    t = Timer([lambda: torch.sum(src, out=acc)] * 5)
+    med = stats([t.once() for _ in range(max(repeats, 5))])[0]
+    del src
+    return size / (med * 1e-6) / 1e12
+
+
 # ---------------------------------------------------------------- the run
 
 def gpu_tag(name: str) -> str:
@@ -346,7 +361,7 @@ def gpu_tag(name: str) -> str:
     return "".join(ch for ch in low.split()[-1] if ch.isalnum())[:12] or "gpu"
 
 
-def run_size(size, kernels, sweep, ms, group, symmetric, repeats, check, gen, rows, sweep_rows, copy_tbps, log):
+def run_size(size, kernels, sweep, ms, group, symmetric, repeats, check, gen, rows, sweep_rows, floor_tbps, log):
     shapes = gemm_shapes(size)
     zp = not symmetric
     states: dict[str, dict[str, list]] = {g: {} for g in GEMMS}  # gemm -> kernel -> copies
@@ -443,7 +458,7 @@ def run_size(size, kernels, sweep, ms, group, symmetric, repeats, check, gen, ro
     torch.cuda.empty_cache()
 
     def add(scope, g, n, k, m, name, med, q1, q3, nbytes, floor_bytes, mode, err, config="", config_repr=""):
-        floor_us = floor_bytes / (copy_tbps * 1e12) * 1e6
+        floor_us = floor_bytes / (floor_tbps * 1e12) * 1e6
         row = {"model": size, "scope": scope, "gemm": g, "n": n, "k": k, "m": m, "kernel": name,
                "us_median": round(med, 3), "us_q1": round(q1, 3), "us_q3": round(q3, 3),
                "iqr_us": round(q3 - q1, 3), "bytes": nbytes, "tbps": round(nbytes / (med * 1e-6) / 1e12, 3),
@@ -476,7 +491,8 @@ def run_size(size, kernels, sweep, ms, group, symmetric, repeats, check, gen, ro
 
 def markdown(rows, sweep_rows, ms, facts) -> str:
     out = [f"# W4A16 GEMM at decode batch sizes — {facts['gpu']}", "",
-           f"Device copy: {facts['copy_tbps']:.2f} TB/s (read + write of 1 GiB); floor = int4 bytes / that. "
+           f"Read: {facts['read_tbps']:.2f} TB/s (a reduction over 1 GiB); floor = int4 bytes / that. "
+           f"Device copy: {facts['copy_tbps']:.2f} TB/s (read + write of 1 GiB, for reference). "
            f"Weights: {facts['flavour']}, group {facts['group']}. µs median (IQR) per call, "
            f"{facts['repeats']} interleaved repeats of a CUDA graph; TB/s = the kernel's own bytes / time.", ""]
     for k, v in facts.get("skipped", {}).items():
@@ -622,7 +638,9 @@ def main(argv=None) -> int:
 
     t0 = time.time()
     copy_tbps, _ = copy_bandwidth(args.repeats)
-    log(f"{dev.name}: device copy {copy_tbps:.2f} TB/s; kernels: {', '.join(k.name for k in kernels)}")
+    read_tbps = read_bandwidth(args.repeats)
+    log(f"{dev.name}: read {read_tbps:.2f} TB/s, device copy {copy_tbps:.2f} TB/s; "
+        f"kernels: {', '.join(k.name for k in kernels)}")
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows, sweep_rows = [], []
     for size in sizes:
@@ -636,7 +654,7 @@ def main(argv=None) -> int:
                                                      key=lambda c: c.tag)]
         log(f"{size}: {len(sweep)} swept twin-gemv configs")
         run_size(size, kernels, sweep, ms, args.group, args.symmetric, args.repeats, args.check, gen, rows,
-                 sweep_rows, copy_tbps, log)
+                 sweep_rows, read_tbps, log)
         log(f"{size}: done at {time.time() - t0:.0f} s")
     try:
         from workbench.envcapture import capture
@@ -646,6 +664,7 @@ def main(argv=None) -> int:
         env = {"note": f"workbench.envcapture failed: {e}"}
     env["benchmark"] = {"argv": sys.argv[1:], "triton": triton.__version__, "torch": torch.__version__,
                         "gpu": dev.name, "sms": dev.multi_processor_count, "copy_tbps": copy_tbps,
+                        "read_tbps": read_tbps,
                         "skipped": skipped, "kernels": [k.name for k in kernels], "seconds": round(time.time() - t0)}
     (out / "env.json").write_text(json.dumps(env, indent=2, default=str) + "\n")
     for name, data in (("kernels.csv", rows), ("sweep.csv", sweep_rows)):
@@ -654,7 +673,7 @@ def main(argv=None) -> int:
                 w = csv.DictWriter(fh, fieldnames=list(data[0]))
                 w.writeheader()
                 w.writerows(data)
-    facts = {"gpu": dev.name, "copy_tbps": copy_tbps, "repeats": args.repeats, "group": args.group,
+    facts = {"gpu": dev.name, "copy_tbps": copy_tbps, "read_tbps": read_tbps, "repeats": args.repeats, "group": args.group,
              "flavour": "uint4b8 (symmetric)" if args.symmetric else "uint4 with zero points", "skipped": skipped}
     md = markdown(rows, sweep_rows, ms, facts)
     if log_lines:

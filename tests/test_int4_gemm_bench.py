@@ -1,0 +1,21 @@
+"""benchmarks/int4_gemm.py on a CPU: the README's header names the rate its byte floors divide by."""
+import importlib.util
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("int4_gemm_bench", REPO / "benchmarks" / "int4_gemm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_floor_divides_by_the_read_rate_and_names_the_copy_rate_beside_it():
+    bench = _bench()
+    facts = {"gpu": "GPU", "copy_tbps": 2.75, "read_tbps": 4.21, "repeats": 5, "group": 128,
+             "flavour": "uint4 with zero points", "skipped": {}}
+    head = bench.markdown([], [], [1], facts).splitlines()[2]
+    assert head.startswith("Read: 4.21 TB/s (a reduction over 1 GiB); floor = int4 bytes / that.")
+    assert "Device copy: 2.75 TB/s (read + write of 1 GiB, for reference)" in head
