@@ -93,10 +93,10 @@ def prefer(name: str | None) -> Iterator[None]:
     platform_list[:] = reorder(saved, cls)  # in place: choose_mp_linear_kernel reads this list per call
     REFUSALS.clear()
     own = cls.__dict__.get("can_implement")
-    asked = cls.can_implement
+    asked = cls.can_implement.__func__  # the classmethod's function: a subclass that inherits it keeps its own cls
 
     def can_implement(klass, config):
-        ok, why = asked(config)
+        ok, why = asked(klass, config)
         if not ok and klass is cls and str(why) not in REFUSALS:
             REFUSALS.append(str(why))
         return ok, why
