@@ -156,16 +156,16 @@ def test_a_kernel_asked_for_by_name_that_runs_no_layer_is_refused():
             m.add_module(f"l{i}", layer)
         return m
 
-    dk.REFUSALS[:] = ["Weight output_size_per_partition = 8 is not divisible by min_thread_n = 64"]
+    said = ["Weight output_size_per_partition = 8 is not divisible by min_thread_n = 64"]
     with pytest.raises(RuntimeError, match="draft_linear_kernel=humming: none of the draft's 2 quantized "
                                            "layers can run on HummingLinearKernel here \\(it said: Weight "
                                            "output_size_per_partition = 8 is not divisible"):
-        dk.checked_report(model("MacheteLinearKernel", "MacheteLinearKernel"), "HummingLinearKernel", "humming")
-    mixed = dk.checked_report(model("HummingLinearKernel", "MarlinLinearKernel"), "HummingLinearKernel", "humming")
+        dk.checked_report(model("MacheteLinearKernel", "MacheteLinearKernel"), "HummingLinearKernel", "humming", said)
+    mixed = dk.checked_report(model("HummingLinearKernel", "MarlinLinearKernel"), "HummingLinearKernel", "humming",
+                              said)
     assert mixed["draft_linear_kernel"] == "mixed"
     assert mixed["draft_linear_kernel_fallback_layers"] == {"MarlinLinearKernel": 1}
-    assert mixed["draft_linear_kernel_refused"] == dk.REFUSALS                # why the one layer fell back
-    dk.REFUSALS.clear()
+    assert mixed["draft_linear_kernel_refused"] == said                       # why the one layer fell back
     # auto accepts vLLM's fallback (the reason the knob exists is a preference, not a demand)
     assert dk.checked_report(model("MacheteLinearKernel"), "MarlinLinearKernel", "auto")["draft_linear_kernel"] \
         == "MacheteLinearKernel"
@@ -226,15 +226,15 @@ def test_preferred_kernel_is_chosen_for_the_draft_and_the_list_restored():
     own = marlin.__dict__.get("can_implement")
     ok, why = marlin.can_implement(cfg)
     assert not ok and why
-    with dk.prefer("MarlinLinearKernel"):
+    with dk.prefer("MarlinLinearKernel") as refused:
         assert linear.choose_mp_linear_kernel(cfg).__name__ != "MarlinLinearKernel"
         linear.choose_mp_linear_kernel(cfg)
-    assert dk.REFUSALS == [str(why)]                                   # once, however many layers it refused
+    assert refused == [str(why)]                                       # once, however many layers it refused
     assert marlin.__dict__.get("can_implement") is own                 # the class is as it was
     assert linear._POSSIBLE_KERNELS[current_platform._enum] == before
-    with dk.prefer("CPUWNA16LinearKernel"):                            # a new load starts a new list
+    with dk.prefer("CPUWNA16LinearKernel") as refused_again:           # each load has its own list
         linear.choose_mp_linear_kernel(cfg)
-    assert dk.REFUSALS == []
+    assert refused_again == [] and refused == [str(why)]
 
 
 def test_the_draft_kernel_is_a_factor_of_the_drafters_compile_cache_key():

@@ -30,10 +30,6 @@ KERNEL_CLASSES = {
 }
 AUTO_ON_CUDA = "marlin"
 
-# what the preferred class answered when it could not implement a draft layer (distinct reasons, in order),
-# filled while :func:`prefer` is active: vLLM's chooser keeps its reasons only when no kernel at all fits
-REFUSALS: list[str] = []
-
 
 def resolve(requested: str, on_cuda: bool) -> tuple[str | None, str]:
     """The kernel class name to put first for the draft (None: vLLM's order unchanged) and why."""
@@ -79,10 +75,13 @@ def reorder(kernels: list, first) -> list:
 
 
 @contextlib.contextmanager
-def prefer(name: str | None) -> Iterator[None]:
-    """While inside: vLLM's mixed-precision kernel list of this platform starts with ``name``."""
+def prefer(name: str | None) -> Iterator[list[str]]:
+    """While inside: vLLM's mixed-precision kernel list of this platform starts with ``name``. Yields the list
+    of what that class answered when it could not implement a layer (distinct reasons, in order; vLLM's
+    chooser keeps its reasons only when no kernel at all fits), filled while inside."""
+    refused: list[str] = []
     if name is None:
-        yield
+        yield refused
         return
     from vllm.model_executor.kernels import linear
     from vllm.platforms import current_platform
@@ -91,19 +90,18 @@ def prefer(name: str | None) -> Iterator[None]:
     platform_list = linear._POSSIBLE_KERNELS.setdefault(current_platform._enum, [])
     saved = list(platform_list)
     platform_list[:] = reorder(saved, cls)  # in place: choose_mp_linear_kernel reads this list per call
-    REFUSALS.clear()
     own = cls.__dict__.get("can_implement")
     asked = cls.can_implement.__func__  # the classmethod's function: a subclass that inherits it keeps its own cls
 
     def can_implement(klass, config):
         ok, why = asked(klass, config)
-        if not ok and klass is cls and str(why) not in REFUSALS:
-            REFUSALS.append(str(why))
+        if not ok and klass is cls and str(why) not in refused:
+            refused.append(str(why))
         return ok, why
 
     cls.can_implement = classmethod(can_implement)
     try:
-        yield
+        yield refused
     finally:
         platform_list[:] = saved
         if own is None:
@@ -131,12 +129,12 @@ def report(model, preferred: str | None) -> dict:
             "draft_linear_kernel_fallback_layers": fell_back}
 
 
-def checked_report(model, preferred: str | None, requested: str) -> dict:
+def checked_report(model, preferred: str | None, requested: str, refused: list[str] = ()) -> dict:
     """:func:`report`, refusing a kernel asked for by name that none of the draft's quantized layers runs:
     the engine would otherwise time vLLM's next kernel under the requested one's name (seen on the H200:
     ``humming`` without the ``humming-kernels`` package ran every layer on Machete)."""
     out = report(model, preferred)
-    out["draft_linear_kernel_refused"] = list(REFUSALS) if out["draft_linear_kernel_fallback_layers"] else []
+    out["draft_linear_kernel_refused"] = list(refused) if out["draft_linear_kernel_fallback_layers"] else []
     counts = out["draft_mp_kernels"]
     if requested != "auto" and preferred is not None and counts and not counts.get(preferred):
         said = "; ".join(out["draft_linear_kernel_refused"]) or "no reason given"

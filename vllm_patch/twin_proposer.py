@@ -137,10 +137,10 @@ class TwinDraftProposer(DraftModelProposer):
         # draft's W4A16 layers only, and is restored before anything else is built.
         if self._twin is None:
             return super().load_model(target_model)
-        with draft_kernels.prefer(self._twin_kernel[0]):
+        with draft_kernels.prefer(self._twin_kernel[0]) as refused:
             super().load_model(target_model)
         self._twin_engine.report.update(**draft_kernels.checked_report(
-            self.model, self._twin_kernel[0], self._twin_engine.knobs.draft_linear_kernel))
+            self.model, self._twin_kernel[0], self._twin_engine.knobs.draft_linear_kernel, refused))
         if self._twin_engine.knobs.draft_lm_head == "int4":
             self._twin_engine.report.update(**draft_head.install(self.model, self._twin_kernel[0]))
         else:
