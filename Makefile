@@ -10,8 +10,11 @@ env:
 demo: env
 	$(PY) -m workbench.demo
 
+# two pytest-xdist workers, one test module per worker at a time (module fixtures are built once); most
+# engine tests keep one core busy, so two workers fill a 2-core host. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: env
-	$(PY) -m pytest -q -p no:cacheprovider --durations=30
+	$(PY) -m pytest -q -p no:cacheprovider --durations=30 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # everything that starts no vLLM engine
 test-fast: env
