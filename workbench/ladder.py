@@ -206,12 +206,15 @@ def step_costs(steps: pd.DataFrame) -> pd.DataFrame:
 def _decode_s_per_token(walls: pd.DataFrame) -> pd.Series:
     """Per walls row (one repeat), the decode-only seconds per output token after the first:
     (wall_s - first_wall_s) / (out_tokens - batch). NaN where the row has no ``first_wall_s`` (written
-    before the engine timed the first token apart) or no token after the first."""
+    before the engine timed the first token apart), no token after the first, or a first token that took
+    at least the whole timed generate: the two are timed in separate calls, and on a loaded host (a CPU
+    shared with other work) that can happen; such a row has no usable decode time, and a negative one
+    would pull the median."""
     if "first_wall_s" not in walls or "out_tokens" not in walls:
         return pd.Series(np.nan, index=walls.index, dtype=float)
     after = pd.to_numeric(walls["out_tokens"], errors="coerce") - pd.to_numeric(walls["batch"], errors="coerce")
     decode = pd.to_numeric(walls["wall_s"], errors="coerce") - pd.to_numeric(walls["first_wall_s"], errors="coerce")
-    return decode / after.where(after > 0)
+    return decode.where(decode > 0) / after.where(after > 0)
 
 
 def _first_ms(walls: pd.DataFrame) -> float:
