@@ -187,11 +187,16 @@ class RunTables:
             return {}
         return {r.leg: r.target for r in legs.itertuples(index=False) if isinstance(r.target, str)}
 
+    @cached_property
+    def _legs_with_records(self) -> list[str]:
+        """The legs that have records, in run order."""
+        have = set(self.records["leg"])
+        return [l for l in self.run.legs_order if l in have]
+
     def _legs_of_tier(self, tier: str) -> list[str]:
         """The legs with records, in run order, whose every record has ``tier``."""
         recs = self.records
-        return [l for l in self.run.legs_order if l in set(recs["leg"])
-                and (recs.loc[recs["leg"] == l, "tier"] == tier).all()]
+        return [l for l in self._legs_with_records if (recs.loc[recs["leg"] == l, "tier"] == tier).all()]
 
     @cached_property
     def references(self) -> dict[str, str]:
@@ -202,7 +207,7 @@ class RunTables:
             return {}
         target_of = self.leg_targets.get
         return {leg: next((v for v in vans if target_of(v) == target_of(leg)), vans[0])
-                for leg in self.run.legs_order if leg in set(self.records["leg"]) and leg not in vans}
+                for leg in self._legs_with_records if leg not in vans}
 
     @cached_property
     def verdicts(self) -> dict[str, "exactness.Verdict"]:
