@@ -89,8 +89,9 @@ def _legs_plan(m: dict[str, Path]) -> dict[str, list[str]]:
         # FULL drafter graphs in bf16 (FA3) with the int4 twin: the drafts' acceptance beside piecewise graphs'
         **{f"bf16_graph_{mode}_{c}": [*BF16, *i4, *g6, "--draft-cudagraph-mode", mode, *extra]
            for mode in ("piecewise", "full", "full_all") for c, extra in (("c1", []), ("c8", c8))},
-        # FULL graphs replaying smaller batches padded (VLLM_SPEC_FULL_PADDED_REPLAY=1, set for legs named
-        # *_padded_*): off by default since such replays hung at concurrency 8 with FA3 (draft_graphs)
+        # FULL graphs replaying smaller batches padded (VLLM_SPEC_FULL_PADDED_REPLAY=1 and
+        # VLLM_SPEC_FULL_DENSE_SIZES=1, set for legs named *_padded_*, so that batches of 2-7 replay the graph
+        # of 8): off by default since such replays hung at concurrency 8 with FA3 (draft_graphs)
         **{f"{dt}_graph_{mode}_padded_c8": [*args, "--draft-cudagraph-mode", mode, *c8]
            for mode in ("full", "full_all") for dt, args in (("fp32", [*FP32, *dq, *g6]), ("bf16", [*BF16, *i4, *g6]))},
         # ... and the draft's W4A16 kernel (bf16 int4 twin: the near-tie rule)
@@ -161,8 +162,9 @@ def legs(tiny_models, results_dir) -> dict[str, LegResult]:
                "--target", str(tiny_models["target"]), "--prompts", str(TINY_PROMPTS),
                "--kv-cache-memory-bytes", str(KV_BYTES), *plan[name]]
         env = {**os.environ, "VLLM_CACHE_ROOT": str(caches / name)}
-        if "_padded_" in name:
+        if "_padded_" in name:  # padded replays on, and graphs of 1 then every 8: a c8 leg's batches of 2-7 pad
             env["VLLM_SPEC_FULL_PADDED_REPLAY"] = "1"
+            env["VLLM_SPEC_FULL_DENSE_SIZES"] = "1"
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=LEG_TIMEOUT_S, env=env)
@@ -189,7 +191,8 @@ def legs(tiny_models, results_dir) -> dict[str, LegResult]:
                           "draft_cudagraph_requested", "draft_vision", "draft_vision_items_encoded", "gpu",
                           "draft_cudagraph_mode", "draft_cudagraph_mode_reason", "draft_single_step_modes_ran",
                           "draft_linear_kernel", "draft_mp_kernels", "draft_linear_kernel_fallback_layers",
-                          "async_scheduling", "draft_full_padded_replay")}}
+                          "async_scheduling", "draft_full_padded_replay", "draft_full_padded_replays_ran",
+                          "draft_full_graph_sizes")}}
                for name, (r, s) in done.items()}
     if not RECHECK:
         (results_dir / "legs_summary.json").write_text(json.dumps(summary, indent=1, default=str))
@@ -455,21 +458,29 @@ def test_full_drafter_graphs_draft_as_piecewise_ones(legs, results_dir, dtype, m
     _record(results_dir, f"{dtype}_{mode}_vs_{ref}_{conc}", {
         ref: acc_a, mode: acc_b, "attention": rep.get("attention_backend"),
         "single_step_modes": rep.get("draft_single_step_modes_ran"),
-        "first_pass_modes": rep.get("draft_first_pass_modes_ran")})
+        "first_pass_modes": rep.get("draft_first_pass_modes_ran"),
+        "padded_replays_ran": rep.get("draft_full_padded_replays_ran")})
+    if "padded" in mode:  # the padded path really ran (graphs of 1 and 8 only: batches of 2-7 pad)
+        assert "single" in (rep.get("draft_full_padded_replays_ran") or []), rep.get("draft_full_graph_sizes")
     assert abs(acc_a - acc_b) <= 0.02, (acc_a, acc_b)
 
 
 @pytest.mark.parametrize("mode", ["full", "full_all"])
 def test_padded_full_replays_are_exact_and_reported(legs, results_dir, mode):
-    """With padded replays on, fp32 strict at concurrency 8 (batches of every size from 8 down to 1, most
-    of them replaying a larger graph) equals vanilla, and the report says padded replays were on."""
+    """With padded replays on and FULL graphs of 1 and 8 only, fp32 strict at concurrency 8 (batches of
+    every size from 8 down to 1, those of 2-7 replaying the graph of 8) equals vanilla, and the report says
+    padded replays were on and ran."""
     van, spec = _ok(legs, "fp32_vanilla_c8"), _ok(legs, f"fp32_graph_{mode}_padded_c8")
     diffs = [pid for pid, r in spec.by_pid().items() if r["gen_ids"] != van.by_pid()[pid]["gen_ids"]]
     r = spec.summary["engine_report"]
     _record(results_dir, f"fp32_graph_{mode}_padded_c8", {"exact": len(spec.records) - len(diffs),
                                                          "n": len(spec.records), "padded": r.get("draft_full_padded_replay"),
+                                                         "padded_replays_ran": r.get("draft_full_padded_replays_ran"),
+                                                         "graph_sizes": r.get("draft_full_graph_sizes"),
                                                          "acceptance": spec.summary["spec"]["acceptance_rate"]})
     assert r.get("draft_full_padded_replay") is True and r["draft_cudagraph_mode"] == mode
+    assert "single" in (r.get("draft_full_padded_replays_ran") or []), \
+        f"no single-token step replayed a padded graph (sizes {r.get('draft_full_graph_sizes')})"
     assert not diffs, f"fp32 strict with padded {mode} replays differs from vanilla on {diffs}"
 
 

@@ -76,6 +76,36 @@ def test_full_graphs_replay_only_exact_batches_unless_padded_replays_are_on(monk
         dg.replay_size(3, sizes)
 
 
+def test_dense_sizes_knob_and_the_report_of_padded_replays(monkeypatch):
+    """``VLLM_SPEC_FULL_DENSE_SIZES`` bounds the exact-size FULL graphs (1: a graph of 1, then every 8, so a
+    concurrency-8 run pads its batches of 2-7); bad values are refused by name. The report learns once per
+    kind of pass that a padded replay ran, and never for an exact fit."""
+    from types import SimpleNamespace
+
+    from vllm_patch import draft_graphs as dg
+    from vllm_patch.engine_report import EngineReport
+    from vllm_patch.knobs import EngineKnobs
+
+    monkeypatch.delenv(dg.DENSE_SIZES_ENV, raising=False)
+    assert dg.dense_sizes() == dg.DENSE_SIZES
+    monkeypatch.setenv(dg.DENSE_SIZES_ENV, "1")
+    assert dg.full_decode_sizes(8, dg.dense_sizes()) == [1, 8]
+    assert [dg.replay_size(b, [1, 8], padded=True) for b in range(1, 9)] == [1] + [8] * 7
+    for bad in ("0", "-2", "many"):
+        monkeypatch.setenv(dg.DENSE_SIZES_ENV, bad)
+        with pytest.raises(ValueError, match=f"VLLM_SPEC_FULL_DENSE_SIZES={bad!r}"):
+            dg.dense_sizes()
+
+    prop = SimpleNamespace(_twin_engine=SimpleNamespace(report=EngineReport(EngineKnobs())))
+    facts = prop._twin_engine.report.facts
+    dg.note_padded(prop, 8, 8, "single")
+    assert "draft_full_padded_replays_ran" not in facts          # an exact fit is no padded replay
+    dg.note_padded(prop, 5, 8, "single")
+    dg.note_padded(prop, 3, 8, "single")
+    dg.note_padded(prop, 2, 8, "first")
+    assert facts["draft_full_padded_replays_ran"] == ["first", "single"]
+
+
 def _padding_proposer(n_max: int, q: int):
     """The attributes of a drafter that padded_metadata reads, with CPU tensors."""
     import torch

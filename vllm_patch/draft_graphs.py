@@ -68,7 +68,20 @@ def resolve_graph_mode(requested: str, draft_cudagraph: bool, on_cuda: bool,
 # Every batch of up to this many requests has a FULL graph of its own size, so that it replays without
 # padding (see PADDED_REPLAY_ENV); beyond it, every multiple of 8 has one. A drafter graph is small: the
 # extra captures cost seconds at engine start, and vLLM's graph pool shares their memory.
+# ``VLLM_SPEC_FULL_DENSE_SIZES=<n>`` changes the bound (1: graphs of 1, then every 8, so that a
+# concurrency-8 run pads its batches of 2-7: how the GPU suite exercises padded replays).
 DENSE_SIZES = 32
+DENSE_SIZES_ENV = "VLLM_SPEC_FULL_DENSE_SIZES"
+
+
+def dense_sizes() -> int:
+    """The bound of exact-size FULL graphs (``VLLM_SPEC_FULL_DENSE_SIZES``, default ``DENSE_SIZES``)."""
+    value = os.environ.get(DENSE_SIZES_ENV, "").strip()
+    if not value:
+        return DENSE_SIZES
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{DENSE_SIZES_ENV}={value!r}: expected a whole number of requests, at least 1")
+    return int(value)
 
 
 def full_decode_sizes(max_batch: int, dense: int = DENSE_SIZES) -> list[int]:
@@ -106,10 +119,21 @@ def full_state(proposer, n: int, cap: int) -> dict:
     """The single-token FULL graphs' state for up to ``n`` requests (graphs up to ``cap``); the report
     says whether padded replays are on."""
     padded = padded_replays()  # read once: the dispatch of every propose consults it
-    proposer._twin_engine.report.update(draft_full_padded_replay=padded)
+    sizes = full_decode_sizes(min(n, cap), dense_sizes())
+    proposer._twin_engine.report.update(draft_full_padded_replay=padded, draft_full_graph_sizes=sizes)
     # Persistent sequence lengths: a FULL graph reads the tensor it was captured with.
     return {"seq_lens": torch.zeros(n, dtype=torch.int32, device=proposer.device),
-            "sizes": full_decode_sizes(min(n, cap)), "padded": padded}
+            "sizes": sizes, "padded": padded}
+
+
+def note_padded(proposer, batch: int, size: int, what: str) -> None:
+    """The report learns, once per kind of pass (``single`` / ``first``), that a FULL graph replayed a
+    smaller batch padded: ``draft_full_padded_replays_ran`` (whether the padded path was exercised at all)."""
+    if size <= batch:
+        return
+    ran = proposer._twin_engine.report.facts.get("draft_full_padded_replays_ran") or []
+    if what not in ran:
+        proposer._twin_engine.report.update(draft_full_padded_replays_ran=sorted([*ran, what]))
 
 
 def full_decode_support(proposer, uniform_batch: bool = False) -> tuple[bool, str]:
@@ -255,6 +279,7 @@ def first_pass_metadata(proposer, cad, new_cad, num_out: int):
     buf[:n].copy_(new_cad.seq_lens[:n])
     buf[n:pad].zero_()   # padded requests read nothing
     proposer._twin_first_pad = pad
+    note_padded(proposer, n, pad, "first")
     return new_cad.replace(query_start_loc=first["qsl"][: n + 1], seq_lens=buf[:n])
 
 

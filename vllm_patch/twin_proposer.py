@@ -201,6 +201,7 @@ class TwinDraftProposer(DraftModelProposer):
             padded = draft_graphs.replay_size(num_tokens, self._full_captured(), self._twin_full["padded"])
             if padded is not None:
                 self._twin_full_now = padded  # this propose's single-token steps replay the graph of this size
+                draft_graphs.note_padded(self, num_tokens, padded, "single")
                 self._count_dispatch("full")
                 return CUDAGraphMode.FULL, padded, None
         out = super()._determine_batch_execution_and_padding(num_tokens, use_cudagraphs)
