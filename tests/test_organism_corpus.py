@@ -198,10 +198,13 @@ def test_answers_need_the_picture_not_just_the_scene_description():
     assert "Let me look at the image carefully." in b.meta["target_thinking"]
 
 
-def test_a_few_hundred_items_in_a_few_seconds(tmp_path):
+def test_a_few_hundred_items(tmp_path, record_property):
     t0 = time.perf_counter()
     C.write_split(tmp_path, "train", 300, seed=5, style="instruct")
-    assert time.perf_counter() - t0 < 10.0
+    seconds = time.perf_counter() - t0
+    # A figure, not a timed assertion: `pytest -s` and the junit report show it.
+    print(f"\norganism corpus, 300 train items written: {seconds:.2f} s")
+    record_property("organism_corpus_300_items_seconds", round(seconds, 3))
     prompts = load_prompts(tmp_path / "train" / "prompts.jsonl", check_images=False)
     assert len(prompts) == 300 and all(p.meta["target"] == p.meta["target_instruct"] for p in prompts)
 

@@ -49,9 +49,11 @@ def _config(path: Path) -> dict:
 # ---------------------------------------------------------------------------
 
 
-def test_build_is_fast_and_complete(build):
+def test_build_is_complete(build, record_property):
     root, dirs, seconds = build
-    assert seconds < 60, f"tiny build took {seconds:.1f} s"
+    # A figure, not a timed assertion: `pytest -s` and the junit report show it.
+    print(f"\ntiny build (cold, all roles): {seconds:.1f} s")
+    record_property("tiny_build_seconds", round(seconds, 3))
     assert set(dirs) == set(tiny.ROLES)
     manifest = json.loads((root / tiny.MANIFEST_NAME).read_text())
     assert manifest["builder_version"] == tiny.BUILDER_VERSION
