@@ -91,7 +91,7 @@ def _legs_plan(m: dict[str, Path]) -> dict[str, list[str]]:
            for mode in ("piecewise", "full", "full_all") for c, extra in (("c1", []), ("c8", c8))},
         # FULL graphs replaying smaller batches padded (VLLM_SPEC_FULL_PADDED_REPLAY=1 and
         # VLLM_SPEC_FULL_DENSE_SIZES=1, set for legs named *_padded_*, so that batches of 2-7 replay the graph
-        # of 8): off by default since such replays hung at concurrency 8 with FA3 (draft_graphs)
+        # of 8); padded replays hung at concurrency 8 with FA3 before their metadata was built for the padded batch
         **{f"{dt}_graph_{mode}_padded_c8": [*args, "--draft-cudagraph-mode", mode, *c8]
            for mode in ("full", "full_all") for dt, args in (("fp32", [*FP32, *dq, *g6]), ("bf16", [*BF16, *i4, *g6]))},
         # ... and the draft's W4A16 kernel (bf16 int4 twin: the near-tie rule)

@@ -60,16 +60,18 @@ def test_full_decode_sizes_cover_every_batch_the_scheduler_can_form():
     assert padded_size(3, set()) is None
 
 
-def test_full_graphs_replay_only_exact_batches_unless_padded_replays_are_on(monkeypatch):
-    """A batch of 5 in the graph of 8 hung the H200 (FA3's scheduler metadata for 5, the kernels for 8):
-    by default a FULL graph replays only a batch of its own size; the switch brings padded replays back."""
+def test_full_graphs_replay_padded_batches_unless_switched_off(monkeypatch):
+    """A FULL graph replays a smaller batch padded (the smallest captured size that holds it) unless
+    ``VLLM_SPEC_FULL_PADDED_REPLAY=0``; then only a batch of its own size replays (others run piecewise).
+    A batch beyond the largest graph never replays; a bad value is refused by name."""
     from vllm_patch import draft_graphs as dg
 
-    monkeypatch.delenv(dg.PADDED_REPLAY_ENV, raising=False)
     sizes = [1, 2, 4, 8, 16]
-    assert [dg.replay_size(b, sizes) for b in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, None, 4, None, 8, None, 16]
-    monkeypatch.setenv(dg.PADDED_REPLAY_ENV, "1")
+    monkeypatch.delenv(dg.PADDED_REPLAY_ENV, raising=False)
+    assert dg.padded_replays() is True
     assert [dg.replay_size(b, sizes) for b in (1, 3, 5, 9, 17)] == [1, 4, 8, 16, None]
+    monkeypatch.setenv(dg.PADDED_REPLAY_ENV, "0")
+    assert [dg.replay_size(b, sizes) for b in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, None, 4, None, 8, None, 16]
     assert dg.replay_size(5, sizes, padded=False) is None and dg.replay_size(5, sizes, padded=True) == 8
     monkeypatch.setenv(dg.PADDED_REPLAY_ENV, "yes")
     with pytest.raises(ValueError, match="VLLM_SPEC_FULL_PADDED_REPLAY='yes': expected 0 or 1"):

@@ -36,10 +36,12 @@ FULL_ALL_VERIFIED = True
 # Padded replays: a batch of n requests replaying the graph of a larger captured size. With FA3's
 # ahead-of-time scheduling on (full_pass_metadata), such replays hung the H200 at concurrency 8 in bf16
 # (results/cuda-verify/20261203T0805Z-h200-a2d746d: 5 requests in the graph of 8), the scheduler metadata
-# having been built for n requests and the captured kernels launched for the padded batch. Until the padded
-# metadata (padded_metadata) is verified there, a FULL graph replays only a batch of exactly its size
-# (every size up to DENSE_SIZES has one), every other batch running piecewise;
-# ``VLLM_SPEC_FULL_PADDED_REPLAY=1`` turns padded replays on.
+# having been built for n requests and the captured kernels launched for the padded batch. Built for the
+# padded batch (padded_metadata), they are exact in fp32 and draft what piecewise drafts in bf16, for the
+# single-token steps and the first pass, with batches of 2-7 replaying the graph of 8
+# (results/cuda-verify/20261203T1453Z-h200-1e43d86), so they are on; since every size up to DENSE_SIZES
+# has a graph of its own, only larger batches pad. ``VLLM_SPEC_FULL_PADDED_REPLAY=0`` turns them off
+# (then a batch without a graph of its exact size runs piecewise).
 PADDED_REPLAY_ENV = "VLLM_SPEC_FULL_PADDED_REPLAY"
 
 
@@ -100,8 +102,8 @@ def padded_size(batch: int, captured) -> int | None:
 
 
 def padded_replays() -> bool:
-    """Whether a FULL graph may replay a smaller batch, padded (``VLLM_SPEC_FULL_PADDED_REPLAY=1``)."""
-    value = os.environ.get(PADDED_REPLAY_ENV, "0").strip()
+    """Whether a FULL graph may replay a smaller batch, padded (on; ``VLLM_SPEC_FULL_PADDED_REPLAY=0``: off)."""
+    value = os.environ.get(PADDED_REPLAY_ENV, "1").strip()
     if value not in ("0", "1"):
         raise ValueError(f"{PADDED_REPLAY_ENV}={value!r}: expected 0 or 1")
     return value == "1"
