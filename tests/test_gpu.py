@@ -58,10 +58,17 @@ KV_BYTES = 1 << 30  # per leg; the tiny models need a few MiB of it
 LEG_TIMEOUT_S = int(os.environ.get("WORKBENCH_GPU_LEG_TIMEOUT", "600"))
 
 
-def _legs_plan(m: dict[str, Path]) -> dict[str, list[str]]:
+# A tiny Qwen3-VL of another shape with a symmetric group-64 twin (vLLM's uint4b8, the flavour llm-compressor's
+# AWQ writes), built by tests/unseen_twin.py; its legs are named sym_*. Built only when a selected leg needs it.
+UNSEEN_ROOT = Path(tempfile.gettempdir()) / "gpu-suite-unseen"
+
+
+def _legs_plan(m: dict[str, Path], unseen: Path = UNSEEN_ROOT) -> dict[str, list[str]]:
     dq, i4 = ["--draft", str(m["twin-dequant"])], ["--draft", str(m["twin-int4"])]
     g6 = ["--gamma", "6"]
     c8 = ["--max-num-seqs", "8"]
+    sym = ["--target", str(unseen / "target")]
+    sym_i4 = [*sym, "--draft", str(unseen / "twin-int4"), "--gamma", "4"]
     return {
         "fp32_vanilla_c1": FP32,
         "fp32_vanilla_c8": [*FP32, *c8],
@@ -99,6 +106,12 @@ def _legs_plan(m: dict[str, Path]) -> dict[str, list[str]]:
         # ... and the draft's lm_head in int4 on the draft's kernel (Marlin by auto)
         "bf16_int4_head_c1": [*BF16, *i4, *g6, "--draft-lm-head", "int4"],
         "bf16_int4_head_c8": [*BF16, *i4, *g6, *c8, "--draft-lm-head", "int4"],
+        # ... and a symmetric (uint4b8) twin: on each kernel named, and under auto at c8 (full_all, Marlin)
+        "sym_bf16_vanilla_c1": [*BF16, *sym],
+        "sym_bf16_vanilla_c8": [*BF16, *sym, *c8],
+        **{f"sym_bf16_kernel_{k}_c1": [*BF16, *sym_i4, "--draft-linear-kernel", k]
+           for k in _draft_kernels() if k != "exllama"},   # Exllama takes float16 activations only
+        "sym_bf16_strict_c8": [*BF16, *sym_i4, *c8],
     }
 
 
@@ -141,6 +154,11 @@ def legs(tiny_models, results_dir) -> dict[str, LegResult]:
     results folder (a suite continued in a second call).
     """
     plan = _select(_legs_plan(tiny_models), os.environ.get("WORKBENCH_GPU_LEGS"))
+    if not RECHECK and any(name.startswith("sym_") for name in plan):
+        sys.path.insert(0, str(Path(__file__).parent))
+        from unseen_twin import build_unseen
+
+        build_unseen(UNSEEN_ROOT)
     parallel = int(os.environ.get("WORKBENCH_GPU_PARALLEL", "4"))
     reuse = os.environ.get("WORKBENCH_GPU_REUSE") == "1" or bool(RECHECK)
     caches = Path(tempfile.mkdtemp(prefix="gpu-suite-cache-"))
@@ -536,6 +554,54 @@ def test_draft_linear_kernel_knob(legs, teacher, prompts, results_dir, kernel):
     # every draft layer is on the kernel asked for, or counted as having fallen back to vLLM's order
     assert ran.get(want, 0) + sum(r["draft_linear_kernel_fallback_layers"].values()) == sum(ran.values())
     assert r["linear_kernels"]["target"] == r_base["linear_kernels"]["target"], "the target's kernels changed"
+    assert not [d for d in result["divergences"] if d["class"] == "error"], result
+
+
+@pytest.fixture(scope="module")
+def sym_teacher():
+    from workbench.teacher import TeacherForcer
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from unseen_twin import build_unseen
+
+    build_unseen(UNSEEN_ROOT)  # seeded: a recheck host builds the target the legs ran (seconds, on a CPU)
+    return TeacherForcer(str(UNSEEN_ROOT / "target"), dtype="float32", device="cuda" if ON_CUDA else "cpu")
+
+
+@pytest.mark.parametrize("leg", [f"sym_bf16_kernel_{k}_c1" for k in _draft_kernels() if k != "exllama"]
+                         + ["sym_bf16_strict_c8"])
+def test_a_symmetric_twin_drafts_on_the_kernel_named(legs, prompts, results_dir, leg, request):
+    """A symmetric group-64 twin (uint4b8, no zero points) of another tiny target: every draft layer on the
+    kernel asked for (Marlin and the own kernel must run it; a vLLM kernel that cannot may refuse at engine
+    start, quoting its reason), the target's kernels untouched, every bf16 divergence a near-tie."""
+    from vllm_patch.draft_kernels import KERNEL_CLASSES
+
+    kernel = leg.split("_")[3] if "_kernel_" in leg else None
+    if kernel == "humming" and not RECHECK:
+        from vllm.utils.import_utils import has_humming
+
+        if not has_humming():
+            pytest.skip("draft_linear_kernel=humming needs the humming-kernels package on this host")
+    refusal = f"draft_linear_kernel={kernel}: none of the draft's"
+    if kernel not in (None, "marlin", "own") and leg in legs and legs[leg].returncode != 0 \
+            and refusal in legs[leg].stderr:
+        line = legs[leg].stderr[legs[leg].stderr.index(refusal):].splitlines()[0]
+        _record(results_dir, leg, {"refused": line})
+        assert f"can run on {KERNEL_CLASSES[kernel]} here (it said: " in line and "no reason given" not in line, line
+        return
+    spec = _ok(legs, leg)
+    van = _ok(legs, "sym_bf16_vanilla_c8" if leg.endswith("_c8") else "sym_bf16_vanilla_c1")
+    teacher = request.getfixturevalue("sym_teacher")
+    r = spec.summary["engine_report"]
+    result = _classify(van, spec, teacher, prompts)
+    result.update(ran=r.get("draft_mp_kernels"), fallback=r.get("draft_linear_kernel_fallback_layers"),
+                  mode=r.get("draft_cudagraph_mode"), acceptance=spec.summary["spec"]["acceptance_rate"])
+    _record(results_dir, leg, result)
+    ran = r["draft_mp_kernels"]
+    assert sum(ran.values()) > 0
+    if kernel is not None:
+        assert ran.get(KERNEL_CLASSES[kernel], 0) + sum(r["draft_linear_kernel_fallback_layers"].values()) \
+            == sum(ran.values())
     assert not [d for d in result["divergences"] if d["class"] == "error"], result
 
 
