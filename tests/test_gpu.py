@@ -521,6 +521,22 @@ def test_async_scheduling_is_on_and_exact(legs, results_dir, name, ref):
     assert sum(x["spec"]["accepted"] for x in spec.records) == s["num_accepted_tokens"]  # trace = counters
 
 
+def _refused_with_reason(legs, results_dir: Path, leg: str, kernel: str) -> bool:
+    """Whether vLLM's ``kernel`` (not Marlin or the own kernel, which must run every twin here) refused the
+    leg's draft at engine start: none of its layers can run on it (their group size, zero points, activation
+    dtype), so the engine refuses to start under that kernel's name. The refusal must quote what the kernel
+    answered; it is recorded in ``gpu_suite.json``."""
+    from vllm_patch.draft_kernels import KERNEL_CLASSES
+
+    refusal = f"draft_linear_kernel={kernel}: none of the draft's"
+    if kernel in ("marlin", "own") or leg not in legs or legs[leg].returncode == 0 or refusal not in legs[leg].stderr:
+        return False
+    line = legs[leg].stderr[legs[leg].stderr.index(refusal):].splitlines()[0]
+    _record(results_dir, leg, {"refused": line})
+    assert f"can run on {KERNEL_CLASSES[kernel]} here (it said: " in line and "no reason given" not in line, line
+    return True
+
+
 @pytest.mark.parametrize("kernel", _draft_kernels())
 def test_draft_linear_kernel_knob(legs, teacher, prompts, results_dir, kernel):
     """The draft's W4A16 layers run on the kernel asked for (or say which fell back); the target's are vLLM's."""
@@ -533,15 +549,7 @@ def test_draft_linear_kernel_knob(legs, teacher, prompts, results_dir, kernel):
             pytest.skip("draft_linear_kernel=humming needs the humming-kernels package on this host "
                         "(carry its wheel beside the staged vLLM)")
     want = KERNEL_CLASSES[kernel]
-    refusal = f"draft_linear_kernel={kernel}: none of the draft's"
-    if kernel not in ("marlin", "own") and legs[f"bf16_kernel_{kernel}_c1"].returncode != 0 \
-            and refusal in legs[f"bf16_kernel_{kernel}_c1"].stderr:
-        # vLLM's kernel cannot run any of the tiny twin's layers (its shapes, its zero points): the engine
-        # refuses to start under that kernel's name, and says what the kernel answered
-        said = legs[f"bf16_kernel_{kernel}_c1"].stderr
-        line = said[said.index(refusal):].splitlines()[0]
-        _record(results_dir, f"bf16_kernel_{kernel}_c1", {"refused": line})
-        assert f"can run on {want} here (it said: " in line and "no reason given" not in line, line
+    if _refused_with_reason(legs, results_dir, f"bf16_kernel_{kernel}_c1", kernel):
         return
     base, leg = _ok(legs, "bf16_strict_c1"), _ok(legs, f"bf16_kernel_{kernel}_c1")
     r, r_base = leg.summary["engine_report"], base.summary["engine_report"]
@@ -582,12 +590,7 @@ def test_a_symmetric_twin_drafts_on_the_kernel_named(legs, prompts, results_dir,
 
         if not has_humming():
             pytest.skip("draft_linear_kernel=humming needs the humming-kernels package on this host")
-    refusal = f"draft_linear_kernel={kernel}: none of the draft's"
-    if kernel not in (None, "marlin", "own") and leg in legs and legs[leg].returncode != 0 \
-            and refusal in legs[leg].stderr:
-        line = legs[leg].stderr[legs[leg].stderr.index(refusal):].splitlines()[0]
-        _record(results_dir, leg, {"refused": line})
-        assert f"can run on {KERNEL_CLASSES[kernel]} here (it said: " in line and "no reason given" not in line, line
+    if kernel is not None and _refused_with_reason(legs, results_dir, leg, kernel):
         return
     spec = _ok(legs, leg)
     van = _ok(legs, "sym_bf16_vanilla_c8" if leg.endswith("_c8") else "sym_bf16_vanilla_c1")
