@@ -109,13 +109,17 @@ def _legs_plan(m: dict[str, Path], unseen: Path = UNSEEN_ROOT) -> dict[str, list
         # ... and a symmetric (uint4b8) twin: on each kernel named, and under auto at c8 (full_all, Marlin)
         "sym_bf16_vanilla_c1": [*BF16, *sym],
         "sym_bf16_vanilla_c8": [*BF16, *sym, *c8],
-        **{f"sym_bf16_kernel_{k}_c1": [*BF16, *sym_i4, "--draft-linear-kernel", k]
-           for k in _draft_kernels() if k != "exllama"},   # Exllama takes float16 activations only
+        **{f"sym_bf16_kernel_{k}_c1": [*BF16, *sym_i4, "--draft-linear-kernel", k] for k in _sym_kernels()},
         "sym_bf16_strict_c8": [*BF16, *sym_i4, *c8],
     }
 
 
 GRAPH_MODES = ("none", "piecewise", "full", "full_all")
+
+
+def _sym_kernels() -> list[str]:
+    """The kernels the symmetric twin's legs name: all but Exllama, which takes float16 activations only."""
+    return [k for k in _draft_kernels() if k != "exllama"]
 
 
 def _draft_kernels() -> list[str]:
@@ -155,7 +159,6 @@ def legs(tiny_models, results_dir) -> dict[str, LegResult]:
     """
     plan = _select(_legs_plan(tiny_models), os.environ.get("WORKBENCH_GPU_LEGS"))
     if not RECHECK and any(name.startswith("sym_") for name in plan):
-        sys.path.insert(0, str(Path(__file__).parent))
         from unseen_twin import build_unseen
 
         build_unseen(UNSEEN_ROOT)
@@ -567,24 +570,21 @@ def test_draft_linear_kernel_knob(legs, teacher, prompts, results_dir, kernel):
 
 @pytest.fixture(scope="module")
 def sym_teacher():
-    from workbench.teacher import TeacherForcer
-
-    sys.path.insert(0, str(Path(__file__).parent))
     from unseen_twin import build_unseen
+    from workbench.teacher import TeacherForcer
 
     build_unseen(UNSEEN_ROOT)  # seeded: a recheck host builds the target the legs ran (seconds, on a CPU)
     return TeacherForcer(str(UNSEEN_ROOT / "target"), dtype="float32", device="cuda" if ON_CUDA else "cpu")
 
 
-@pytest.mark.parametrize("leg", [f"sym_bf16_kernel_{k}_c1" for k in _draft_kernels() if k != "exllama"]
-                         + ["sym_bf16_strict_c8"])
-def test_a_symmetric_twin_drafts_on_the_kernel_named(legs, prompts, results_dir, leg, request):
+@pytest.mark.parametrize("kernel", [*_sym_kernels(), None], ids=[*_sym_kernels(), "auto_c8"])
+def test_a_symmetric_twin_drafts_on_the_kernel_named(legs, prompts, results_dir, kernel, request):
     """A symmetric group-64 twin (uint4b8, no zero points) of another tiny target: every draft layer on the
     kernel asked for (Marlin and the own kernel must run it; a vLLM kernel that cannot may refuse at engine
     start, quoting its reason), the target's kernels untouched, every bf16 divergence a near-tie."""
     from vllm_patch.draft_kernels import KERNEL_CLASSES
 
-    kernel = leg.split("_")[3] if "_kernel_" in leg else None
+    leg = f"sym_bf16_kernel_{kernel}_c1" if kernel else "sym_bf16_strict_c8"
     if kernel == "humming" and not RECHECK:
         from vllm.utils.import_utils import has_humming
 

@@ -129,8 +129,8 @@ def full_state(proposer, n: int, cap: int) -> dict:
 
 
 def note_padded(proposer, batch: int, size: int, what: str) -> None:
-    """The report learns, once per kind of pass (``single`` / ``first``), that a FULL graph replayed a
-    smaller batch padded: ``draft_full_padded_replays_ran`` (whether the padded path was exercised at all)."""
+    """The report learns, once per kind of pass (``single`` / ``first``), when the dispatch replays a FULL
+    graph for a smaller batch, padded: ``draft_full_padded_replays_ran`` (whether the padded path was exercised at all)."""
     if size <= batch:
         return
     ran = proposer._twin_engine.report.facts.get("draft_full_padded_replays_ran") or []
@@ -281,7 +281,6 @@ def first_pass_metadata(proposer, cad, new_cad, num_out: int):
     buf[:n].copy_(new_cad.seq_lens[:n])
     buf[n:pad].zero_()   # padded requests read nothing
     proposer._twin_first_pad = pad
-    note_padded(proposer, n, pad, "first")
     return new_cad.replace(query_start_loc=first["qsl"][: n + 1], seq_lens=buf[:n])
 
 

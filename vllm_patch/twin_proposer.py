@@ -189,6 +189,7 @@ class TwinDraftProposer(DraftModelProposer):
             if pad is not None and use_cudagraphs:
                 q = self._twin_first["q"]  # the wrapper's key for this pass, then the padded dispatch
                 self.model.twin_key, out = draft_graphs.first_pass_key(pad, q), (CUDAGraphMode.FULL, pad * q, None)
+                draft_graphs.note_padded(self, num_tokens // q, pad, "first")
             else:
                 out = super()._determine_batch_execution_and_padding(num_tokens, use_cudagraphs)
             modes = {CUDAGraphMode.FULL: "full", CUDAGraphMode.PIECEWISE: "piecewise"}
