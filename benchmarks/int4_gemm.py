@@ -138,10 +138,10 @@ class Cublas(Kernel):
 class Ours(Kernel):
     name = "twin-gemv"
 
-    def __init__(self, cfg=None, layout="ng"):
+    def __init__(self, cfg=None, layout=None):  # layout None: repack's default for the flavour, as the plugin
         self.cfg, self.layout = cfg, layout
         if cfg is not None:
-            self.name = f"twin-gemv[{cfg.tag}{',' + layout if layout != 'ng' else ''}]"
+            self.name = f"twin-gemv[{cfg.tag}{',' + layout if layout else ''}]"
 
     def prepare(self, packed, scales, zeros, group, dense_bf16):
         tk.counters(packed.device)  # before any graph capture
@@ -395,7 +395,7 @@ def run_size(size, kernels, sweep, ms, group, symmetric, repeats, check, gen, ro
             del packed, scales, zeros, dense
         for sw in sweep:  # the swept configs run on twin-gemv's repacked copies
             base = states[g].get("twin-gemv")
-            states[g][sw.name] = base if not base or sw.layout == "ng" else [Ours.relayout(b, sw.layout) for b in base]
+            states[g][sw.name] = base if not base or sw.layout is None else [Ours.relayout(b, sw.layout) for b in base]
         torch.cuda.empty_cache()
     all_kernels = list(active.values()) + list(sweep)
     xs = {}
@@ -649,9 +649,9 @@ def main(argv=None) -> int:
             k8s = {k // 8 for _, k in gemm_shapes(size).values()}
             cfgs = {c for m in ms for k8 in k8s for c in tk.sweep_configs(m, k8)}
             sweep = [Ours(c) for c in sorted(cfgs, key=lambda c: c.tag)]
-            # the other scale / zero-point memory order, for the default configs
-            sweep += [Ours(c, "gn") for c in sorted({tk.choose_config(1 << 14, 1 << 10, m) for m in ms},
-                                                     key=lambda c: c.tag)]
+            # both scale / zero-point memory orders, for the default configs
+            sweep += [Ours(c, lay) for c in sorted({tk.choose_config(1 << 14, 1 << 10, m) for m in ms},
+                                                    key=lambda c: c.tag) for lay in ("ng", "gn")]
         log(f"{size}: {len(sweep)} swept twin-gemv configs")
         run_size(size, kernels, sweep, ms, args.group, args.symmetric, args.repeats, args.check, gen, rows,
                  sweep_rows, read_tbps, log)

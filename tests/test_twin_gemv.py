@@ -136,10 +136,13 @@ def test_interpreted_kernel_matches_reference(ik, n, k, group, symmetric, m):
     assert int(ik.counters(torch.device("cpu")).abs().sum()) == 0  # the fused reduction leaves them zero
     y = ik.w4a16_mm(x, qw, s, z, gi)  # bf16 out, the layer's path
     assert y.dtype == torch.bfloat16 and rel_err(y, ref) < 1e-2
-    # scales / zeros with one group's outputs contiguous (the default is the checkpoint's order)
-    qw2, s2, z2, _ = tg.repack(packed, scales, zeros, group, scale_layout="gn")
+    # the other memory order of scales / zeros (the default: the checkpoint's with zero points, one group's
+    # outputs contiguous for symmetric weights)
+    other = "ng" if symmetric else "gn"
+    qw2, s2, z2, _ = tg.repack(packed, scales, zeros, group, scale_layout=other)
     if s.shape[0] > 1:
-        assert s.stride() == (1, s.shape[0]) and s2.stride() == (n, 1)
+        ng, gn = (1, s.shape[0]), (n, 1)
+        assert (s.stride(), s2.stride()) == ((gn, ng) if symmetric else (ng, gn))
     for cfg in (configs[-1], configs[1] if m <= 4 else configs[-1]):  # mma tf32 (exact), gemv
         assert rel_err(ik.w4a16_mm(x, qw2, s2, z2, gi, cfg=cfg, out_dtype=torch.float32), ref) < 1e-5
 
