@@ -108,7 +108,7 @@ def repack(weight_packed, weight_scale, weight_zero_point, group_size: int, scal
     are ``[G, N]``-shaped either way (the kernel reads the strides). ``None``
     picks by flavour, as measured on the H200 (32B layer set): ``ng`` with zero
     points, ``gn`` for symmetric weights, whose ``mma`` tiles (M = 2-16) run
-    1.6-1.9x faster in ``gn`` and whose M = 1 tiles are no slower
+    1.6-2.5x faster in ``gn`` and whose M = 1 tiles are no slower
     (results/int4-gemm/20261203T172039Z-h200).
     """
     n, k8 = weight_packed.shape
