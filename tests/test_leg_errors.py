@@ -24,6 +24,14 @@ def _assert_failed_cleanly(res, *needles):
     assert not list(res.out.glob("*.tmp"))
 
 
+def test_a_leg_without_max_tokens_names_the_option():
+    from workbench.leg import LegError, build_parser, config_from_args
+
+    args = build_parser().parse_args(["--target", "t", "--prompts", "p.jsonl", "--out", "o"])
+    with pytest.raises(LegError, match="missing option.s. --max-tokens"):
+        config_from_args(args)
+
+
 def test_vllm_version_check_names_both_versions():
     import vllm_patch
 

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -310,27 +310,16 @@ def tensor_parallel_problems(tp: int, models: dict[str, str | None], on_cuda: bo
     return tp_problems(tp, configs, devices, kind)
 
 
-def preflight(cfg: LegConfig) -> tuple[list, list[list], list[int]]:
-    """Everything that can be wrong before an engine starts; returns prompts, their images, their lengths."""
-    import vllm_patch
-
-    vllm_patch.check_vllm_version()
-    from importlib.metadata import entry_points
-
-    if not any(ep.name == "twin_spec" for ep in entry_points(group="vllm.general_plugins")):
-        raise LegError(
-            "the vllm_patch plugin is not installed (no 'twin_spec' entry point in "
-            "vllm.general_plugins): run `pip install -e .` in the workbench checkout"
-        )
+def check_inputs(cfg: LegConfig) -> tuple[list, list[list]]:
+    """The leg's own input, checked before torch or vLLM is imported (a typo fails in about a second):
+    the draft / gamma pair, the checkpoints' configs, gamma against max_model_len, the prompts and their
+    images (every image decodes). Returns the prompts and their images."""
     if cfg.draft is not None and cfg.knobs.gamma is None:
         raise LegError("a draft model needs --gamma (number of speculative tokens)")
     if cfg.draft is None and cfg.knobs.gamma is not None:
         raise LegError("--gamma given without --draft")
     problems = model_problems(cfg.target, cfg.draft)
-    if not problems and cfg.tensor_parallel_size > 1:
-        models = {"target": cfg.target, **({"draft": cfg.draft} if cfg.draft is not None else {})}
-        problems += tensor_parallel_problems(cfg.tensor_parallel_size, models, _cuda_present())
-    bad_gamma = gamma_problem(cfg.knobs.gamma, cfg.max_model_len, spec_len_limit())
+    bad_gamma = gamma_problem(cfg.knobs.gamma, cfg.max_model_len)
     if bad_gamma:
         problems.append(bad_gamma)
     if problems:
@@ -341,7 +330,32 @@ def preflight(cfg: LegConfig) -> tuple[list, list[list], list[int]]:
     prompts = load_prompts(cfg.prompts, pids=cfg.pids, n=cfg.n)
     if not prompts:
         raise LegError(f"no prompts selected from {cfg.prompts}")
-    images = [load_images(p) for p in prompts]  # every image decodes before the engine starts
+    return prompts, [load_images(p) for p in prompts]
+
+
+def preflight(cfg: LegConfig, checked: tuple[list, list[list]] | None = None) -> tuple[list, list[list], list[int]]:
+    """Everything that can be wrong before an engine starts; returns prompts, their images, their lengths.
+    ``checked``: what ``check_inputs`` returned, when the caller ran it first."""
+    prompts, images = checked if checked is not None else check_inputs(cfg)
+    import vllm_patch
+
+    vllm_patch.check_vllm_version()
+    from importlib.metadata import entry_points
+
+    if not any(ep.name == "twin_spec" for ep in entry_points(group="vllm.general_plugins")):
+        raise LegError(
+            "the vllm_patch plugin is not installed (no 'twin_spec' entry point in "
+            "vllm.general_plugins): run `pip install -e .` in the workbench checkout"
+        )
+    problems = []
+    if cfg.tensor_parallel_size > 1:
+        models = {"target": cfg.target, **({"draft": cfg.draft} if cfg.draft is not None else {})}
+        problems += tensor_parallel_problems(cfg.tensor_parallel_size, models, _cuda_present())
+    bad_gamma = gamma_problem(cfg.knobs.gamma, cfg.max_model_len, spec_len_limit())
+    if bad_gamma:
+        problems.append(bad_gamma)
+    if problems:
+        raise LegError("; ".join(problems))
     lengths = prompt_lengths(cfg.target, prompts, images)
     problems = length_problems(prompts, lengths, cfg.max_model_len, cfg.target)
     if problems:
@@ -686,8 +700,9 @@ def run_leg(cfg: LegConfig) -> dict:
     finished = leg_status(out) == "complete"
     if finished and not cfg.force:
         raise LegError(f"{out} already holds a finished leg ({SUMMARY}); use --force to redo it")
+    checked = check_inputs(cfg)  # bad input fails before torch or vLLM is imported
     prepare_process_env(cfg)
-    prompts, images, lengths = preflight(cfg)
+    prompts, images, lengths = preflight(cfg, checked)
     # The inputs are good: only now may an earlier result make room.
     if out.is_dir() and any((out / f).exists() for f in (RECORDS, RECORDS_PARTIAL, SUMMARY, FAILURE)):
         archived = archive_leg(out)
@@ -939,9 +954,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--draft", help="draft checkpoint; omit for a vanilla leg")
     ap.add_argument("--prompts", help="prompt file (JSONL, workbench prompt schema)")
     ap.add_argument("--pids", help="comma-separated prompt ids to run, in this order")
-    for name in WORKLOAD_KNOBS:  # from the knob table; defaults are LegConfig's
-        k = KNOBS[name]
-        ap.add_argument(k.flag, dest=name, type=k.type, default=LegConfig.__dataclass_fields__[name].default,
+    for name in WORKLOAD_KNOBS:  # from the knob table; defaults are LegConfig's (None: a required option)
+        k, f = KNOBS[name], LegConfig.__dataclass_fields__[name]
+        ap.add_argument(k.flag, dest=name, type=k.type, default=None if f.default is MISSING else f.default,
                         help=k.help)
     ap.add_argument("--max-num-batched-tokens", type=int)
     ap.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None)
@@ -1026,10 +1041,12 @@ def _out_of(args: argparse.Namespace) -> Path | None:
 def is_environment_error(exc: BaseException) -> bool:
     """A failure of the host's install (vLLM, the plugin, a kernel op, a switch), not of the leg's input."""
     import vllm_patch
-    from vllm_patch.cpu_int4 import Int4FallbackError
 
+    # an Int4FallbackError can only come from a loaded cpu_int4 (importing it here would import torch)
+    int4 = sys.modules.get("vllm_patch.cpu_int4")
+    kinds = (ImportError, vllm_patch.VersionMismatch) + ((int4.Int4FallbackError,) if int4 is not None else ())
     text = str(exc)  # a kernel op missing from vLLM's library; the plugin not registered
-    return (isinstance(exc, (ImportError, vllm_patch.VersionMismatch, Int4FallbackError))
+    return (isinstance(exc, kinds)
             or "_OpNamespace" in text or "plugin is not installed" in text)
 
 
