@@ -79,6 +79,12 @@ def rel_err(y, ref):
     return float((y.float().cpu() - ref).abs().max() / ref.abs().max())
 
 
+# bf16 output against the float32 reference: one rounding of the output (2^-8 of its largest value) plus the
+# dequantized weight's rounding to bf16 on the mma path; Triton's interpreter truncates instead of rounding
+# (2^-7 each), so there the two together may pass 1e-2 (seen at 1.03e-2)
+BF16_OUT_TOL = 2e-2 if INTERPRETED else 1e-2
+
+
 SHAPES = [(64, 512, 128), (48, 256, 32), (32, 384, -1), (40, 320, 64)]
 
 
@@ -135,7 +141,7 @@ def test_interpreted_kernel_matches_reference(ik, n, k, group, symmetric, m):
             assert rel_err(y, ref) < 1e-5, cfg
     assert int(ik.counters(torch.device("cpu")).abs().sum()) == 0  # the fused reduction leaves them zero
     y = ik.w4a16_mm(x, qw, s, z, gi)  # bf16 out, the layer's path
-    assert y.dtype == torch.bfloat16 and rel_err(y, ref) < 1e-2
+    assert y.dtype == torch.bfloat16 and rel_err(y, ref) < BF16_OUT_TOL
     # the other memory order of scales / zeros (the default: the checkpoint's with zero points, one group's
     # outputs contiguous for symmetric weights)
     other = "ng" if symmetric else "gn"
@@ -255,10 +261,10 @@ def test_kernel_class_on_a_vllm_layer(monkeypatch, symmetric):
     layer, w = _vllm_layer(n, k, group, symmetric, device, monkeypatch)
     kernel.process_weights_after_loading(layer)
     assert layer.weight_scale.shape == (k // group, n)
-    x = torch.randn(2, 3, k, device=device).to(torch.bfloat16)
+    x = torch.randn(2, 3, k, generator=torch.Generator().manual_seed(2)).to(device, torch.bfloat16)
     y = kernel.apply_weights(layer, x)
     assert y.shape == (2, 3, n) and y.dtype == torch.bfloat16
-    assert rel_err(y.reshape(-1, n), x.reshape(-1, k).float().cpu() @ w.T) < 1e-2
+    assert rel_err(y.reshape(-1, n), x.reshape(-1, k).float().cpu() @ w.T) < BF16_OUT_TOL
 
 
 # ---------------------------------------------------------------- CUDA
