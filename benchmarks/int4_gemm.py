@@ -649,9 +649,10 @@ def main(argv=None) -> int:
             k8s = {k // 8 for _, k in gemm_shapes(size).values()}
             cfgs = {c for m in ms for k8 in k8s for c in tk.sweep_configs(m, k8)}
             sweep = [Ours(c) for c in sorted(cfgs, key=lambda c: c.tag)]
-            # both scale / zero-point memory orders, for the default configs
-            sweep += [Ours(c, lay) for c in sorted({tk.choose_config(1 << 14, 1 << 10, m) for m in ms},
-                                                    key=lambda c: c.tag) for lay in ("ng", "gn")]
+            # the other scale / zero-point memory order than repack's default, for the default configs
+            other = "ng" if tl4.default_scale_layout(not args.symmetric) == "gn" else "gn"
+            sweep += [Ours(c, other) for c in sorted({tk.choose_config(1 << 14, 1 << 10, m) for m in ms},
+                                                      key=lambda c: c.tag)]
         log(f"{size}: {len(sweep)} swept twin-gemv configs")
         run_size(size, kernels, sweep, ms, args.group, args.symmetric, args.repeats, args.check, gen, rows,
                  sweep_rows, read_tbps, log)

@@ -98,6 +98,12 @@ def unrepack_qweight(qweight: torch.Tensor) -> torch.Tensor:
     return q.permute(0, 1, 3, 2).reshape(n, 8 * k8)
 
 
+def default_scale_layout(zero_points: bool) -> str:
+    """``repack``'s memory order of scales / zeros when none is named: ``ng`` with zero points, ``gn`` for
+    symmetric weights (see ``repack``)."""
+    return "ng" if zero_points else "gn"
+
+
 def repack(weight_packed, weight_scale, weight_zero_point, group_size: int, scale_layout: str | None = None):
     """compressed-tensors tensors -> ``(qweight, scales [G, N], zeros [G, N] uint8 or None, group_ints)``.
 
@@ -121,7 +127,7 @@ def repack(weight_packed, weight_scale, weight_zero_point, group_size: int, scal
     if weight_scale.shape != (n, n_groups):
         raise ValueError(f"scales {tuple(weight_scale.shape)} do not match ({n}, {n_groups})")
     if scale_layout is None:
-        scale_layout = "ng" if weight_zero_point is not None else "gn"
+        scale_layout = default_scale_layout(weight_zero_point is not None)
     if scale_layout not in ("ng", "gn"):
         raise ValueError(f"scale_layout {scale_layout!r} is not 'gn' or 'ng'")
     qweight = repack_qweight(weight_packed)
