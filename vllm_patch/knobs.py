@@ -227,12 +227,15 @@ def parse_relax_logtau(raw: str | None) -> float:
 def tier_of(knobs: Any) -> str:
     """The tier of a set of knobs (a mapping, or an object with the knobs as attributes).
 
-    ``vanilla`` when gamma is there and None (no draft); else ``relaxed`` when relax_logtau > 0, else
+    ``vanilla`` when gamma is there and None (no draft); ``synthetic`` when the workbench's
+    ``acceptance`` knob is not ``real``; else ``relaxed`` when relax_logtau > 0, else
     ``strict``. The engine's switches carry no gamma (an engine with the plugin's gate runs a draft).
     """
     get = knobs.get if isinstance(knobs, Mapping) else (lambda name, d=None: getattr(knobs, name, d))
     if get("gamma", 0) is None:
         return "vanilla"
+    if (get("acceptance", "real") or "real") != "real":
+        return "synthetic"  # vLLM's synthetic sampler keeps drafted tokens by draw: a cost measurement
     return "relaxed" if (get("relax_logtau", 0.0) or 0.0) > 0 else "strict"
 
 

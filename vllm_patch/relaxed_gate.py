@@ -82,7 +82,10 @@ def install(state: EngineState) -> None:
                 target_logits.scatter_(1, idx, raised.unsqueeze(1))
         # host time the trace adds to the step: the margins (unless the relaxed gate needs them) ...
         traced_ns = time.perf_counter_ns() - t0 if trace is not None and x <= 0 else 0
-        out = orig_rejection_sample(
+        sample = orig_rejection_sample
+        if kwargs.get("synthetic_mode") and target_logits.device.type == "cpu":
+            sample = synthetic_greedy_cpu  # vLLM's CPU kernels refuse synthetic mode
+        out = sample(
             draft_token_ids,
             num_draft_tokens,
             max_spec_len,
@@ -111,3 +114,42 @@ def install(state: EngineState) -> None:
         return out
 
     rs.rejection_sample = rejection_sample
+
+
+def synthetic_greedy_cpu(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                         target_logits, bonus_token_ids, sampling_metadata, synthetic_mode=False,
+                         synthetic_conditional_rates=None, **_):
+    """vLLM's synthetic acceptance on a CPU, with its CUDA kernel's semantics (greedy requests).
+
+    At position ``pos`` of a request's draft, a uniform draw below the conditional rate of ``pos`` keeps
+    the drafted token (a placeholder id -1 never passes); the first failing position emits the target's
+    argmax and ends the step; a fully kept draft gets the bonus token. The draws are vLLM's own
+    ``generate_uniform_probs`` (the requests' generators where they have one).
+    """
+    from vllm.v1.sample import rejection_sampler as rs
+
+    if not sampling_metadata.all_greedy:
+        raise NotImplementedError("synthetic acceptance on CPU: greedy requests only (temperature 0)")
+    batch = len(num_draft_tokens)
+    out = torch.full((batch, max_spec_len + 1), rs.PLACEHOLDER_TOKEN_ID, dtype=torch.int32,
+                     device=target_logits.device)
+    uniform = rs.generate_uniform_probs(draft_token_ids.shape[0], num_draft_tokens,
+                                        sampling_metadata.generators, target_logits.device)
+    argmax = target_logits.argmax(dim=-1)
+    rates = synthetic_conditional_rates.tolist()
+    start = 0
+    for r, n in enumerate(num_draft_tokens):
+        kept_all = True
+        for pos in range(n):
+            i = start + pos
+            draft = int(draft_token_ids[i])
+            if float(uniform[i]) < rates[pos] and draft >= 0:
+                out[r, pos] = draft
+            else:
+                out[r, pos] = int(argmax[i])
+                kept_all = False
+                break
+        if kept_all:
+            out[r, n] = int(bonus_token_ids[r, 0])
+        start += n
+    return out

@@ -75,9 +75,10 @@ def cpu_args() -> dict[str, Any]:
     return dict(enforce_eager=True, gpu_memory_utilization=0.05, distributed_executor_backend="uni")
 
 
-def spec_config(draft: str, gamma: int | None) -> dict[str, Any]:
-    """vLLM's ``speculative_config`` for the twin drafting ``gamma`` tokens (the plugin takes over from there)."""
-    return {"method": "draft_model", "model": draft, "num_speculative_tokens": gamma}
+def spec_config(draft: str, gamma: int | None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """vLLM's ``speculative_config`` for the twin drafting ``gamma`` tokens (the plugin takes over from there);
+    ``extra``: the fields of the acceptance and gamma_schedule knobs (``Knobs.spec_config_extra``)."""
+    return {"method": "draft_model", "model": draft, "num_speculative_tokens": gamma, **(extra or {})}
 
 
 def build(engine_args: dict[str, Any]):

@@ -17,6 +17,8 @@ from typing import Any
 
 from vllm_patch.knobs import ENV_REPORT_DIR, SWITCHES, Knob, KnobError, KnobValues, check_combination, tier_of
 
+from workbench.acceptance import AcceptanceError, check_acceptance, check_schedule
+
 __all__ = ["KNOBS", "Knob", "KnobError", "Knobs", "LEG_KNOBS", "SPEC_ONLY", "NOT_ON_CPU", "tier_of",
            "leg_knob_names", "column_knobs"]
 
@@ -25,9 +27,32 @@ def _int_range(lo: int, hi: int | None = None):
     return lambda v: v >= lo and (hi is None or v <= hi)
 
 
-KNOBS: dict[str, Knob] = {k.name: k for k in [
+def _passes(check):
+    def ok(v: Any) -> bool:
+        try:
+            return bool(check(v))
+        except AcceptanceError:
+            return False
+    return ok
+
+
+# Knobs a leg carries beside the engine switches that reach vLLM through its speculative_config
+# (workbench.acceptance), not through the plugin's environment.
+SPEC_CONFIG_KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("gamma", int, None, _int_range(1, 32), "an integer 1..32", "draft length (tokens proposed per step)",
          flag="--gamma", spec_only=True, column="record"),
+    Knob("acceptance", str, "real", _passes(check_acceptance),
+         "real, alpha:A, rates:R1/R2/..., length:L or from:RUN_DIR[:LEG]",
+         "acceptance the leg is measured at: real (the target judges) or synthetic through vLLM's synthetic "
+         "rejection sampler (a cost measurement, never judged for exactness)",
+         flag="--acceptance", spec_only=True, column="record"),
+    Knob("gamma_schedule", str, "none", _passes(check_schedule), "none, auto:RUN_DIR or LO-HI:G/LO-HI:G/...",
+         "gamma by batch size (vLLM's num_speculative_tokens_per_batch_size); auto: chosen from an E16 cost "
+         "table and the leg's acceptance", flag="--gamma-schedule", spec_only=True, column="leg"),
+]}
+
+KNOBS: dict[str, Knob] = {k.name: k for k in [
+    *SPEC_CONFIG_KNOBS.values(),
     *SWITCHES.values(),
     Knob("max_num_seqs", int, 1, _int_range(1, 4096), "an integer >= 1", "max concurrent sequences",
          flag="--max-num-seqs"),
@@ -48,8 +73,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
 
 
 def leg_knob_names() -> tuple[str, ...]:
-    """The per-leg speculative knobs ``Knobs`` holds: gamma and the engine switches, in table order."""
-    return ("gamma",) + tuple(SWITCHES)
+    """The per-leg speculative knobs ``Knobs`` holds: gamma, acceptance, gamma_schedule and the engine
+    switches, in table order."""
+    return tuple(SPEC_CONFIG_KNOBS) + tuple(SWITCHES)
 
 
 def column_knobs(where: str) -> list[str]:
@@ -92,8 +118,14 @@ class Knobs(KnobValues):
                 KNOBS[name].validate(value)
             except KnobError as exc:
                 raise ValueError(str(exc)) from None
-        if self.gamma is None and (self.relax_logtau > 0 or self.blind_mm):
-            raise ValueError("relax_logtau and blind_mm need a draft (gamma is None: vanilla leg)")
+        if self.gamma is None and (self.relax_logtau > 0 or self.blind_mm or self.acceptance != "real"
+                                   or self.gamma_schedule != "none"):
+            raise ValueError("relax_logtau, blind_mm, acceptance and gamma_schedule need a draft "
+                             "(gamma is None: vanilla leg)")
+        if self.acceptance != "real" and self.relax_logtau > 0:
+            raise ValueError(f"knob 'acceptance' is {self.acceptance!r} (synthetic: vLLM's sampler draws which "
+                             f"drafted tokens are kept) and knob 'relax_logtau' is {self.relax_logtau}: the "
+                             f"relaxed gate would judge nothing; set one of them")
         try:
             check_combination(self.as_dict())
         except KnobError as exc:
@@ -129,6 +161,14 @@ class Knobs(KnobValues):
         if report_dir is not None:
             env[ENV_REPORT_DIR] = str(report_dir)
         return env
+
+    def spec_config_extra(self, max_batch: int) -> tuple[dict, dict]:
+        """The ``speculative_config`` fields of acceptance and gamma_schedule, and what they resolved to."""
+        from workbench.acceptance import spec_config_extra
+
+        if self.gamma is None:
+            return {}, {}
+        return spec_config_extra(self.gamma, self.acceptance, self.gamma_schedule, max_batch)
 
     @staticmethod
     def add_leg_options(ap: argparse.ArgumentParser) -> None:

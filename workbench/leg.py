@@ -406,7 +406,8 @@ def engine_args(cfg: LegConfig) -> dict[str, Any]:
     # torch.compile on CPU costs far more start time than it saves on tiny models.
     kw["enforce_eager"] = (not on_cuda) if cfg.enforce_eager is None else cfg.enforce_eager
     if cfg.draft is not None:
-        kw["speculative_config"] = engines.spec_config(cfg.draft, cfg.knobs.gamma)
+        kw["speculative_config"] = engines.spec_config(cfg.draft, cfg.knobs.gamma,
+                                                       cfg.knobs.spec_config_extra(cfg.max_num_seqs)[0])
         kw.update(cfg.knobs.engine_args(on_cuda))  # async scheduling, asked explicitly (CUDA only)
     return kw
 

@@ -61,7 +61,7 @@ def _leg_meta(records: pd.DataFrame) -> pd.DataFrame:
     return records[cols].drop_duplicates("leg").set_index("leg")
 
 
-SPEC_TIERS = ("strict", "relaxed")
+SPEC_TIERS = ("strict", "relaxed", "synthetic")
 
 
 # --------------------------------------------------------------------------- acceptance vocabulary

@@ -63,7 +63,7 @@ RUNNERS = ("legs", "ladder", "serve")
 LADDER_FIELDS = ("batches", "repeats", "prompt_len", "eager")
 LADDER_DEFAULTS = {"prompt_len": 128, "eager": True}
 # Roles a shape-only profile (`shapes: true`, workbench.shapes) binds, and the folders it can bind them to.
-SHAPE_ROLES = ("target", "twin")
+SHAPE_ROLES = ("target", "twin", "small-vlm", "text-draft")
 # Roles workbench.organism.models.ensure_organism_models() builds (`organism: <variant>` profiles). An
 # organism profile must bind target and twin and may leave the others unbound: a run with a leg that needs
 # an unbound one is refused at its preflight, naming the role.
@@ -369,8 +369,8 @@ def _load_profiles(raw: Any, where: str) -> dict[str, Profile]:
 
 
 def _shape_folders() -> tuple[str, ...]:
-    from workbench.shapes import SHAPES
-    return tuple(f"{size}-{role}" for size in SHAPES for role in SHAPE_ROLES)
+    from workbench.shapes import DRAFT_SHAPES, SHAPES
+    return tuple(f"{size}-{role}" for size in SHAPES for role in ("target", "twin")) + tuple(DRAFT_SHAPES)
 
 
 def _load_ladder(raw: Any, where: str, required: bool) -> dict[str, Any]:

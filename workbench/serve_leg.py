@@ -116,7 +116,8 @@ def server_command(cfg: legmod.LegConfig, port: int, on_cuda: bool) -> list[str]
     if (not on_cuda) if cfg.enforce_eager is None else cfg.enforce_eager:
         cmd.append("--enforce-eager")
     if cfg.draft is not None:
-        cmd += ["--speculative-config", json.dumps(engines.spec_config(cfg.draft, cfg.knobs.gamma))]
+        cmd += ["--speculative-config", json.dumps(engines.spec_config(
+            cfg.draft, cfg.knobs.gamma, cfg.knobs.spec_config_extra(cfg.max_num_seqs)[0]))]
         for name, value in cfg.knobs.engine_args(on_cuda).items():
             cmd += _flag(name, value)
     return cmd

@@ -63,6 +63,25 @@ SHAPES = {
     "32b": Qwen3VLShape("Qwen3-VL-32B", hidden=5120, intermediate=25600, layers=64, heads=64, kv_heads=8),
 }
 
+# The other drafter roles of the seed PR's setup, as shapes: Qwen3-VL-2B (small VLM) and Qwen3-0.6B (the
+# text-only draft the PR paired with Qwen3-VL-32B). Both tie their embeddings, as published.
+DRAFT_SHAPES = {
+    "2b-vlm": Qwen3VLShape("Qwen3-VL-2B", hidden=2048, intermediate=6144, layers=28, heads=16, kv_heads=8,
+                           vision_depth=24, vision_hidden=1024, vision_intermediate=4096, deepstack=(5, 11, 17)),
+    "0.6b-text": Qwen3VLShape("Qwen3-0.6B", hidden=1024, intermediate=3072, layers=28, heads=16, kv_heads=8),
+}
+
+
+def _text_config(shape: Qwen3VLShape, ids: dict[str, int]) -> dict:
+    """A text-only Qwen3 (``Qwen3ForCausalLM``) of ``shape``: the seed PR's draft for a Qwen3-VL target."""
+    return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": shape.vocab,
+            "hidden_size": shape.hidden, "intermediate_size": shape.intermediate,
+            "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads,
+            "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim, "hidden_act": "silu",
+            "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "attention_bias": False,
+            "attention_dropout": 0.0, "rope_theta": 1000000.0, "tie_word_embeddings": True, "use_cache": True,
+            "bos_token_id": ids["bos"], "eos_token_id": ids["eos"], "torch_dtype": "bfloat16"}
+
 
 def _config(shape: Qwen3VLShape, ids: dict[str, int]) -> dict:
     rope_half = shape.head_dim // 2  # 64: (t, h, w) sections 24/20/20 as published
@@ -168,6 +187,21 @@ def build_shapes(root: Path = DEFAULT_ROOT, tiny_target: Path | None = None) -> 
                 if (tiny_target / name).exists():
                     shutil.copy2(tiny_target / name, d / name)
             out[f"{size}-{role}"] = d
+    for name, shape in DRAFT_SHAPES.items():
+        d = Path(root) / name
+        d.mkdir(parents=True, exist_ok=True)
+        if name.endswith("-text"):
+            cfg = _text_config(shape, ids)
+        else:
+            cfg = _config(shape, ids)
+            cfg["tie_word_embeddings"] = cfg["text_config"]["tie_word_embeddings"] = True
+        (d / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        (d / "generation_config.json").write_text(json.dumps(
+            {"bos_token_id": ids["bos"], "eos_token_id": [ids["eos"]], "do_sample": False}) + "\n")
+        for aux in _AUX_FILES if not name.endswith("-text") else _AUX_FILES[:3]:
+            if (tiny_target / aux).exists():
+                shutil.copy2(tiny_target / aux, d / aux)
+        out[name] = d
     return out
 
 
@@ -177,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", type=Path, default=DEFAULT_ROOT)
     args = ap.parse_args(argv)
     for name, d in build_shapes(args.root).items():
-        size = name.split("-")[0]
-        print(f"{name:12s} {d}  ({SHAPES[size].name}, {SHAPES[size].params_b():.1f}B decoder parameters)")
+        shape = DRAFT_SHAPES.get(name) or SHAPES[name.split("-")[0]]
+        print(f"{name:12s} {d}  ({shape.name}, {shape.params_b():.1f}B decoder parameters)")
     return 0
 
 

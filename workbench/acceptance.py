@@ -1,0 +1,360 @@
+"""Synthetic acceptance and the batch-size γ schedule: what a leg asks of vLLM's own mechanisms.
+
+Two knobs (``workbench.knobs``) resolve here into vLLM 0.27.1's ``speculative_config`` fields:
+
+``acceptance`` — the acceptance a leg is *measured at*, through vLLM's synthetic rejection sampler
+(``rejection_sample_method: "synthetic"``, ``synthetic_acceptance_rates``: per position, the
+unconditional probability that the first i+1 drafted tokens are all accepted). The twin still drafts
+every token and the target still verifies every step, so the leg's cost is real; which tokens are
+kept is drawn, so its output is not the target's and it is never judged for exactness: a synthetic
+leg is a cost measurement and says "synthetic α" wherever it is shown.
+
+* ``real`` (default): the target judges (strict or relaxed gate).
+* ``alpha:A``: a conditional acceptance A at every position (unconditional A, A², A³, ...).
+* ``rates:R1/R2/...``: vLLM's unconditional per-position rates as given ('/'-separated: a comma
+  would make ``-p`` a sweep), non-increasing, at least γ of them (the first γ are used).
+* ``length:L``: a mean acceptance length L (1 + accepted per draft) as the geometric profile of that
+  length (vLLM's own conversion of a length gives a step profile [1, 1, f, 0] no drafter produces).
+* ``from:RUN_DIR[:LEG]``: the per-position acceptance a recorded spec leg measured (accepted at
+  position i / drafts, from its records), e.g. the organism twin's; positions past the recorded γ
+  continue its last conditional rate.
+
+``gamma_schedule`` — γ by batch size, vLLM's ``num_speculative_tokens_per_batch_size``
+(inclusive batch-size ranges; γ 0 turns speculation off for that range):
+
+* ``none`` (default): the leg's fixed γ.
+* ``LO-HI:G/LO-HI:G/...``: explicit ranges, e.g. ``1-4:4/5-16:2/17-64:0``.
+* ``auto:RUN_DIR``: from a cost-ladder run folder (E16: ``ladder_rows.jsonl`` / ``tables/cost_ratio.csv``,
+  one row per batch and γ) and the leg's acceptance profile, the γ per batch size that maximises the
+  predicted speedup; 0 where no γ is predicted to pay. See :func:`auto_schedule`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["AcceptanceError", "check_acceptance", "check_schedule", "unconditional_rates", "rates_from_run",
+           "parse_schedule", "auto_schedule", "spec_config_extra", "expected_tokens", "schedule_table",
+           "max_gamma"]
+
+
+class AcceptanceError(ValueError):
+    """An ``acceptance`` or ``gamma_schedule`` value that cannot be used; the message names the knob."""
+
+
+_KINDS = ("real", "alpha", "rates", "length", "from")
+
+
+def _split(spec: str) -> tuple[str, str]:
+    spec = str(spec).strip()
+    if spec == "real":
+        return "real", ""
+    kind, sep, arg = spec.partition(":")
+    if not sep or kind not in _KINDS[1:] or not arg.strip():
+        raise AcceptanceError(f"knob 'acceptance' must be real, alpha:A, rates:R1/R2/..., length:L or "
+                              f"from:RUN_DIR[:LEG], got {spec!r}")
+    return kind, arg.strip()
+
+
+def _float(text: str, what: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise AcceptanceError(f"knob 'acceptance': {what} must be a number, got {text!r}") from None
+    if not math.isfinite(v):
+        raise AcceptanceError(f"knob 'acceptance': {what} must be finite, got {text!r}")
+    return v
+
+
+def check_acceptance(spec: str) -> bool:
+    """Syntax check (the knob table's): True, or AcceptanceError naming the problem. Files are read later."""
+    kind, arg = _split(spec)
+    if kind == "alpha":
+        a = _float(arg, "alpha")
+        if not 0 <= a <= 1:
+            raise AcceptanceError(f"knob 'acceptance': alpha must be in [0, 1], got {a}")
+    elif kind == "rates":
+        _rates_list(arg)
+    elif kind == "length":
+        if _float(arg, "length") < 1:
+            raise AcceptanceError(f"knob 'acceptance': length must be >= 1, got {arg}")
+    return True
+
+
+def _rates_list(arg: str) -> list[float]:
+    rates = [_float(r, "a rate") for r in arg.split("/") if r.strip()]
+    if not rates or any(not 0 <= r <= 1 for r in rates):
+        raise AcceptanceError(f"knob 'acceptance': rates must be numbers in [0, 1] separated by '/', got {arg!r}")
+    if any(b > a + 1e-12 for a, b in zip(rates, rates[1:])):
+        raise AcceptanceError(f"knob 'acceptance': unconditional rates must be non-increasing, got {rates}")
+    return rates
+
+
+def _geometric_alpha(length: float, gamma: int) -> float:
+    """The conditional α whose geometric profile has mean acceptance length ``length`` at ``gamma``."""
+    if length > gamma + 1 + 1e-9:
+        raise AcceptanceError(f"knob 'acceptance': length {length} exceeds gamma + 1 = {gamma + 1}")
+    lo, hi = 0.0, 1.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if expected_tokens([mid ** (i + 1) for i in range(gamma)]) < length:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def expected_tokens(rates: list[float]) -> float:
+    """Mean tokens per verify step (acceptance length) of unconditional per-position rates."""
+    return 1.0 + float(sum(rates))
+
+
+def rates_from_run(arg: str) -> tuple[list[float], str]:
+    """Unconditional per-position rates a recorded spec leg measured, and which leg they came from."""
+    path, leg = Path(arg), None
+    if not (path / "legs").is_dir() and ":" in arg:
+        head, _, leg = arg.rpartition(":")
+        path = Path(head)
+    legs_dir = path / "legs"
+    if not legs_dir.is_dir():
+        raise AcceptanceError(f"knob 'acceptance': from:{arg}: {path} is not a run folder (no legs/)")
+    if leg is None:
+        spec_legs = [d.name for d in sorted(legs_dir.iterdir()) if (d / "records.jsonl").is_file()
+                     and _leg_tier(d) in ("strict", "relaxed")]
+        if len(spec_legs) != 1:
+            raise AcceptanceError(f"knob 'acceptance': from:{arg}: name the leg (from:RUN_DIR:LEG); spec legs "
+                                  f"with records: {', '.join(spec_legs) or 'none'}")
+        leg = spec_legs[0]
+    rec = legs_dir / leg / "records.jsonl"
+    if not rec.is_file():
+        raise AcceptanceError(f"knob 'acceptance': from:{arg}: {rec} does not exist")
+    accepted: list[float] = []
+    drafts = 0.0
+    for line in rec.read_text().splitlines():
+        spec = (json.loads(line) or {}).get("spec") or {}
+        per = spec.get("accepted_per_pos") or []
+        accepted += [0.0] * (len(per) - len(accepted))
+        for i, v in enumerate(per):
+            accepted[i] += float(v)
+        drafts += float(spec.get("drafts") or 0)
+    if not drafts or not accepted:
+        raise AcceptanceError(f"knob 'acceptance': from:{arg}: {rec} has no drafts with per-position counts")
+    return [a / drafts for a in accepted], f"{path.name}:{leg}"
+
+
+def _leg_tier(leg_dir: Path) -> str | None:
+    for line in (leg_dir / "records.jsonl").read_text().splitlines()[:1]:
+        return (json.loads(line) or {}).get("tier")
+    return None
+
+
+def unconditional_rates(spec: str, gamma: int) -> list[float] | None:
+    """vLLM's ``synthetic_acceptance_rates`` for ``spec`` at draft length ``gamma`` (None: ``real``)."""
+    kind, arg = _split(spec)
+    if kind == "real":
+        return None
+    if kind == "alpha":
+        a = _float(arg, "alpha")
+        return [a ** (i + 1) for i in range(gamma)]
+    if kind == "length":
+        a = _geometric_alpha(_float(arg, "length"), gamma)
+        return [a ** (i + 1) for i in range(gamma)]
+    rates = _rates_list(arg) if kind == "rates" else rates_from_run(arg)[0]
+    if kind == "rates" and len(rates) < gamma:
+        raise AcceptanceError(f"knob 'acceptance': {len(rates)} rates for gamma {gamma}; give at least {gamma}")
+    rates = list(rates)
+    while len(rates) < gamma:  # a recorded leg of a shorter γ: continue its last conditional rate
+        last = rates[-1] / rates[-2] if len(rates) > 1 and rates[-2] > 0 else rates[-1]
+        rates.append(rates[-1] * last)
+    out = rates[:gamma]
+    for i in range(1, len(out)):  # measured rates can wobble upwards by a count; vLLM wants them monotone
+        out[i] = min(out[i], out[i - 1])
+    return out
+
+
+# --------------------------------------------------------------------------- the γ schedule
+@dataclass(frozen=True)
+class Range:
+    lo: int
+    hi: int
+    gamma: int
+
+    def as_vllm(self) -> list[int]:
+        return [self.lo, self.hi, self.gamma]
+
+
+def check_schedule(spec: str) -> bool:
+    spec = str(spec).strip()
+    if spec == "none":
+        return True
+    if spec.startswith("auto:") and spec[5:].strip():
+        return True
+    parse_schedule(spec)
+    return True
+
+
+def parse_schedule(spec: str) -> list[Range]:
+    """``LO-HI:G/...`` as ranges, contiguous from batch size 1."""
+    out: list[Range] = []
+    for part in [p for p in str(spec).split("/") if p.strip()]:
+        try:
+            span, g = part.split(":")
+            lo, hi = (int(x) for x in span.split("-"))
+            gamma = int(g)
+        except ValueError:
+            raise AcceptanceError(f"knob 'gamma_schedule' must be none, auto:RUN_DIR or LO-HI:G/LO-HI:G/... "
+                                  f"(e.g. 1-4:4/5-16:2/17-64:0), got {spec!r}") from None
+        if lo < 1 or hi < lo or not 0 <= gamma <= 32:
+            raise AcceptanceError(f"knob 'gamma_schedule': range {part!r} needs 1 <= LO <= HI and 0 <= G <= 32")
+        if out and lo != out[-1].hi + 1:
+            raise AcceptanceError(f"knob 'gamma_schedule': range {part!r} must start at {out[-1].hi + 1}")
+        out.append(Range(lo, hi, gamma))
+    if not out or out[0].lo != 1:
+        raise AcceptanceError(f"knob 'gamma_schedule': the ranges must start at batch size 1, got {spec!r}")
+    if max(r.gamma for r in out) < 1:
+        raise AcceptanceError("knob 'gamma_schedule': speculation is off at every batch size; run a vanilla leg")
+    return out
+
+
+def max_gamma(ranges: list[Range]) -> int:
+    return max(r.gamma for r in ranges)
+
+
+def _cost_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """(batch, γ) -> the cells of a cost-ladder run: vanilla per-token ms, and the measured S at α = 1."""
+    table = run_dir / "tables" / "cost_ratio.csv"
+    if not table.is_file():
+        raise AcceptanceError(f"knob 'gamma_schedule': auto:{run_dir}: no {table} (a finished E16 run folder; "
+                              f"`workbench export` writes its tables)")
+    rows = []
+    with table.open() as f:
+        for r in csv.DictReader(f):
+            if str(r.get("draft_graphs")) not in ("True", "true", "1"):
+                continue
+            try:
+                rows.append({"size": r["size"], "batch": int(r["batch"]), "gamma": int(r["gamma"]),
+                             "c": float(r["c"]), "verify_ms": float(r["verify_ms"]),
+                             "propose_ms": float(r["propose_ms"]), "decode_ms": float(r["decode_ms"]),
+                             "S1": float(r.get("S_measured_decode_alpha1") or r["S_measured_alpha1"])})
+            except (KeyError, ValueError):
+                continue
+    if not rows:
+        raise AcceptanceError(f"knob 'gamma_schedule': auto:{run_dir}: {table} has no drafter-graph rows")
+    return rows
+
+
+def schedule_table(run_dir: Path, rates_of, max_batch: int) -> list[dict[str, Any]]:
+    """Predicted speedup of every measured (batch, γ) cell at the leg's acceptance.
+
+    Each cell's real step time comes from the measurement at α = 1 (all γ + 1 tokens kept):
+    T_step(b, γ) = (γ + 1) · T_vanilla(b) / S_measured(b, γ, α = 1), so the verify step's growth with
+    batch × (γ + 1) tokens is in it, not only the draft's c. At the leg's acceptance a step yields
+    E[tokens](α, γ) = 1 + Σ rates, so S(α) = E[tokens] · T_vanilla / T_step = E[tokens] / (γ + 1) · S_measured.
+    ``rates_of(γ)``: the leg's unconditional per-position rates at γ.
+    """
+    rows = _cost_rows(run_dir)
+    sizes = sorted({r["size"] for r in rows})
+    # one drafter setup: the fastest one per cell (the label names the setup)
+    best: dict[tuple[int, int], dict] = {}
+    for r in rows:
+        key = (r["batch"], r["gamma"])
+        if key not in best or r["S1"] > best[key]["S1"]:
+            best[key] = r
+    out = []
+    for (b, g), r in sorted(best.items()):
+        tokens = expected_tokens(rates_of(g))
+        out.append({"batch": b, "gamma": g, "setup": r["size"], "c": r["c"], "S_measured_alpha1": r["S1"],
+                    "expected_tokens": tokens, "S_predicted": tokens / (g + 1) * r["S1"]})
+    if not out:
+        raise AcceptanceError(f"knob 'gamma_schedule': auto:{run_dir}: no cells (sizes {sizes})")
+    return out
+
+
+def auto_schedule(run_dir: Path, rates_of, max_batch: int, min_gain: float = 1.0) -> tuple[list[Range], list[dict]]:
+    """The γ per batch-size range that maximises predicted S; 0 (speculation off) where none beats 1.
+
+    Between two measured batch sizes the smaller one's choice holds up to the larger's midpoint,
+    past the largest measured batch its choice holds (stated in the table's ``basis``).
+    """
+    cells = schedule_table(run_dir, rates_of, max_batch)
+    batches = sorted({c["batch"] for c in cells})
+    choice: dict[int, dict] = {}
+    for b in batches:
+        cand = [c for c in cells if c["batch"] == b]
+        top = max(cand, key=lambda c: c["S_predicted"])
+        choice[b] = top if top["S_predicted"] > min_gain else dict(top, gamma=0, S_predicted=1.0)
+    ranges: list[Range] = []
+    lo = 1
+    for i, b in enumerate(batches):
+        hi = max_batch if i == len(batches) - 1 else max(lo, (b + batches[i + 1]) // 2)
+        hi = min(hi, max_batch)
+        if lo > max_batch:
+            break
+        g = int(choice[b]["gamma"])
+        if ranges and ranges[-1].gamma == g:
+            ranges[-1] = Range(ranges[-1].lo, hi, g)
+        else:
+            ranges.append(Range(lo, hi, g))
+        lo = hi + 1
+    if lo <= max_batch:
+        ranges[-1] = Range(ranges[-1].lo, max_batch, ranges[-1].gamma)
+    table = [dict(c, chosen=(choice[c["batch"]]["gamma"] == c["gamma"])) for c in cells]
+    if max(r.gamma for r in ranges) < 1:
+        raise AcceptanceError(f"knob 'gamma_schedule': auto:{run_dir}: no γ is predicted to pay at any batch "
+                              f"size at this acceptance (best S {max(c['S_predicted'] for c in cells):.2f}); "
+                              f"run vanilla")
+    return ranges, table
+
+
+def resolve_schedule(spec: str, gamma: int, acceptance: str, max_batch: int
+                     ) -> tuple[list[Range] | None, list[dict] | None]:
+    """The schedule's ranges (None: fixed γ) and, for ``auto``, the table it was chosen from."""
+    spec = str(spec).strip()
+    if spec == "none":
+        return None, None
+    if spec.startswith("auto:"):
+        def rates_of(g: int) -> list[float]:
+            if acceptance == "real":
+                raise AcceptanceError("knob 'gamma_schedule': auto needs an acceptance profile to predict "
+                                      "from (knob 'acceptance': alpha:A, rates:..., length:L or from:RUN_DIR)")
+            return unconditional_rates(acceptance, g) or []
+        return auto_schedule(Path(spec[5:].strip()), rates_of, max_batch)
+    ranges = parse_schedule(spec)
+    if max_gamma(ranges) > gamma:
+        raise AcceptanceError(f"knob 'gamma_schedule': {spec!r} asks for γ {max_gamma(ranges)} above the leg's "
+                              f"gamma {gamma} (vLLM caps every range at num_speculative_tokens)")
+    return ranges, None
+
+
+def spec_config_extra(gamma: int, acceptance: str, schedule: str, max_batch: int) -> tuple[dict[str, Any], dict]:
+    """The ``speculative_config`` fields these two knobs add, and what was resolved (for the records).
+
+    With a schedule, ``num_speculative_tokens`` is the schedule's largest γ (vLLM's lookup caps every
+    range at it), and the synthetic rates are given for that many positions.
+    """
+    extra: dict[str, Any] = {}
+    info: dict[str, Any] = {}
+    ranges, table = resolve_schedule(schedule, gamma, acceptance, max_batch)
+    g = gamma
+    if ranges is not None:
+        g = max_gamma(ranges) if schedule.startswith("auto:") else gamma
+        extra["num_speculative_tokens"] = g
+        extra["num_speculative_tokens_per_batch_size"] = [r.as_vllm() for r in ranges]
+        info["gamma_schedule"] = [r.as_vllm() for r in ranges]
+        if table is not None:
+            info["gamma_schedule_table"] = table
+    info["num_speculative_tokens"] = g
+    rates = unconditional_rates(acceptance, g)
+    if rates is not None:
+        extra["rejection_sample_method"] = "synthetic"
+        extra["synthetic_acceptance_rates"] = [round(r, 6) for r in rates]
+        info["synthetic_acceptance_rates"] = extra["synthetic_acceptance_rates"]
+        info["synthetic_acceptance_length"] = expected_tokens(rates)
+        if acceptance.startswith("from:"):
+            info["synthetic_acceptance_source"] = rates_from_run(acceptance[5:])[1]
+    return extra, info
