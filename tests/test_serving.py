@@ -1,6 +1,7 @@
 """Issue 20: serving legs, the patched engine behind `vllm serve`, measured by vLLM's own benchmark client.
 
-One E17 smoke run (vanilla, strict, relaxed, vanilla at concurrency 2, images included, float32 so that
+One E17 smoke run (vanilla, strict, relaxed, vanilla; each one server driven at concurrency 2, the run's one
+cell, images included, float32 so that
 strict must equal vanilla), killed while its second leg's server is up and then resumed; and a bounded
 load test (192 requests at concurrency 16 against the twin drafting, strict, and a vanilla server).
 """
@@ -21,7 +22,7 @@ from conftest import REPO, TINY_PROMPTS
 
 pytestmark = pytest.mark.vllm
 
-SPEC_LEGS = ("strict_c2", "relaxed_c2")
+SPEC_LEGS = ("strict_g6", "relaxed_g6")
 VANILLA_LEGS = ("vanilla_1", "vanilla_2")
 
 
@@ -52,7 +53,7 @@ def e17(tmp_path_factory, tiny_models):
     killed_server = None
     deadline = time.time() + 900
     while time.time() < deadline and proc.poll() is None:
-        found = list(root.glob("E17/*/legs/strict_c2/server.json"))
+        found = list(root.glob("E17/*/legs/strict_g6/server.json"))
         if found:
             killed_server = json.loads(found[0].read_text())
             break
@@ -65,8 +66,8 @@ def e17(tmp_path_factory, tiny_models):
     after_kill = {
         "rc": first_rc,
         "server_alive": _alive(killed_server["pid"]),
-        "failure": json.loads((run_dir / "legs" / "strict_c2" / "failure.json").read_text())
-        if (run_dir / "legs" / "strict_c2" / "failure.json").is_file() else None,
+        "failure": json.loads((run_dir / "legs" / "strict_g6" / "failure.json").read_text())
+        if (run_dir / "legs" / "strict_g6" / "failure.json").is_file() else None,
         "vanilla_1_summary": (run_dir / "legs" / "vanilla_1" / "summary.json").read_bytes(),
     }
     resumed = subprocess.run([*cmd[:-1], "--resume", str(run_dir), "--no-notebook"], cwd=REPO,
@@ -101,6 +102,8 @@ def test_spec_counters_equal_the_per_request_trace(e17):
     for leg in SPEC_LEGS:
         d = e17["run"] / "legs" / leg
         s, recs = json.loads((d / "summary.json").read_text()), _records(d)
+        assert [cell["concurrency"] for cell in s["cells"]] == [2] and {r["concurrency"] for r in recs} == {2}
+        s = s["cells"][0]
         c = s["spec"]
         assert c["num_drafts"] > 0
         assert sum(r["spec"]["drafts"] for r in recs) == c["num_drafts"]
@@ -116,8 +119,8 @@ def test_percentiles_are_the_benchmark_clients(e17):
     """Percentiles recomputed from the per-request records equal vLLM's benchmark client's summary."""
     for leg in (*VANILLA_LEGS, *SPEC_LEGS):
         d = e17["run"] / "legs" / leg
-        s = json.loads((d / "summary.json").read_text())
-        bench = json.loads((d / "bench.json").read_text())
+        s = json.loads((d / "summary.json").read_text())["cells"][0]
+        bench = json.loads((d / "c2" / "bench.json").read_text())
         for metric in ("ttft", "tpot", "itl", "e2el"):
             ours = s["percentiles"][f"{metric}_ms"]
             for stat in ("mean", "median", "p50", "p90", "p99"):
@@ -130,12 +133,12 @@ def test_strict_serving_is_exact_and_relaxed_accepts_more(e17):
     texts = {leg: [r["generated_text"] for r in sorted(_records(run / "legs" / leg), key=lambda r: r["request_index"])]
              for leg in (*VANILLA_LEGS, *SPEC_LEGS)}
     assert texts["vanilla_1"] == texts["vanilla_2"]
-    assert texts["strict_c2"] == texts["vanilla_1"], "strict serving leg differs from the vanilla server (fp32)"
-    n_images = {r["n_images"] for r in _records(run / "legs" / "strict_c2")}
+    assert texts["strict_g6"] == texts["vanilla_1"], "strict serving leg differs from the vanilla server (fp32)"
+    n_images = {r["n_images"] for r in _records(run / "legs" / "strict_g6")}
     assert max(n_images) >= 1, "the smoke prompts include images"
-    acc = {leg: json.loads((run / "legs" / leg / "summary.json").read_text())["spec"]["acceptance_rate"]
+    acc = {leg: json.loads((run / "legs" / leg / "summary.json").read_text())["cells"][0]["spec"]["acceptance_rate"]
            for leg in SPEC_LEGS}
-    assert acc["relaxed_c2"] > acc["strict_c2"]
+    assert acc["relaxed_g6"] > acc["strict_g6"]
 
 
 def test_serving_tables_pair_each_spec_leg_with_its_vanilla_brackets(e17):
@@ -202,17 +205,18 @@ def test_bounded_load_strict_twin_at_concurrency_16(tmp_path, tiny_models):
 
 
 def test_serving_ladder_plans_under_the_shape_profiles_with_random_weights():
-    """The H200 serving ladder (E17 under 32b-shape / 8b-shape): the plan is accepted, bracketed per
-    concurrency, and each leg's server loads random weights (load_format dummy)."""
+    """The H200 serving ladder (E17 under 32b-shape / 8b-shape): the plan is accepted, one server per
+    configuration swept over the concurrencies, and each leg's server loads random weights (load_format dummy)."""
     from workbench.knobs import Knobs
     from workbench.leg import LegConfig
     from workbench.planning import plan
     from workbench.serve_leg import server_command
 
-    p = plan("E17", "32b-shape", ["dataset=tiny", "relax_logtau=1e9", "gamma=4"])
+    p = plan("E17", "32b-shape", ["dataset=tiny", "relax_logtau=1e9", "gamma=4", "concurrencies=1/4/16/32"])
     assert p.config()["load_format"] == "dummy"
     names = [leg.name for leg in p.legs]
-    assert names[:4] == ["vanilla_1", "strict_c1", "relaxed_c1", "vanilla_2"] and len(names) == 12
+    assert names == ["vanilla_1", "strict_g4", "relaxed_g4", "vanilla_2"]
+    assert {leg.knobs["concurrencies"] for leg in p.legs} == {"1/4/16/32"}
     cfg = LegConfig(target="/m/32b-target", prompts="/p.jsonl", out="/o", max_tokens=8, draft="/m/32b-twin",
                     knobs=Knobs(gamma=4), load_format="dummy", max_num_seqs=16)
     cmd = server_command(cfg, 8000, on_cuda=True)

@@ -24,6 +24,8 @@ leg is a cost measurement and says "synthetic α" wherever it is shown.
 
 * ``none`` (default): the leg's fixed γ.
 * ``LO-HI:G/LO-HI:G/...``: explicit ranges, e.g. ``1-4:4/5-16:2/17-64:0``.
+* ``auto``: ``auto:`` the newest E16 run folder under the repository's ``results/E16`` whose cost table
+  has rows of the target's size (``32b`` for ``models/shapes/32b-target``) at two or more batch sizes.
 * ``auto:RUN_DIR``: from a cost-ladder run folder (E16: ``ladder_rows.jsonl`` / ``tables/cost_ratio.csv``,
   one row per batch and γ) and the leg's acceptance profile, the γ per batch size that maximises the
   predicted speedup; 0 where no γ is predicted to pay. See :func:`auto_schedule`.
@@ -192,7 +194,7 @@ def check_schedule(spec: str) -> bool:
     spec = str(spec).strip()
     if spec == "none":
         return True
-    if spec.startswith("auto:") and spec[5:].strip():
+    if spec == "auto" or (spec.startswith("auto:") and spec[5:].strip()):
         return True
     parse_schedule(spec)
     return True
@@ -268,7 +270,8 @@ def schedule_table(run_dir: Path, rates_of, max_batch: int) -> list[dict[str, An
     out = []
     for (b, g), r in sorted(best.items()):
         tokens = expected_tokens(rates_of(g))
-        out.append({"batch": b, "gamma": g, "setup": r["size"], "c": r["c"], "S_measured_alpha1": r["S1"],
+        out.append({"batch": b, "gamma": g, "setup": r["size"], "source": _shown(run_dir), "c": r["c"],
+                    "S_measured_alpha1": r["S1"],
                     "expected_tokens": tokens, "S_predicted": tokens / (g + 1) * r["S1"]})
     if not out:
         raise AcceptanceError(f"knob 'gamma_schedule': auto:{run_dir}: no cells (sizes {sizes})")
@@ -311,12 +314,40 @@ def auto_schedule(run_dir: Path, rates_of, max_batch: int, min_gain: float = 1.0
     return ranges, table
 
 
-def resolve_schedule(spec: str, gamma: int, acceptance: str, max_batch: int
+REPO = Path(__file__).resolve().parents[1]
+RESULTS_E16 = REPO / "results" / "E16"
+
+
+def _shown(path: Path) -> str:
+    """A run folder as records keep it: relative to the repository when it is inside it."""
+    try:
+        return str(Path(path).resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
+def default_cost_run(target: str | None, root: Path = RESULTS_E16) -> Path:
+    """The newest E16 run folder with cells of ``target``'s size at two or more batch sizes."""
+    size = Path(str(target or "")).name.split("-")[0]
+    for run in sorted(root.glob("*/tables/cost_ratio.csv"), reverse=True):
+        try:
+            rows = _cost_rows(run.parents[1])
+        except AcceptanceError:
+            continue
+        if len({r["batch"] for r in rows if r["size"].split(" ")[0] == size}) >= 2:
+            return run.parents[1]
+    raise AcceptanceError(f"knob 'gamma_schedule': auto found no E16 run of size {size!r} with two or more "
+                          f"batch sizes under {root}; name one: auto:RUN_DIR")
+
+
+def resolve_schedule(spec: str, gamma: int, acceptance: str, max_batch: int, target: str | None = None
                      ) -> tuple[list[Range] | None, list[dict] | None]:
     """The schedule's ranges (None: fixed γ) and, for ``auto``, the table it was chosen from."""
     spec = str(spec).strip()
     if spec == "none":
         return None, None
+    if spec == "auto":
+        spec = f"auto:{default_cost_run(target)}"
     if spec.startswith("auto:"):
         def rates_of(g: int) -> list[float]:
             if acceptance == "real":
@@ -331,7 +362,8 @@ def resolve_schedule(spec: str, gamma: int, acceptance: str, max_batch: int
     return ranges, None
 
 
-def spec_config_extra(gamma: int, acceptance: str, schedule: str, max_batch: int) -> tuple[dict[str, Any], dict]:
+def spec_config_extra(gamma: int, acceptance: str, schedule: str, max_batch: int, target: str | None = None
+                      ) -> tuple[dict[str, Any], dict]:
     """The ``speculative_config`` fields these two knobs add, and what was resolved (for the records).
 
     With a schedule, ``num_speculative_tokens`` is the schedule's largest γ (vLLM's lookup caps every
@@ -339,15 +371,16 @@ def spec_config_extra(gamma: int, acceptance: str, schedule: str, max_batch: int
     """
     extra: dict[str, Any] = {}
     info: dict[str, Any] = {}
-    ranges, table = resolve_schedule(schedule, gamma, acceptance, max_batch)
+    ranges, table = resolve_schedule(schedule, gamma, acceptance, max_batch, target)
     g = gamma
     if ranges is not None:
-        g = max_gamma(ranges) if schedule.startswith("auto:") else gamma
+        g = max_gamma(ranges) if schedule.startswith("auto") else gamma
         extra["num_speculative_tokens"] = g
         extra["num_speculative_tokens_per_batch_size"] = [r.as_vllm() for r in ranges]
         info["gamma_schedule"] = [r.as_vllm() for r in ranges]
         if table is not None:
             info["gamma_schedule_table"] = table
+            info["gamma_schedule_source"] = table[0].get("source")
     info["num_speculative_tokens"] = g
     rates = unconditional_rates(acceptance, g)
     if rates is not None:

@@ -421,18 +421,20 @@ def leg_knobs(leg: PlannedLeg, vanilla):
 
 def leg_config(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path, resume_from: Path | None = None):
     """The leg's configuration (written as legs/<leg>/leg.json and read by `python -m workbench.leg`)."""
-    from workbench.knobs import Knobs
+    from workbench.knobs import Knobs, parse_concurrencies
     from workbench.leg import LegConfig
 
     k = leg.knobs
     spec = leg.kind == "spec"
     knobs = leg_knobs(leg, vanilla=Knobs())
     gpu_mem = k.get("gpu_memory_utilization")
+    concs = parse_concurrencies(k.get("concurrencies"))
     return LegConfig(
         target=cfg["models"][leg.model], draft=cfg["models"][leg.draft] if spec else None,
         prompts=str(run_dir / cfg.get("prompts_file", PROMPTS)), out=str(run_dir / LEGS / leg.name),
         max_tokens=int(k["max_tokens"]), knobs=knobs, n=int(k["n"]), max_model_len=int(k["max_model_len"]),
-        max_num_seqs=int(k["max_num_seqs"]), dtype=str(k.get("dtype") or "auto"),
+        max_num_seqs=max(concs) if concs else int(k["max_num_seqs"]), concurrencies=concs,
+        dtype=str(k.get("dtype") or "auto"),
         tensor_parallel_size=leg_tp(k),
         # on CPU the leg picks its own small host-memory share for the KV cache
         gpu_memory_utilization=float(gpu_mem) if cfg.get("device") == "gpu" and gpu_mem is not None else None,

@@ -46,7 +46,7 @@ SPEC_CONFIG_KNOBS: dict[str, Knob] = {k.name: k for k in [
          "acceptance the leg is measured at: real (the target judges) or synthetic through vLLM's synthetic "
          "rejection sampler (a cost measurement, never judged for exactness)",
          flag="--acceptance", spec_only=True, column="record"),
-    Knob("gamma_schedule", str, "none", _passes(check_schedule), "none, auto:RUN_DIR or LO-HI:G/LO-HI:G/...",
+    Knob("gamma_schedule", str, "none", _passes(check_schedule), "none, auto, auto:RUN_DIR or LO-HI:G/LO-HI:G/...",
          "gamma by batch size (vLLM's num_speculative_tokens_per_batch_size); auto: chosen from an E16 cost "
          "table and the leg's acceptance", flag="--gamma-schedule", spec_only=True, column="leg"),
 ]}
@@ -56,6 +56,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     *SWITCHES.values(),
     Knob("max_num_seqs", int, 1, _int_range(1, 4096), "an integer >= 1", "max concurrent sequences",
          flag="--max-num-seqs"),
+    Knob("concurrencies", str, "", lambda v: v == "" or all(x.isdigit() and int(x) >= 1 for x in v.split("/")),
+         "empty or integers >= 1 separated by '/' (e.g. 1/4/16/32)",
+         "a serving leg's client concurrencies against its one server (its max_num_seqs the largest), "
+         "swept as `vllm bench sweep serve` does; empty: one cell at max_num_seqs", flag="--concurrencies"),
     Knob("tensor_parallel_size", int, 1, _int_range(1, 64), "an integer 1..64",
          "tensor-parallel ranks of the target and its draft (vLLM's draft_model shards the draft like the "
          "target); more than 1 runs vLLM's multiprocess executor, one worker per rank",
@@ -70,6 +74,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("dtype", str, "auto", lambda v: v in ("auto", "bfloat16", "float16", "float32"),
          "one of auto, bfloat16, float16, float32", "model dtype", flag="--dtype"),
 ]}
+
+
+def parse_concurrencies(value: str | None) -> list[int] | None:
+    """The ``concurrencies`` knob as a list (None when empty)."""
+    text = str(value or "").strip()
+    return sorted({int(x) for x in text.split("/")}) if text else None
 
 
 def leg_knob_names() -> tuple[str, ...]:
@@ -162,13 +172,14 @@ class Knobs(KnobValues):
             env[ENV_REPORT_DIR] = str(report_dir)
         return env
 
-    def spec_config_extra(self, max_batch: int) -> tuple[dict, dict]:
-        """The ``speculative_config`` fields of acceptance and gamma_schedule, and what they resolved to."""
+    def spec_config_extra(self, max_batch: int, target: str | None = None) -> tuple[dict, dict]:
+        """The ``speculative_config`` fields of acceptance and gamma_schedule, and what they resolved to
+        (``target``: the target's folder, whose size ``gamma_schedule=auto`` looks up)."""
         from workbench.acceptance import spec_config_extra
 
         if self.gamma is None:
             return {}, {}
-        return spec_config_extra(self.gamma, self.acceptance, self.gamma_schedule, max_batch)
+        return spec_config_extra(self.gamma, self.acceptance, self.gamma_schedule, max_batch, target)
 
     @staticmethod
     def add_leg_options(ap: argparse.ArgumentParser) -> None:

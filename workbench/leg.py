@@ -67,6 +67,9 @@ class LegConfig:
     n: int | None = None
     max_model_len: int = 4096
     max_num_seqs: int = 1
+    # a serving leg's client concurrencies against its one server (max_num_seqs = the largest); None: one
+    # cell at max_num_seqs
+    concurrencies: list[int] | None = None
     # vLLM's tensor parallelism: target and draft sharded over this many worker processes (one per rank)
     tensor_parallel_size: int = 1
     max_num_batched_tokens: int | None = None
@@ -398,16 +401,25 @@ def engine_args(cfg: LegConfig) -> dict[str, Any]:
         kw["attention_backend"] = cfg.attention_backend
     if cfg.kv_cache_memory_bytes is not None and on_cuda:
         kw["kv_cache_memory_bytes"] = cfg.kv_cache_memory_bytes
-    if cfg.gpu_memory_utilization is not None:
+    elif on_cuda:
+        from workbench.memory_plan import MemoryPlanError, plan_for_leg
+        try:
+            plan = plan_for_leg(cfg)
+        except MemoryPlanError as exc:
+            raise LegError(str(exc)) from None
+        if plan is not None:  # the KV cache sized up front, and the share that covers it (workbench.memory_plan)
+            kw["kv_cache_memory_bytes"] = plan.kv_cache_memory_bytes
+            kw["gpu_memory_utilization"] = plan.gpu_memory_utilization
+    if "gpu_memory_utilization" not in kw and cfg.gpu_memory_utilization is not None:
         kw["gpu_memory_utilization"] = cfg.gpu_memory_utilization
-    elif not on_cuda:
+    elif "gpu_memory_utilization" not in kw and not on_cuda:
         # On CPU this is the share of host memory for the KV cache.
         kw["gpu_memory_utilization"] = 0.05
     # torch.compile on CPU costs far more start time than it saves on tiny models.
     kw["enforce_eager"] = (not on_cuda) if cfg.enforce_eager is None else cfg.enforce_eager
     if cfg.draft is not None:
         kw["speculative_config"] = engines.spec_config(cfg.draft, cfg.knobs.gamma,
-                                                       cfg.knobs.spec_config_extra(cfg.max_num_seqs)[0])
+                                                       cfg.knobs.spec_config_extra(cfg.max_num_seqs, cfg.target)[0])
         kw.update(cfg.knobs.engine_args(on_cuda))  # async scheduling, asked explicitly (CUDA only)
     return kw
 

@@ -140,6 +140,14 @@ def parse_overrides(items: Iterable[str] | dict[str, Any] | None, experiment: Ex
                 vals = value if isinstance(value, list) else [value]
             out[key] = check_ladder(key, vals if key == "batches" else (vals[0] if len(vals) == 1 else vals), where)
             continue
+        if key == "legs":  # a subset of the experiment's leg templates, by template name
+            names = value.split(",") if isinstance(value, str) else list(value)
+            known = [t.name for t in experiment.legs] if experiment else names
+            bad = [n for n in names if n not in known]
+            if bad:
+                raise RegistryError(f"{where}: unknown leg template(s) {bad}; {experiment.id} has {known}")
+            out[key] = names
+            continue
         if key == "dataset":
             if value not in DATASETS:
                 raise RegistryError(f"{where}: unknown dataset {value!r}; datasets: {', '.join(DATASETS)}")
@@ -223,7 +231,8 @@ def plan(experiment: str | Experiment, profile: str | None = None, overrides: An
     for key, val in ov.items():
         if key in sweep:
             sweep[key] = val if isinstance(val, list) else [val]
-    plain_ov = {k: v for k, v in ov.items() if k not in sweep and k != "dataset" and k not in LADDER_FIELDS}
+    plain_ov = {k: v for k, v in ov.items()
+                if k not in sweep and k not in ("dataset", "legs") and k not in LADDER_FIELDS}
     ladder: dict[str, Any] = {}
     if exp.runner == "ladder":
         ladder = dict(exp.ladder)
@@ -233,8 +242,10 @@ def plan(experiment: str | Experiment, profile: str | None = None, overrides: An
         ladder["size"] = ladder_size(prof)
 
     templates = exp.legs
-    if smoke and exp.smoke.legs:
+    if smoke and exp.smoke.legs and "legs" not in ov:
         templates = [t for t in exp.legs if t.name in exp.smoke.legs]
+    if "legs" in ov:
+        templates = [t for t in exp.legs if t.name in ov["legs"]]
 
     where = f"experiment {exp.id}"
     expanded: list[PlannedLeg] = []

@@ -34,40 +34,28 @@ import mimetypes
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from workbench import engine as engines
 from workbench import leg as legmod
+from workbench.serve_server import (Server, ServeError, _free_port, _http,
+                                    parse_metrics)
 from workbench.runfolder import (FAILURE, LEG_JSON, RECORDS, SUMMARY, archive_leg, leg_status, write_summary,
                                  write_json_atomic, write_jsonl_atomic)
 
 __all__ = ["run_serving_leg", "server_command", "client_args", "parse_metrics", "bench_dataset", "main"]
 
-HEALTH_TIMEOUT_S = float(os.environ.get("WORKBENCH_SERVE_START_TIMEOUT", "900"))
 SERVER_LOG = "server.log"
 SERVER_JSON = "server.json"
 BENCH_JSON = "bench.json"
 REQUESTS = "requests.jsonl"
 TIMINGS = "request_timings.jsonl"
 PERCENTILES = (50, 90, 99)
-_COUNTERS = {
-    "vllm:spec_decode_num_drafts_total": "num_drafts",
-    "vllm:spec_decode_num_draft_tokens_total": "num_draft_tokens",
-    "vllm:spec_decode_num_accepted_tokens_total": "num_accepted_tokens",
-}
-_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-
-
-class ServeError(RuntimeError):
-    """The server or the client failed; the message names which and points to the log."""
 
 
 # --------------------------------------------------------------------------- inputs
@@ -94,8 +82,11 @@ def _flag(name: str, value: Any) -> list[str]:
     return [opt, str(value)]
 
 
-def server_command(cfg: legmod.LegConfig, port: int, on_cuda: bool) -> list[str]:
-    """``vllm serve`` of the leg's engine (the module the console script runs), on 127.0.0.1:``port``."""
+def server_command(cfg: legmod.LegConfig, port: int, on_cuda: bool, mem_plan=None) -> list[str]:
+    """``vllm serve`` of the leg's engine (the module the console script runs), on 127.0.0.1:``port``.
+
+    ``mem_plan`` (``workbench.memory_plan.MemoryPlan``, on CUDA): the KV cache it sized and the memory
+    share that covers weights, KV and overhead, instead of vLLM's discovery at start."""
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", cfg.target,
            "--host", "127.0.0.1", "--port", str(port), "--dtype", cfg.dtype,
            "--max-model-len", str(cfg.max_model_len), "--max-num-seqs", str(cfg.max_num_seqs),
@@ -108,173 +99,39 @@ def server_command(cfg: legmod.LegConfig, port: int, on_cuda: bool) -> list[str]
         cmd += ["--load-format", cfg.load_format]
     if cfg.attention_backend:
         cmd += ["--attention-backend", cfg.attention_backend]
-    if cfg.kv_cache_memory_bytes is not None and on_cuda:
-        cmd += ["--kv-cache-memory-bytes", str(cfg.kv_cache_memory_bytes)]
+    kv_bytes = cfg.kv_cache_memory_bytes if cfg.kv_cache_memory_bytes is not None else (
+        mem_plan.kv_cache_memory_bytes if mem_plan is not None else None)
+    if kv_bytes is not None and on_cuda:
+        cmd += ["--kv-cache-memory-bytes", str(kv_bytes)]
     gpu_mem = cfg.gpu_memory_utilization if cfg.gpu_memory_utilization is not None else (None if on_cuda else 0.05)
+    if mem_plan is not None:
+        gpu_mem = mem_plan.gpu_memory_utilization
     if gpu_mem is not None:
         cmd += ["--gpu-memory-utilization", str(gpu_mem)]
     if (not on_cuda) if cfg.enforce_eager is None else cfg.enforce_eager:
         cmd.append("--enforce-eager")
     if cfg.draft is not None:
         cmd += ["--speculative-config", json.dumps(engines.spec_config(
-            cfg.draft, cfg.knobs.gamma, cfg.knobs.spec_config_extra(cfg.max_num_seqs)[0]))]
+            cfg.draft, cfg.knobs.gamma, cfg.knobs.spec_config_extra(cfg.max_num_seqs, cfg.target)[0]))]
         for name, value in cfg.knobs.engine_args(on_cuda).items():
             cmd += _flag(name, value)
     return cmd
 
 
-def client_args(cfg: legmod.LegConfig, base_url: str, dataset: Path, out: Path, n: int, leg_name: str) -> list[str]:
-    """The arguments of ``vllm bench serve`` for this leg (vLLM's benchmark client)."""
+def client_args(cfg: legmod.LegConfig, base_url: str, dataset: Path, out: Path, n: int, prefix: str,
+                concurrency: int | None = None) -> list[str]:
+    """The arguments of ``vllm bench serve`` for one cell of this leg (vLLM's benchmark client)."""
     args = ["--backend", "openai-chat", "--base-url", base_url, "--endpoint", "/v1/chat/completions",
             "--model", cfg.target, "--dataset-name", "custom_image", "--dataset-path", str(dataset),
-            "--disable-shuffle", "--num-prompts", str(n), "--max-concurrency", str(cfg.max_num_seqs),
+            "--disable-shuffle", "--num-prompts", str(n),
+            "--max-concurrency", str(concurrency or cfg.max_num_seqs),
             "--custom-output-len", str(cfg.max_tokens), "--temperature", "0", "--seed", str(cfg.seed),
-            "--request-id-prefix", f"{leg_name}-", "--percentile-metrics", "ttft,tpot,itl,e2el",
+            "--request-id-prefix", prefix, "--percentile-metrics", "ttft,tpot,itl,e2el",
             "--metric-percentiles", ",".join(str(p) for p in PERCENTILES),
             "--save-result", "--save-detailed", "--result-dir", str(out), "--result-filename", BENCH_JSON]
     if cfg.ignore_eos:
         args.append("--ignore-eos")
     return args
-
-
-# --------------------------------------------------------------------------- the server
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _http(url: str, data: bytes | None = None, timeout: float = 10.0) -> str:
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return r.read().decode()
-
-
-def parse_metrics(text: str) -> dict[str, Any]:
-    """The spec-decode counters of a Prometheus ``/metrics`` page, summed over label sets."""
-    out: dict[str, Any] = {v: 0 for v in _COUNTERS.values()}
-    per_pos: dict[int, int] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = re.match(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)", line)
-        if not m:
-            continue
-        name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
-        if name in _COUNTERS:
-            out[_COUNTERS[name]] += int(value)
-        elif name == _PER_POS:
-            pos = re.search(r'position="(\d+)"', labels)
-            if pos:
-                per_pos[int(pos.group(1))] = per_pos.get(int(pos.group(1)), 0) + int(value)
-    out["accepted_per_pos"] = [per_pos[i] for i in sorted(per_pos)]
-    return out
-
-
-def _counter_delta(after: dict, before: dict) -> dict:
-    """The counters' difference over the leg (the offline leg's rule) and the acceptance rate it gives."""
-    d = legmod._counter_delta(after, before)
-    d["acceptance_rate"] = legmod.acceptance_rate(d["num_accepted_tokens"], d["num_draft_tokens"])
-    return d
-
-
-class Server:
-    """The leg's server: its own process group, stopped on exit, on a signal and on error."""
-
-    def __init__(self, cmd: list[str], env: dict[str, str], log: Path):
-        self.cmd, self.env, self.log_path = cmd, env, log
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, base_url: str, timeout: float = HEALTH_TIMEOUT_S) -> None:
-        from workbench import childproc
-
-        log = self.log_path.open("w")
-        # In the leg's own process group (a run that stops the leg's group stops the server with it),
-        # behind the parent-death trampoline (a leg killed alone takes its server down too).
-        self.proc = subprocess.Popen(childproc.wrap(os.getpid(), self.cmd), env=self.env, stdout=log,
-                                     stderr=subprocess.STDOUT)
-        log.close()
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise ServeError(f"the server exited with status {self.proc.returncode} before it was healthy "
-                                 f"(log: {self.log_path})")
-            try:
-                _http(f"{base_url}/health", timeout=5)
-                return
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise ServeError(f"the server was not healthy within {timeout:.0f} s (log: {self.log_path})")
-            time.sleep(1.0)
-
-    def stop(self, grace: float = 30.0) -> None:
-        """SIGTERM to the server (it shuts its engine core down), then SIGKILL to it and every process
-        it started that is still there."""
-        p = self.proc
-        if p is None:
-            return
-        family = descendants(p.pid)
-        try:
-            p.send_signal(signal.SIGTERM)
-            p.wait(timeout=grace)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            pass
-        for pid in [p.pid, *family, *descendants(p.pid)]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        self.proc = None
-
-    def rss_mb(self) -> float | None:
-        """Resident memory of the server and every process it started, in MiB (None once stopped)."""
-        if self.proc is None:
-            return None
-        total = 0
-        for pid in (self.proc.pid, *descendants(self.proc.pid)):
-            try:
-                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
-            except (OSError, ValueError):
-                continue
-        return total / 1024.0
-
-    def sample_memory(self, stop, every: float = 0.5) -> list[list[float]]:
-        """``[[seconds, MiB], ...]`` until ``stop`` (a threading.Event) is set; runs in a thread."""
-        rows, t0 = [], time.monotonic()
-        while not stop.is_set():
-            mb = self.rss_mb()
-            if mb is not None:
-                rows.append([round(time.monotonic() - t0, 2), round(mb, 1)])
-            stop.wait(every)
-        return rows
-
-    def log_tail(self, chars: int = 6000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (Linux ``/proc``), children first."""
-    out, todo = [], [pid]
-    while todo:
-        cur = todo.pop()
-        for task in Path(f"/proc/{cur}/task").glob("*/children") if Path(f"/proc/{cur}/task").is_dir() else []:
-            try:
-                kids = [int(x) for x in task.read_text().split()]
-            except (OSError, ValueError):
-                continue
-            out.extend(kids)
-            todo.extend(kids)
-    return out
 
 
 def server_env(cfg: legmod.LegConfig, report_dir: Path, on_cuda: bool) -> dict[str, str]:
@@ -291,6 +148,13 @@ def server_env(cfg: legmod.LegConfig, report_dir: Path, on_cuda: bool) -> dict[s
     return env
 
 
+def _counter_delta(after: dict, before: dict) -> dict:
+    """The counters' difference over the leg (the offline leg's rule) and the acceptance rate it gives."""
+    d = legmod._counter_delta(after, before)
+    d["acceptance_rate"] = legmod.acceptance_rate(d["num_accepted_tokens"], d["num_draft_tokens"])
+    return d
+
+
 # --------------------------------------------------------------------------- the leg
 def _pct(values: list[float], scale: float = 1000.0) -> dict[str, float] | None:
     import numpy as np
@@ -303,22 +167,33 @@ def _pct(values: list[float], scale: float = 1000.0) -> dict[str, float] | None:
     return out
 
 
-def _latencies(path: Path, leg_name: str, n: int) -> list[float]:
+def _latencies(path: Path, prefix: str, n: int) -> list[float]:
     """Each request's latency as the client measured it (the last call per id: the client's warm-up
     request repeats the first id)."""
     by_id: dict[str, float] = {}
     for line in path.read_text().splitlines() if path.is_file() else []:
         row = json.loads(line)
         by_id[str(row["request_id"])] = float(row["latency"])
-    missing = [i for i in range(n) if f"{leg_name}-{i}" not in by_id]
+    missing = [i for i in range(n) if f"{prefix}{i}" not in by_id]
     if missing:
         raise ServeError(f"{path}: no latency for request(s) {missing[:5]}")
-    return [by_id[f"{leg_name}-{i}"] for i in range(n)]
+    return [by_id[f"{prefix}{i}"] for i in range(n)]
+
+
+def concurrencies(cfg: legmod.LegConfig) -> list[int]:
+    """The client's concurrencies against this leg's one server, ascending (one: ``max_num_seqs``)."""
+    return sorted(set(cfg.concurrencies)) if cfg.concurrencies else [cfg.max_num_seqs]
+
+
+def cell_requests(n_prompts: int, concurrency: int) -> int:
+    """Requests of one cell: the prompt set, cycled to at least two waves of the concurrency, so that the
+    concurrency is reached and held (a cell of 13 prompts at concurrency 32 would never fill)."""
+    return max(n_prompts, 2 * concurrency)
 
 
 def _records(cfg: legmod.LegConfig, prompts: list, bench: dict, trace: dict[str, list], knobs: dict,
-             latencies: list[float]) -> list[dict]:
-    n = len(prompts)
+             latencies: list[float], prefix: str, concurrency: int) -> list[dict]:
+    n = len(latencies)
     cols = {k: bench.get(k) for k in ("ttfts", "itls", "output_lens", "generated_texts", "errors")}
     for k, v in cols.items():
         if not isinstance(v, list) or len(v) != n:
@@ -326,17 +201,18 @@ def _records(cfg: legmod.LegConfig, prompts: list, bench: dict, trace: dict[str,
                              f"{'' if not isinstance(v, list) else ' of ' + str(len(v))}")
     by_index: dict[int, list] = {}
     for rid, steps in trace.items():
-        m = re.search(rf"{re.escape(cfg.leg or 'leg')}-(\d+)", rid)
+        m = re.search(rf"{re.escape(prefix)}(\d+)$", rid) or re.search(rf"{re.escape(prefix)}(\d+)\D", rid)
         if m:
             by_index.setdefault(int(m.group(1)), []).extend(steps)
-    tier = cfg.knobs.tier
     rows = []
-    for i, p in enumerate(prompts):
+    for i in range(n):
+        p = prompts[i % len(prompts)]
         ttft, itl, out_len = cols["ttfts"][i], cols["itls"][i] or [], int(cols["output_lens"][i] or 0)
         e2el = latencies[i]
-        rec = {"kind": "serve", "pid": p.pid, "request_index": i, "request_id": f"{cfg.leg}-{i}",
+        rec = {"kind": "serve", "pid": p.pid, "request_index": i, "request_id": f"{prefix}{i}",
                "experiment": cfg.experiment, "leg": cfg.leg, "run_id": cfg.run_id,
-               "mode": cfg.mode, "tier": tier, "concurrency": cfg.max_num_seqs, "gamma": cfg.knobs.gamma,
+               "mode": cfg.mode, "tier": cfg.knobs.tier, "concurrency": concurrency, "gamma": cfg.knobs.gamma,
+               "acceptance": cfg.knobs.acceptance if cfg.draft is not None else None,
                "n_images": p.n_images, "ttft_s": ttft, "itl_s": itl,
                # vLLM's client's definition: (latency - TTFT) / (output tokens - 1)
                "tpot_s": ((e2el - ttft) / (out_len - 1)) if out_len > 1 else None, "e2el_s": e2el,
@@ -349,7 +225,74 @@ def _records(cfg: legmod.LegConfig, prompts: list, bench: dict, trace: dict[str,
     return rows
 
 
+def _run_client(cfg: legmod.LegConfig, server: Server, base_url: str, dataset: Path, cell: Path, n: int,
+                prefix: str, concurrency: int) -> tuple[dict, list, dict, dict]:
+    """One cell: the counters before, vLLM's client at ``concurrency``, the counters after; the server's
+    memory sampled meanwhile. Returns (bench.json, memory samples, counters before, after)."""
+    import threading
+
+    before = parse_metrics(_http(f"{base_url}/metrics"))
+    (cell / BENCH_JSON).unlink(missing_ok=True)
+    timing = cell / TIMINGS
+    timing.unlink(missing_ok=True)
+    stop_sampling, memory = threading.Event(), []
+    sampler = threading.Thread(target=lambda: memory.extend(server.sample_memory(stop_sampling)),
+                               name="serve-memory", daemon=True)
+    sampler.start()
+    client = subprocess.run([sys.executable, "-m", "workbench.serve_leg", "--bench",
+                             *client_args(cfg, base_url, dataset, cell, n, prefix, concurrency)],
+                            capture_output=True, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "WORKBENCH_SERVE_TIMING": str(timing)})
+    stop_sampling.set()
+    sampler.join(timeout=10)
+    (cell / "client.log").write_text(client.stdout[-200000:] + "\n--- stderr\n" + client.stderr[-200000:])
+    if client.returncode != 0 or not (cell / BENCH_JSON).is_file():
+        raise ServeError(f"vllm bench serve failed at concurrency {concurrency} (status {client.returncode}; "
+                         f"log: {cell / 'client.log'}): " + (client.stderr.strip().splitlines() or ["no output"])[-1])
+    traced = 0
+    if cfg.knobs.trace and cfg.draft is not None:
+        res = json.loads(_http(f"{base_url}/collective_rpc", json.dumps(
+            {"method": "twin_spec_flush_trace"}).encode(), timeout=120))
+        traced = sum(int(x or 0) for x in res.get("results", []))
+    after = parse_metrics(_http(f"{base_url}/metrics"))
+    return json.loads((cell / BENCH_JSON).read_text()), memory, before, dict(after, traced=traced)
+
+
+def _cell_summary(cfg: legmod.LegConfig, rows: list[dict], bench: dict, before: dict, after: dict,
+                  memory: list, concurrency: int) -> dict:
+    ok = [r for r in rows if not r["error"]]
+    return {
+        "concurrency": concurrency, "n_requests": len(rows), "completed": len(ok),
+        "duration_s": bench.get("duration"), "output_throughput": bench.get("output_throughput"),
+        "request_throughput": bench.get("request_throughput"),
+        "total_output_tokens": sum(r["output_tokens"] for r in ok),
+        "percentiles": {"ttft_ms": _pct([r["ttft_s"] for r in ok]),
+                        "tpot_ms": _pct([r["tpot_s"] for r in ok if r["tpot_s"] is not None]),
+                        "itl_ms": _pct([x for r in ok for x in r["itl_s"]]),
+                        "e2el_ms": _pct([r["e2el_s"] for r in ok])},
+        "spec": _counter_delta(after, before) if cfg.draft is not None else None,
+        "trace_steps_flushed": after.get("traced", 0),
+        "client": {k: v for k, v in bench.items() if k not in ("ttfts", "itls", "generated_texts", "errors",
+                                                                "output_lens", "input_lens", "start_times")},
+        # the server's resident memory (its whole process tree) while the client ran
+        "rss_mb": memory,
+    }
+
+
+def _memory_plan(cfg: legmod.LegConfig, on_cuda: bool):
+    if not on_cuda:
+        return None
+    from workbench.memory_plan import MemoryPlanError, plan_for_leg
+
+    try:
+        return plan_for_leg(cfg)
+    except MemoryPlanError as exc:
+        raise legmod.LegError(str(exc)) from None
+
+
 def run_serving_leg(cfg: legmod.LegConfig) -> dict:
+    """One server for the leg, the client swept over its concurrencies (``vllm bench sweep serve``'s way):
+    one server start per configuration, each request record keeping its concurrency."""
     out = Path(cfg.out)
     if leg_status(out) == "complete" and not cfg.force:
         raise legmod.LegError(f"{out} already holds a finished leg ({SUMMARY}); use --force to redo it")
@@ -359,18 +302,25 @@ def run_serving_leg(cfg: legmod.LegConfig) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / LEG_JSON, dict(cfg.to_file_dict(out), force=False))
     on_cuda = legmod._cuda_present()
+    mem_plan = _memory_plan(cfg, on_cuda)
+    concs = concurrencies(cfg)
+    multi = cfg.concurrencies is not None
     dataset = out / REQUESTS
-    bench_dataset(prompts, dataset)
+    bench_dataset([prompts[i % len(prompts)] for i in range(max(cell_requests(len(prompts), c) for c in concs))],
+                  dataset)
     report_dir = Path(tempfile.mkdtemp(prefix="engine-", dir=out))
     port = _free_port()
     base_url = f"http://127.0.0.1:{port}"
-    server = Server(server_command(cfg, port, on_cuda), server_env(cfg, report_dir, on_cuda), out / SERVER_LOG)
+    server = Server(server_command(cfg, port, on_cuda, mem_plan), server_env(cfg, report_dir, on_cuda),
+                    out / SERVER_LOG)
 
     def _on_signal(signum, _frame):
         server.stop(grace=5.0)
         raise SystemExit(128 + signum)
 
     old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    trace_tail = legmod.TraceTail(report_dir) if cfg.knobs.trace else None
+    knobs, rows, cells = cfg.knobs.as_dict(), [], []
     try:
         t0 = time.perf_counter()
         server.start(base_url)
@@ -378,32 +328,24 @@ def run_serving_leg(cfg: legmod.LegConfig) -> dict:
         write_json_atomic(out / SERVER_JSON, {"pid": server.proc.pid if server.proc else None, "port": port,
                                               "base_url": base_url})
         start_s = time.perf_counter() - t0
-        before = parse_metrics(_http(f"{base_url}/metrics"))
-        (out / BENCH_JSON).unlink(missing_ok=True)
-        timing = out / TIMINGS
-        timing.unlink(missing_ok=True)
-        import threading
-
-        stop_sampling, memory = threading.Event(), []
-        sampler = threading.Thread(target=lambda: memory.extend(server.sample_memory(stop_sampling)),
-                                   name="serve-memory", daemon=True)
-        sampler.start()
-        client = subprocess.run([sys.executable, "-m", "workbench.serve_leg", "--bench",
-                                 *client_args(cfg, base_url, dataset, out, len(prompts), cfg.leg or "leg")],
-                                capture_output=True, text=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1", "WORKBENCH_SERVE_TIMING": str(timing)})
-        stop_sampling.set()
-        sampler.join(timeout=10)
-        (out / "client.log").write_text(client.stdout[-200000:] + "\n--- stderr\n" + client.stderr[-200000:])
-        if client.returncode != 0 or not (out / BENCH_JSON).is_file():
-            raise ServeError(f"vllm bench serve failed (status {client.returncode}; log: {out / 'client.log'}): "
-                             + (client.stderr.strip().splitlines() or ["no output"])[-1])
-        traced = 0
-        if cfg.knobs.trace and cfg.draft is not None:
-            res = json.loads(_http(f"{base_url}/collective_rpc", json.dumps(
-                {"method": "twin_spec_flush_trace"}).encode(), timeout=120))
-            traced = sum(int(x or 0) for x in res.get("results", []))
-        after = parse_metrics(_http(f"{base_url}/metrics"))
+        for c in concs:
+            cell = out / f"c{c}" if multi else out
+            cell.mkdir(exist_ok=True)
+            n = cell_requests(len(prompts), c) if multi else len(prompts)
+            prefix = f"{cfg.leg or 'leg'}-c{c}-" if multi else f"{cfg.leg or 'leg'}-"
+            bench, memory, before, after = _run_client(cfg, server, base_url, dataset, cell, n, prefix, c)
+            trace = trace_tail.read_new() if trace_tail is not None else {}
+            cell_rows = _records(cfg, prompts, bench, trace, knobs, _latencies(cell / TIMINGS, prefix, n), prefix, c)
+            failed = [r["request_id"] for r in cell_rows if r["error"]]
+            if failed:
+                raise ServeError(f"{len(failed)} of {len(cell_rows)} requests failed at concurrency {c} "
+                                 f"({', '.join(failed[:5])}): "
+                                 f"{next(r['error'] for r in cell_rows if r['error'])[:300]}")
+            rows += cell_rows
+            cells.append(_cell_summary(cfg, cell_rows, bench, before, after, memory, c))
+            print(f"[serve {cfg.leg}] concurrency {c}: {n} requests, TPOT median "
+                  f"{(cells[-1]['percentiles']['tpot_ms'] or {}).get('median', float('nan')):.2f} ms",
+                  file=sys.stderr, flush=True)
     except BaseException:
         server_tail = server.log_tail()
         server.stop()
@@ -413,35 +355,22 @@ def run_serving_leg(cfg: legmod.LegConfig) -> dict:
     server.stop()
     for s, h in old.items():
         signal.signal(s, h)
+    return _finish(cfg, out, rows, cells, multi, start_s, server, report_dir, knobs, lengths, mem_plan)
 
-    bench = json.loads((out / BENCH_JSON).read_text())
-    report = legmod.read_engine_reports(report_dir)
-    trace = legmod.TraceTail(report_dir).read_new() if cfg.knobs.trace else {}
-    knobs = cfg.knobs.as_dict()
-    rows = _records(cfg, prompts, bench, trace, knobs, _latencies(out / TIMINGS, cfg.leg or "leg", len(prompts)))
-    failed = [r["pid"] for r in rows if r["error"]]
-    if failed:
-        raise ServeError(f"{len(failed)} of {len(rows)} requests failed ({', '.join(failed[:5])}): "
-                         f"{rows[[r['pid'] for r in rows].index(failed[0])]['error'][:300]}")
-    counters = _counter_delta(after, before) if cfg.draft is not None else None
-    ok = [r for r in rows if not r["error"]]
+
+def _finish(cfg, out: Path, rows, cells, multi, start_s, server, report_dir, knobs, lengths, mem_plan) -> dict:
+    head = cells[0] if not multi else {}
     summary = {
         "runner": "serve", "experiment": cfg.experiment, "leg": cfg.leg, "run_id": cfg.run_id, "mode": cfg.mode,
-        "tier": cfg.knobs.tier, "concurrency": cfg.max_num_seqs, "gamma": cfg.knobs.gamma,
-        "n_requests": len(rows), "completed": len(ok), "duration_s": bench.get("duration"),
-        "output_throughput": bench.get("output_throughput"), "request_throughput": bench.get("request_throughput"),
-        "total_output_tokens": sum(r["output_tokens"] for r in ok),
-        "percentiles": {"ttft_ms": _pct([r["ttft_s"] for r in ok]),
-                        "tpot_ms": _pct([r["tpot_s"] for r in ok if r["tpot_s"] is not None]),
-                        "itl_ms": _pct([x for r in ok for x in r["itl_s"]]),
-                        "e2el_ms": _pct([r["e2el_s"] for r in ok])},
-        "spec": counters, "trace_steps_flushed": traced,
-        "client": {k: v for k, v in bench.items() if k not in ("ttfts", "itls", "generated_texts", "errors",
-                                                                "output_lens", "input_lens", "start_times")},
+        "tier": cfg.knobs.tier, "gamma": cfg.knobs.gamma,
+        **({k: v for k, v in head.items() if k != "rss_mb"} if not multi else
+           {"concurrency": [c["concurrency"] for c in cells], "cells": cells,
+            "n_requests": sum(c["n_requests"] for c in cells), "completed": sum(c["completed"] for c in cells)}),
         "server": {"command": server.cmd[1:], "start_s": start_s, "log": SERVER_LOG,
-                   # the server's resident memory (its whole process tree) while the client ran
-                   "rss_mb": memory},
-        "engine_report": report, "knobs": knobs, "prompt_lengths": lengths,
+                   "rss_mb": head.get("rss_mb") if not multi else [m for c in cells for m in c["rss_mb"]]},
+        "engine_report": legmod.read_engine_reports(report_dir), "knobs": knobs, "prompt_lengths": lengths,
+        "speculative": cfg.knobs.spec_config_extra(cfg.max_num_seqs, cfg.target)[1] if cfg.draft is not None else None,
+        "memory_plan": mem_plan.to_dict() if mem_plan is not None else None,
         "versions": engines.versions(),
     }
     write_jsonl_atomic(out / RECORDS, rows)
@@ -535,11 +464,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: serving leg failed: {type(cause).__name__}: {cause}", file=sys.stderr)
         return 130 if isinstance(cause, KeyboardInterrupt) else (cause.code if isinstance(cause, SystemExit)
                                                                  and isinstance(cause.code, int) else 1)
-    s = summary
-    print(f"[serve {cfg.leg}] {s['completed']}/{s['n_requests']} requests at concurrency {s['concurrency']}: "
-          f"TPOT median {s['percentiles']['tpot_ms']['median'] if s['percentiles']['tpot_ms'] else float('nan'):.1f} ms, "
-          f"{s['output_throughput']:.1f} tok/s" + (f", acceptance {s['spec']['acceptance_rate']:.3f}"
-                                                   if s['spec'] else ""), file=sys.stderr)
+    for s in summary.get("cells") or [summary]:
+        tpot = (s["percentiles"]["tpot_ms"] or {}).get("median", float("nan"))
+        print(f"[serve {cfg.leg}] {s['completed']}/{s['n_requests']} requests at concurrency {s['concurrency']}: "
+              f"TPOT median {tpot:.1f} ms, {s['output_throughput']:.1f} tok/s"
+              + (f", acceptance {s['spec']['acceptance_rate']:.3f}" if s['spec'] else ""), file=sys.stderr)
     return 0
 
 

@@ -43,12 +43,12 @@ RECORD_FIELDS = ("pid", "request_index", "mode", "tier", "concurrency", "gamma",
 SPEC_FIELDS = ("drafts", "draft_tokens", "accepted")
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 STATS = ("mean", "median", "p90", "p99")
-LEG_COLUMNS = (["leg", "leg_index", "mode", "tier", "gamma", "concurrency", "n", "completed"]
+LEG_COLUMNS = (["leg", "leg_index", "mode", "tier", "acceptance", "gamma", "concurrency", "n", "completed"]
                + [f"{m}_ms_{s}" for m in LATENCIES for s in STATS]
                + ["output_throughput", "request_throughput", "duration_s",
                   "acceptance_rate", "acceptance_length", "trace_acceptance_rate", "trace_acceptance_length"])
 PAIR_METRICS = ("tpot_speedup", "throughput_ratio")
-SPEEDUP_COLUMNS = (["leg", "leg_index", "tier", "gamma", "concurrency"]
+SPEEDUP_COLUMNS = (["leg", "leg_index", "tier", "acceptance", "gamma", "concurrency"]
                    + [f"{m}{s}" for m in PAIR_METRICS for s in ("", "_q25", "_q75", "_iqr")]
                    + ["n_pairs", "vanilla_before", "vanilla_after"])
 REQUEST_COLUMNS = ["leg", "leg_index", "mode", "tier", "gamma", "concurrency", "pid", "request_index", "ok",
@@ -107,7 +107,16 @@ def serving_legs(run_dir: str | Path) -> list[ServingLeg]:
         folder = run_dir / "legs" / name
         if leg_status(folder) != "complete" or not is_serving_leg(folder):
             continue
-        out.append(ServingLeg(name, index, _summary(folder) or {}, _read_records(folder / RECORDS, name), folder))
+        summary = _summary(folder) or {}
+        records = _read_records(folder / RECORDS, name)
+        if isinstance(summary.get("cells"), list):
+            # one server swept over concurrencies: one serving leg per cell, paired at its concurrency
+            for cell in summary["cells"]:
+                c = cell.get("concurrency")
+                out.append(ServingLeg(name, index, {**summary, **cell},
+                                      [r for r in records if r.get("concurrency") == c], folder))
+        else:
+            out.append(ServingLeg(name, index, summary, records, folder))
     return out
 
 
@@ -143,8 +152,12 @@ def _num(v: Any) -> float:
 def _identity(leg: ServingLeg) -> dict[str, Any]:
     s, first = leg.summary, (leg.records[0] if leg.records else {})
     gamma = first.get("gamma", s.get("gamma"))
+    tier = s.get("tier", first.get("tier"))
+    spec = (s.get("knobs") or {}).get("acceptance") or first.get("acceptance")
     return {"leg": leg.name, "leg_index": leg.index, "mode": s.get("mode", first.get("mode")),
-            "tier": s.get("tier", first.get("tier")), "gamma": gamma,
+            "tier": tier, "gamma": gamma,
+            # a synthetic leg's acceptance was drawn (a cost measurement): every row says so
+            "acceptance": f"synthetic α ({spec})" if tier == "synthetic" else ("real" if tier != "vanilla" else ""),
             "concurrency": s.get("concurrency", first.get("concurrency"))}
 
 
@@ -202,8 +215,8 @@ def paired_speedups(table: pd.DataFrame) -> pd.DataFrame:
             pairs = {"tpot_speedup": [by_leg.loc[v, "tpot_ms_median"] / spec["tpot_ms_median"] for v in sides],
                      "throughput_ratio": [spec["output_throughput"] / by_leg.loc[v, "output_throughput"]
                                           for v in sides]}
-            row = {"leg": leg, "leg_index": spec["leg_index"], "tier": spec["tier"], "gamma": spec["gamma"],
-                   "concurrency": conc}
+            row = {"leg": leg, "leg_index": spec["leg_index"], "tier": spec["tier"],
+                   "acceptance": spec["acceptance"], "gamma": spec["gamma"], "concurrency": conc}
             for m, vals in pairs.items():
                 vals = [v for v in vals if np.isfinite(v)]
                 st = metrics.median_iqr(vals)

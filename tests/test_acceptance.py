@@ -1,0 +1,220 @@
+"""Issue 36: synthetic acceptance, the batch-size γ schedule and the GPU memory plan (no engine),
+and the synthetic sampler's CPU path against its CUDA kernel's semantics; one offline pair of legs
+(α = 1 synthetic against the wide-open relaxed gate) that must cost the same steps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, TINY_PROMPTS, run_leg_process
+
+from workbench import acceptance as acc
+from workbench.acceptance import AcceptanceError
+from workbench.knobs import Knobs
+from workbench.memory_plan import GiB, MemoryPlanError, model_memory, plan_memory
+
+ORGANISM_E1 = REPO / "results" / "E1" / "20261203T082615Z-df50104d"
+H200_BYTES = 143771 * 1024 * 1024   # nvidia-smi's memory.total of an H200
+
+
+# --------------------------------------------------------------------------- acceptance profiles
+def test_alpha_is_conditional_per_position():
+    assert acc.unconditional_rates("alpha:0.9", 4) == pytest.approx([0.9, 0.81, 0.729, 0.6561])
+    assert acc.unconditional_rates("alpha:1", 3) == [1.0, 1.0, 1.0]
+    assert acc.unconditional_rates("real", 4) is None
+
+
+def test_length_becomes_the_geometric_profile_of_that_length():
+    rates = acc.unconditional_rates("length:2.49", 4)
+    assert acc.expected_tokens(rates) == pytest.approx(2.49, abs=1e-6)
+    a = rates[0]
+    assert rates == pytest.approx([a, a ** 2, a ** 3, a ** 4])   # not vLLM's step profile [1, 0.49, 0, 0]
+    with pytest.raises(AcceptanceError, match="exceeds gamma"):
+        acc.unconditional_rates("length:6", 4)
+
+
+def test_rates_are_unconditional_non_increasing_and_cover_gamma():
+    assert acc.unconditional_rates("rates:0.9/0.8/0.7/0.6/0.5", 4) == [0.9, 0.8, 0.7, 0.6]
+    with pytest.raises(AcceptanceError, match="non-increasing"):
+        acc.check_acceptance("rates:0.5/0.9")
+    with pytest.raises(AcceptanceError, match="at least 4"):
+        acc.unconditional_rates("rates:0.9/0.8", 4)
+    for bad in ("alpha:1.2", "alpha:x", "length:0.5", "rates:", "fixed:3", "beta:0.9"):
+        with pytest.raises(AcceptanceError):
+            acc.check_acceptance(bad)
+
+
+@pytest.mark.skipif(not ORGANISM_E1.is_dir(), reason="the organism's committed E1 run folder is absent")
+def test_from_a_recorded_leg_is_its_measured_per_position_acceptance():
+    recs = [json.loads(l) for l in (ORGANISM_E1 / "legs" / "strict_g6" / "records.jsonl").read_text().splitlines()]
+    drafts = sum(r["spec"]["drafts"] for r in recs)
+    want = [sum(r["spec"]["accepted_per_pos"][i] for r in recs) / drafts for i in range(6)]
+    got = acc.unconditional_rates(f"from:{ORGANISM_E1}:strict_g6", 6)
+    assert got == pytest.approx([min(want[:i + 1]) for i in range(6)])
+    # the run's only spec leg is found without naming it; a shorter γ takes the first positions
+    assert acc.unconditional_rates(f"from:{ORGANISM_E1}", 4) == pytest.approx(got[:4])
+    with pytest.raises(AcceptanceError, match="does not exist"):
+        acc.unconditional_rates(f"from:{ORGANISM_E1}:nope", 4)
+
+
+def test_synthetic_knobs_are_a_tier_of_their_own_and_refuse_the_relaxed_gate():
+    k = Knobs(gamma=4, acceptance="alpha:0.9")
+    assert k.tier == "synthetic"
+    extra, info = k.spec_config_extra(8)
+    assert extra == {"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": [0.9, 0.81, 0.729, 0.6561]}
+    assert info["synthetic_acceptance_length"] == pytest.approx(4.0951)
+    with pytest.raises(ValueError, match="relax_logtau"):
+        Knobs(gamma=4, acceptance="alpha:0.9", relax_logtau=0.7)
+    with pytest.raises(ValueError, match="need a draft"):
+        Knobs(acceptance="alpha:0.9")
+    assert Knobs(gamma=4).spec_config_extra(8) == ({}, {"num_speculative_tokens": 4})
+
+
+# --------------------------------------------------------------------------- the γ schedule
+def test_explicit_schedule_is_vllms_inclusive_ranges():
+    extra, _ = Knobs(gamma=4, gamma_schedule="1-4:4/5-16:2/17-64:0").spec_config_extra(64)
+    assert extra == {"num_speculative_tokens": 4,
+                     "num_speculative_tokens_per_batch_size": [[1, 4, 4], [5, 16, 2], [17, 64, 0]]}
+    for bad, why in (("2-4:4", "start at batch size 1"), ("1-4:4/6-8:2", "must start at 5"),
+                     ("1-4:0", "off at every batch"), ("1-4", "must be none")):
+        with pytest.raises(AcceptanceError, match=why):
+            acc.parse_schedule(bad)
+    with pytest.raises(AcceptanceError, match="above the leg's gamma"):
+        Knobs(gamma=2, gamma_schedule="1-4:4").spec_config_extra(8)
+
+
+def _cost_run(tmp_path: Path, cells: list[tuple[int, int, float]], name: str = "E16run") -> Path:
+    """An E16 run folder's cost table: (batch, γ, measured S at α = 1, decode only) per cell."""
+    run = tmp_path / name
+    (run / "tables").mkdir(parents=True)
+    lines = ["size,batch,gamma,draft_graphs,verify_ms,propose_ms,c,decode_ms,S_measured_alpha1,"
+             "S_measured_decode_alpha1"]
+    lines += [f"32b [x],{b},{g},True,18,{9 * g},0.5,18,{s * 0.9},{s}" for b, g, s in cells]
+    (run / "tables" / "cost_ratio.csv").write_text("\n".join(lines) + "\n")
+    return run
+
+
+def test_auto_schedule_picks_the_best_predicted_gamma_and_turns_speculation_off_where_nothing_pays(tmp_path):
+    run = _cost_run(tmp_path, [(1, 2, 1.40), (1, 4, 1.64), (4, 2, 1.30), (4, 4, 1.35), (16, 2, 0.80),
+                               (16, 4, 0.83)])
+    k = Knobs(gamma=4, acceptance="alpha:0.9", gamma_schedule=f"auto:{run}")
+    extra, info = k.spec_config_extra(32)
+    # S(α) = E[tokens](α, γ) / (γ + 1) · S_measured(α = 1): at 0.9, γ 4 keeps 4.10 / 5 of 1.64 = 1.34 at batch 1
+    # (γ 2: 2.71 / 3 · 1.40 = 1.26), γ 2 wins at batch 4 (1.17 vs 1.11), nothing pays at 16
+    assert extra["num_speculative_tokens_per_batch_size"] == [[1, 2, 4], [3, 10, 2], [11, 32, 0]]
+    assert extra["num_speculative_tokens"] == 4 and len(extra["synthetic_acceptance_rates"]) == 4
+    chosen = {(r["batch"], r["gamma"]): r for r in info["gamma_schedule_table"]}
+    assert chosen[(1, 4)]["S_predicted"] == pytest.approx(4.0951 / 5 * 1.64) and chosen[(1, 4)]["chosen"]
+    with pytest.raises(AcceptanceError, match="acceptance profile"):
+        Knobs(gamma=4, gamma_schedule=f"auto:{run}").spec_config_extra(8)
+    slow = _cost_run(tmp_path / "slow", [(1, 2, 0.9), (4, 2, 0.8)])
+    with pytest.raises(AcceptanceError, match="no γ is predicted to pay"):
+        Knobs(gamma=4, acceptance="alpha:0.9", gamma_schedule=f"auto:{slow}").spec_config_extra(8)
+
+
+def test_bare_auto_finds_the_newest_cost_run_of_the_targets_size(tmp_path):
+    _cost_run(tmp_path, [(1, 2, 1.2), (4, 2, 1.1)], "20260101T000000Z-a")
+    _cost_run(tmp_path, [(1, 4, 1.5), (16, 4, 0.9)], "20260102T000000Z-b")
+    _cost_run(tmp_path, [(1, 4, 1.5)], "20260103T000000Z-c")   # one batch size: no schedule from it
+    assert acc.default_cost_run("models/shapes/32b-target", root=tmp_path).name == "20260102T000000Z-b"
+    with pytest.raises(AcceptanceError, match="size '8b'"):
+        acc.default_cost_run("models/shapes/8b-target", root=tmp_path)
+
+
+# --------------------------------------------------------------------------- the memory plan
+def _shapes():
+    from workbench.shapes import build_shapes
+    from workbench.tiny import ensure_tiny_models
+
+    root = REPO / "models" / "shapes"
+    if not (root / "0.6b-text" / "config.json").is_file():
+        build_shapes(root, ensure_tiny_models()["target"])
+    return root
+
+
+def test_weights_from_the_config_match_what_vllm_loaded_at_32b():
+    root = _shapes()
+    weights = sum(model_memory(root / r).weights_bytes for r in ("32b-target", "32b-twin"))
+    # vLLM 0.27.1 on an H200: "Model loading took 82.01 GiB" for the 32B target and its W4A16 twin
+    assert weights / GiB == pytest.approx(82.01, rel=0.03)
+    assert model_memory(root / "32b-target").kv_bytes_per_token == 2 * 64 * 8 * 128 * 2
+
+
+def test_plan_sizes_the_kv_cache_and_refuses_with_numbers_and_a_way_out():
+    root = _shapes()
+    models = {"target": root / "32b-target", "draft": root / "32b-twin"}
+    p = plan_memory(models, max_model_len=2048, max_num_seqs=32, device_bytes=H200_BYTES)
+    assert p.kv_cache_memory_bytes == p.kv_tokens * 512 * 1024 and p.kv_tokens >= 32 * 2048
+    assert p.needed_bytes <= p.gpu_memory_utilization * H200_BYTES <= 0.94 * H200_BYTES
+    with pytest.raises(MemoryPlanError) as exc:
+        plan_memory(models, max_model_len=3584, max_num_seqs=64, device_bytes=H200_BYTES)
+    msg = str(exc.value)
+    assert "weights 81." in msg and "max_model_len 3584 × max_num_seqs 64" in msg and "lower max_num_seqs to" in msg
+    # the knob caps the plan: the old E17 default (0.6) cannot hold the 32B pair at all
+    with pytest.raises(MemoryPlanError, match="gpu_memory_utilization 0.6"):
+        plan_memory(models, max_model_len=3584, max_num_seqs=1, device_bytes=H200_BYTES, cap=0.6)
+
+
+def test_plan_reads_safetensors_sizes_where_the_folder_has_weights(tiny_models):
+    folder = Path(tiny_models["target"])
+    size = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    m = model_memory(folder)
+    assert m.source == "safetensors" and m.weights_bytes == size > 0
+
+
+# --------------------------------------------------------------------------- the CPU sampler path
+class _Meta:
+    all_greedy = True
+    generators: dict = {}
+
+
+@pytest.mark.vllm
+def test_cpu_synthetic_sampler_has_the_cuda_kernels_semantics():
+    import torch
+    from vllm.v1.spec_decode.utils import unconditional_to_conditional_rates
+
+    from vllm_patch.relaxed_gate import synthetic_greedy_cpu
+
+    torch.manual_seed(0)
+    vocab, gamma, batch = 11, 4, 2000
+    logits = torch.randn(batch * gamma, vocab)
+    argmax = logits.argmax(-1)
+    drafts = (argmax + 1) % vocab                       # every drafted token is wrong for the target
+    drafts[5] = -1                                      # a placeholder never passes
+    bonus = torch.full((batch, 1), 7, dtype=torch.int64)
+    cu = torch.arange(1, batch + 1) * gamma
+
+    def run(rates):
+        cond = torch.tensor(unconditional_to_conditional_rates(rates), dtype=torch.float32)   # as vLLM builds it
+        return synthetic_greedy_cpu(drafts, [gamma] * batch, gamma, cu, None, logits.clone(), bonus, _Meta(),
+                                    synthetic_mode=True, synthetic_conditional_rates=cond)
+
+    out = run([1.0] * gamma)
+    assert (out[0, :gamma] == drafts[:gamma].int()).all() and int(out[0, gamma]) == 7   # all kept + bonus
+    assert int(out[1, 1]) == int(argmax[5]) and (out[1, 2:] == -1).all()                 # the -1 fails
+    out = run([0.0] * gamma)
+    assert (out[:, 0] == argmax[::gamma].int()).all() and (out[:, 1:] == -1).all()
+    rates = acc.unconditional_rates("alpha:0.8", gamma)
+    kept = ((run(rates)[:, :gamma] == drafts.view(batch, gamma).int()).sum(1)).float()
+    assert kept.mean().item() == pytest.approx(sum(rates), abs=0.08)     # mean accepted per draft
+
+
+@pytest.mark.vllm
+def test_synthetic_alpha_one_costs_what_the_wide_open_gate_costs(tmp_path, tiny_models):
+    """At α = 1 synthetic acceptance keeps every drafted token, as relax_logtau=1e9 does: the same steps,
+    the same drafted and accepted counts (so the same cost); the leg is marked synthetic."""
+    common = ["--target", str(tiny_models["target"]), "--draft", str(tiny_models["twin-int4"]), "--gamma", "4",
+              "--max-tokens", "24", "--ignore-eos", "--dtype", "bfloat16", "--max-model-len", "1024",
+              "--prompts", str(TINY_PROMPTS), "--n", "3"]
+    syn = run_leg_process(tmp_path / "syn", *common, "--leg", "syn", "--acceptance", "alpha:1").ok()
+    wide = run_leg_process(tmp_path / "wide", *common, "--leg", "wide", "--relax-logtau", "1e9").ok()
+    assert {r["tier"] for r in syn.records} == {"synthetic"}
+    for a, b in zip(sorted(syn.records, key=lambda r: r["pid"]), sorted(wide.records, key=lambda r: r["pid"])):
+        sa, sb = a["spec"], b["spec"]
+        assert (sa["drafts"], sa["draft_tokens"], sa["accepted"]) == (sb["drafts"], sb["draft_tokens"], sb["accepted"])
+        assert sa["accepted"] == sa["draft_tokens"] and a["gen_len"] == b["gen_len"] == 24
+    spec_cfg = syn.summary["engine_args"]["speculative_config"]
+    assert spec_cfg["rejection_sample_method"] == "synthetic" and spec_cfg["synthetic_acceptance_rates"] == [1.0] * 4
