@@ -218,3 +218,17 @@ def test_synthetic_alpha_one_costs_what_the_wide_open_gate_costs(tmp_path, tiny_
         assert sa["accepted"] == sa["draft_tokens"] and a["gen_len"] == b["gen_len"] == 24
     spec_cfg = syn.summary["engine_args"]["speculative_config"]
     assert spec_cfg["rejection_sample_method"] == "synthetic" and spec_cfg["synthetic_acceptance_rates"] == [1.0] * 4
+
+
+@pytest.mark.vllm
+def test_schedule_turns_speculation_off_at_the_batch_sizes_it_names(tmp_path, tiny_models):
+    """vLLM's batch-size schedule with γ 0 past batch 1: four requests at once never draft; alone they do."""
+    common = ["--target", str(tiny_models["target"]), "--draft", str(tiny_models["twin-int4"]), "--gamma", "4",
+              "--gamma-schedule", "1-1:4/2-64:0", "--max-tokens", "16", "--ignore-eos", "--dtype", "bfloat16",
+              "--max-model-len", "1024", "--prompts", str(TINY_PROMPTS), "--n", "4"]
+    batched = run_leg_process(tmp_path / "b4", *common, "--leg", "b4", "--max-num-seqs", "4").ok()
+    alone = run_leg_process(tmp_path / "b1", *common, "--leg", "b1", "--max-num-seqs", "1").ok()
+    assert sum(r["spec"]["drafts"] for r in batched.records) == 0
+    assert all(r["spec"]["drafts"] > 0 for r in alone.records)
+    assert batched.summary["engine_args"]["speculative_config"]["num_speculative_tokens_per_batch_size"] == [
+        [1, 1, 4], [2, 64, 0]]
