@@ -232,3 +232,22 @@ def test_schedule_turns_speculation_off_at_the_batch_sizes_it_names(tmp_path, ti
     assert all(r["spec"]["drafts"] > 0 for r in alone.records)
     assert batched.summary["engine_args"]["speculative_config"]["num_speculative_tokens_per_batch_size"] == [
         [1, 1, 4], [2, 64, 0]]
+
+
+def test_serving_prediction_uses_the_cost_ladders_c_at_the_cells_batch_and_gamma(tmp_path):
+    from workbench.serving_predict import _cost_cell, predicted_speedup
+
+    (tmp_path / "leg.json").write_text(json.dumps({"target": "models/shapes/32b-target"}))
+    summary = {"tier": "synthetic", "knobs": {"draft_linear_kernel": "auto"},
+               "speculative": {"num_speculative_tokens": 4, "synthetic_acceptance_rates": [0.9, 0.81, 0.729, 0.6561]}}
+    cell = _cost_cell("32b", 1, 4)
+    if cell is None:
+        pytest.skip("no committed E16 run with a 32B batch-1 gamma-4 cell")
+    p = predicted_speedup(tmp_path, summary, 1)
+    assert p["c"] == cell[0] and p["S_predicted"] == pytest.approx(4.0951 / (1 + 4 * cell[0]))
+    # under a schedule γ is the schedule's at the cell's concurrency; 0 is speculation off
+    sched = dict(summary, speculative=dict(summary["speculative"], gamma_schedule=[[1, 2, 4], [3, 64, 0]]))
+    assert predicted_speedup(tmp_path, sched, 16) == {"S_predicted": 1.0, "c": None,
+                                                      "c_source": "speculation off at this batch size",
+                                                      "expected_tokens": 1.0}
+    assert predicted_speedup(tmp_path, dict(summary, tier="strict"), 1) == {}

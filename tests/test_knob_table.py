@@ -75,7 +75,8 @@ def test_the_carriers_keep_their_dataclass_manners():
 
     k = Knobs(gamma=2)
     assert k == Knobs(gamma=2) and k != Knobs(gamma=3) and hash(k) == hash(Knobs(gamma=2))
-    assert list(k.as_dict())[:3] == ["gamma", "relax_logtau", "blind_mm"] and k.trace is True
+    assert list(k.as_dict())[:5] == ["gamma", "acceptance", "gamma_schedule", "relax_logtau", "blind_mm"]
+    assert k.trace is True
     assert EngineKnobs().trace is False and list(EngineKnobs().as_dict())[-1] == "report_dir"
     with pytest.raises(AttributeError):
         k.gamma = 3

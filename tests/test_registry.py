@@ -25,10 +25,10 @@ def _load(tmp_path: Path, exps: dict, profs: dict):
     return load_registry(ep, pp)
 
 
-def test_catalogue_has_e1_to_e17():
+def test_catalogue_has_e1_to_e18():
     reg = load_registry()
-    assert reg.ids() == [f"E{i}" for i in range(1, 18)]
-    assert reg.experiment("E17").runner == "serve"
+    assert reg.ids() == [f"E{i}" for i in range(1, 19)]
+    assert reg.experiment("E17").runner == "serve" and reg.experiment("E18").runner == "serve"
     assert set(reg.profiles) == {"tiny", "organism", "organism-thinking", "8b-thinking", "8b-instruct", "32b",
                                  "8b-shape", "32b-shape"}
     assert reg.experiment("e4").id == "E4"

@@ -50,7 +50,7 @@ LEG_COLUMNS = (["leg", "leg_index", "mode", "tier", "acceptance", "gamma", "conc
 PAIR_METRICS = ("tpot_speedup", "throughput_ratio")
 SPEEDUP_COLUMNS = (["leg", "leg_index", "tier", "acceptance", "gamma", "concurrency"]
                    + [f"{m}{s}" for m in PAIR_METRICS for s in ("", "_q25", "_q75", "_iqr")]
-                   + ["n_pairs", "vanilla_before", "vanilla_after"])
+                   + ["n_pairs", "vanilla_before", "vanilla_after", "S_predicted", "c", "c_source"])
 REQUEST_COLUMNS = ["leg", "leg_index", "mode", "tier", "gamma", "concurrency", "pid", "request_index", "ok",
                    "ttft_ms", "tpot_ms", "e2el_ms", "itl_ms_mean", "output_tokens",
                    "drafts", "draft_tokens", "accepted", "acceptance_rate", "acceptance_length"]
@@ -195,11 +195,12 @@ def leg_table(legs: list[ServingLeg]) -> pd.DataFrame:
     return out
 
 
-def paired_speedups(table: pd.DataFrame) -> pd.DataFrame:
+def paired_speedups(table: pd.DataFrame, predictions: dict | None = None) -> pd.DataFrame:
     """(b) One row per spec leg of ``leg_table``: median over its pairs with the bracketing vanilla legs of its
     concurrency (each neighbouring vanilla leg one pair) of the TPOT speedup (vanilla median TPOT / spec
     median TPOT) and the output-throughput ratio (spec / vanilla), with q25, q75 and IQR."""
     rows = []
+    predictions = predictions or {}
     t = table.sort_values("leg_index", kind="stable")
     for conc, part in t.groupby("concurrency", sort=True):
         order = list(part["leg"])
@@ -222,6 +223,7 @@ def paired_speedups(table: pd.DataFrame) -> pd.DataFrame:
                 st = metrics.median_iqr(vals)
                 row.update({m: st["median"], f"{m}_q25": st["q25"], f"{m}_q75": st["q75"], f"{m}_iqr": st["iqr"]})
             row.update(n_pairs=len(sides), vanilla_before=before, vanilla_after=after)
+            row.update({k: v for k, v in predictions.get((leg, conc), {}).items() if k != "expected_tokens"})
             rows.append(row)
     out = pd.DataFrame(rows, columns=SPEEDUP_COLUMNS)
     return out.sort_values("leg_index", kind="stable").reset_index(drop=True)
@@ -252,6 +254,11 @@ def request_table(legs: list[ServingLeg]) -> pd.DataFrame:
 
 def load(run_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(leg_table, paired_speedups, request_table) of a run folder's serving legs."""
+    from workbench.serving_predict import predicted_speedup
+
     legs = serving_legs(run_dir)
     table = leg_table(legs)
-    return table, paired_speedups(table), request_table(legs)
+    predictions = {(l.name, l.summary.get("concurrency")): predicted_speedup(l.path, l.summary,
+                                                                           int(l.summary.get("concurrency") or 1))
+                   for l in legs}
+    return table, paired_speedups(table, predictions), request_table(legs)

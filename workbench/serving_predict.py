@@ -1,0 +1,73 @@
+"""The speedup a serving leg's cost predicts, beside the one it measured.
+
+For a synthetic-acceptance leg (``acceptance`` not ``real``) the acceptance profile is known: the
+unconditional per-position rates vLLM drew against (``summary.speculative``), so a step yields
+E[tokens] = 1 + Σ rates[:γ]. The cost side is the cost ladder's c = (propose / γ) / verify step at that
+batch size and γ (E16, the newest run folder with that cell for the target's size), and
+S(α, γ, c) = E[tokens] / (1 + γ c), the README's bound. Under a batch-size schedule γ is the schedule's
+at the cell's concurrency (0: speculation off, S = 1).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from workbench.acceptance import RESULTS_E16, _shown
+
+__all__ = ["predicted_speedup"]
+
+
+def _gamma_at(info: dict, concurrency: int) -> int:
+    for lo, hi, g in info.get("gamma_schedule") or []:
+        if lo <= concurrency <= hi:
+            return int(g)
+    return int(info.get("num_speculative_tokens") or 0)
+
+
+_KERNELS = ("marlin", "machete", "humming", "exllama", "own")
+
+
+def _same_kernel(label: str, kernel: str) -> bool:
+    """A cost row's setup label ("32b [marlin full_all async int4-head]") runs ``kernel`` (auto: Marlin)."""
+    named = [k for k in _KERNELS if k in label]
+    return not named or (kernel if kernel in _KERNELS else "marlin") in named
+
+
+def _cost_cell(size: str, batch: int, gamma: int, kernel: str = "auto", root: Path = RESULTS_E16
+               ) -> tuple[float, str] | None:
+    """The lowest c of the newest E16 run with a (batch, γ) cell of ``size`` on the leg's draft kernel."""
+    for table in sorted(root.glob("*/tables/cost_ratio.csv"), reverse=True):
+        with table.open() as f:
+            cs = [float(r["c"]) for r in csv.DictReader(f)
+                  if r.get("size", "").split(" ")[0] == size and str(r.get("draft_graphs")) == "True"
+                  and int(r["batch"]) == batch and int(r["gamma"]) == gamma and _same_kernel(r["size"], kernel)]
+        if cs:
+            return min(cs), _shown(table.parents[1])
+    return None
+
+
+def predicted_speedup(leg_dir: Path, summary: dict[str, Any], concurrency: int) -> dict[str, Any]:
+    """``{"S_predicted", "c", "c_source", "expected_tokens"}`` of one synthetic serving cell (NaN-free: empty
+    when the leg is not synthetic or no cost cell exists)."""
+    info = summary.get("speculative") or {}
+    rates = info.get("synthetic_acceptance_rates")
+    if summary.get("tier") != "synthetic" or not rates:
+        return {}
+    gamma = _gamma_at(info, concurrency)
+    if gamma == 0:
+        return {"S_predicted": 1.0, "c": None, "c_source": "speculation off at this batch size",
+                "expected_tokens": 1.0}
+    try:
+        target = json.loads((leg_dir / "leg.json").read_text())["target"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    kernel = str((summary.get("knobs") or {}).get("draft_linear_kernel") or "auto")
+    cell = _cost_cell(Path(str(target)).name.split("-")[0], concurrency, gamma, kernel)
+    if cell is None:
+        return {}
+    c, source = cell
+    tokens = 1.0 + sum(rates[:gamma])
+    return {"S_predicted": tokens / (1.0 + gamma * c), "c": c, "c_source": source, "expected_tokens": tokens}
