@@ -251,3 +251,19 @@ def test_serving_prediction_uses_the_cost_ladders_c_at_the_cells_batch_and_gamma
                                                       "c_source": "speculation off at this batch size",
                                                       "expected_tokens": 1.0}
     assert predicted_speedup(tmp_path, dict(summary, tier="strict"), 1) == {}
+
+
+def test_a_run_that_cannot_fit_is_refused_before_any_leg(monkeypatch):
+    """The run's preflight plans every leg's memory on a CUDA host (here a 96 GiB device, stated): the 32B
+    pair at concurrency 32 does not fit it, the vanilla target alone does."""
+    from workbench import memory_plan
+    from workbench.planning import plan
+
+    root = _shapes()
+    monkeypatch.setattr(memory_plan, "device_memory_bytes", lambda: 96 * GiB)
+    p = plan("E18", "32b-shape", ["legs=twin_a1"])
+    models = {"target": str(root / "32b-target"), "twin": str(root / "32b-twin")}
+    problems = memory_plan.memory_problems(p, models, set())
+    assert len(problems) == 1 and problems[0].startswith("leg twin_a1: does not fit the device")
+    monkeypatch.setattr(memory_plan, "device_memory_bytes", lambda: None)   # no CUDA device: nothing to plan
+    assert memory_plan.memory_problems(p, models, set()) == []

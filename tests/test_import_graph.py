@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("plugin", ("vllm_patch", "vllm_patch.*")),
     # file names and writers, prompts, knobs, formulas, the engine builder: import nothing of the workbench
     ("base", ("workbench", "workbench.runfolder", "workbench.prompts", "workbench.childproc", "workbench.knobs",
-              "workbench.metrics", "workbench.datasets.scoring", "workbench.engine")),
+              "workbench.metrics", "workbench.datasets.scoring", "workbench.engine", "workbench.acceptance")),
     # what a run is made of: models, data sets, the catalogue, the plan, the environment, teacher forcing
     ("inputs", ("workbench.chat", "workbench.datasets", "workbench.datasets._common", "workbench.datasets.hub",
                 "workbench.datasets.mathvista", "workbench.datasets.mmvet", "workbench.datasets.pid_lists",
@@ -31,11 +31,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "workbench.registry", "workbench.planning", "workbench.envcapture", "workbench.teacher",
                 "workbench.exactness", "workbench.testing", "workbench.parallel", "workbench.organism", "workbench.organism.corpus",
                 "workbench.organism.train", "workbench.organism.models", "workbench.datasets.organism_set",
-                "workbench.grounding", "workbench.teacher_cache")),
+                "workbench.grounding", "workbench.teacher_cache", "workbench.memory_plan")),
     # one leg = one process: engine legs, score legs, cost-ladder engines
-    ("runners", ("workbench.leg", "workbench.score", "workbench.ladder_engine", "workbench.serve_leg")),
+    ("runners", ("workbench.leg", "workbench.score", "workbench.ladder_engine", "workbench.serve_leg",
+                 "workbench.serve_server")),
     # reading a run folder: records, legs, the cost ladder's rows and tables
-    ("results", ("workbench.results", "workbench.ladder", "workbench.serving")),
+    ("results", ("workbench.results", "workbench.ladder", "workbench.serving", "workbench.serving_predict")),
     ("plots", ("workbench.plots",)),
     ("analyses", ("workbench.analyses",)),
     ("export", ("workbench.export",)),

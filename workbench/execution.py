@@ -275,7 +275,9 @@ def preflight_problems(p: Plan, models: dict[str, str], prompts: list | None) ->
         if lengths_by[path]:
             for msg in legmod.length_problems(prompts[:n], lengths_by[path][:n], max_len, path):
                 problems.append(f"leg(s) {', '.join(names)}: {msg}")
-    return problems
+    from workbench.memory_plan import memory_problems
+
+    return problems + memory_problems(p, models, bad_models)
 
 
 def prepare_run(experiment: str, profile: str | None = None, overrides: Any = None, smoke: bool | None = None,

@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MemoryPlanError", "MemoryPlan", "model_memory", "plan_memory", "device_memory_bytes", "GiB"]
+__all__ = ["MemoryPlanError", "MemoryPlan", "model_memory", "plan_memory", "device_memory_bytes", "GiB",
+           "plan_for_leg", "memory_problems"]
 
 GiB = 1024 ** 3
 MAX_UTILIZATION = 0.94     # what the plan may ask of one device (vLLM's own default is 0.9)
@@ -199,3 +200,30 @@ def plan_for_leg(cfg, where: str = "") -> MemoryPlan | None:
                        max_num_batched_tokens=cfg.max_num_batched_tokens,
                        tensor_parallel_size=cfg.tensor_parallel_size, where=where or f"leg {cfg.leg}",
                        cap=cfg.gpu_memory_utilization)
+
+
+def memory_problems(p, models: dict[str, str], bad_models: set[str]) -> list[str]:
+    """On a CUDA host: the legs whose weights and KV cache cannot fit the device (``workbench.memory_plan``),
+    before any engine or server starts. The cost ladder sizes its own engines (ladder_engine)."""
+    from workbench.knobs import parse_concurrencies
+
+    if p.profile.device != "gpu" or p.experiment.runner == "ladder":
+        return []
+    device = device_memory_bytes()
+    if device is None:
+        return []
+    out = []
+    for l in p.legs:
+        roles = [l.model] + ([l.draft] if l.kind == "spec" and l.draft else [])
+        if any(r in bad_models or not Path(models.get(r, "")).is_dir() for r in roles):
+            continue
+        k = l.knobs
+        concs = parse_concurrencies(k.get("concurrencies"))
+        try:
+            plan_memory({r: models[r] for r in roles}, int(k["max_model_len"]),
+                        max(concs) if concs else int(k["max_num_seqs"]), device,
+                        dtype=str(k.get("dtype") or "auto"), tensor_parallel_size=int(k.get("tensor_parallel_size") or 1),
+                        where=f"leg {l.name}", cap=k.get("gpu_memory_utilization"))
+        except MemoryPlanError as exc:
+            out.append(str(exc))
+    return out
