@@ -55,7 +55,8 @@ def test_registry_declares_the_cost_experiment_and_its_profiles():
     for size in ("8b", "32b"):
         prof = reg.profile(f"{size}-shape")
         assert prof.shapes and prof.load_format == "dummy" and prof.device == "gpu"
-        assert prof.roles == {"target": f"{size}-target", "twin": f"{size}-twin"}
+        assert prof.roles == {"target": f"{size}-target", "twin": f"{size}-twin",
+                              "small-vlm": "2b-vlm", "text-draft": "0.6b-text"}  # the seed PR's drafters
 
     full = planning.plan("E16", "32b-shape")
     assert [l.name for l in full.legs] == ["vanilla", "forced_g2", "forced_g4", "forced_g6"]
@@ -90,8 +91,8 @@ def test_registry_declares_the_cost_experiment_and_its_profiles():
     (lambda e, p: e["experiments"]["E2"].update(ladder={"repeats": 1}), r"E2.ladder: only an experiment with runner"),
     (lambda e, p: p["profiles"]["8b-shape"]["roles"].update(target="70b-target"),
      r"profile 8b-shape.roles.target: '70b-target' is not a workbench.shapes stand-in"),
-    (lambda e, p: p["profiles"]["8b-shape"]["roles"].update({"small-vlm": "8b-target"}),
-     r"profile 8b-shape.roles: unknown role 'small-vlm'; a shapes profile binds target, twin"),
+    (lambda e, p: p["profiles"]["8b-shape"]["roles"].update({"organism": "8b-target"}),
+     r"profile 8b-shape.roles: unknown role 'organism'; a shapes profile binds target, twin, small-vlm, text-draft"),
     (lambda e, p: p["profiles"]["8b-shape"].update(load_format="random"), r"8b-shape.load_format: must be one of"),
 ])
 def test_bad_ladder_definitions_are_named(tmp_path, mutate, message):
