@@ -115,6 +115,19 @@ def test_auto_schedule_picks_the_best_predicted_gamma_and_turns_speculation_off_
         Knobs(gamma=4, acceptance="alpha:0.9", gamma_schedule=f"auto:{slow}").spec_config_extra(8)
 
 
+def test_auto_schedule_reads_the_decode_only_speedup_before_the_end_to_end_one(tmp_path):
+    # an E16 table without the decode-only column: the step times' ratio (decode only, what TPOT sees)
+    # is used, not the end-to-end ratio that holds the prefill
+    run = tmp_path / "old"
+    (run / "tables").mkdir(parents=True)
+    (run / "tables" / "cost_ratio.csv").write_text(
+        "size,batch,gamma,draft_graphs,verify_ms,propose_ms,c,decode_ms,S_steps_alpha1,S_measured_alpha1\n"
+        "32b [x],1,4,True,18,36,0.5,18,1.60,1.20\n32b [x],16,4,True,30,40,0.6,20,1.10,0.80\n")
+    table = acc.schedule_table(run, lambda g: [0.9 ** (i + 1) for i in range(g)], 32)
+    assert [(r["batch"], r["S_basis"], r["S_measured_alpha1"]) for r in table] == [
+        (1, "S_steps_alpha1", 1.60), (16, "S_steps_alpha1", 1.10)]
+
+
 def test_bare_auto_finds_the_newest_cost_run_of_the_targets_size(tmp_path):
     _cost_run(tmp_path, [(1, 2, 1.2), (4, 2, 1.1)], "20260101T000000Z-a")
     _cost_run(tmp_path, [(1, 4, 1.5), (16, 4, 0.9)], "20260102T000000Z-b")

@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "workbench.grounding", "workbench.teacher_cache", "workbench.memory_plan")),
     # one leg = one process: engine legs, score legs, cost-ladder engines
     ("runners", ("workbench.leg", "workbench.score", "workbench.ladder_engine", "workbench.serve_leg",
-                 "workbench.serve_server")),
+                 "workbench.serve_server", "workbench.serve_client")),
     # reading a run folder: records, legs, the cost ladder's rows and tables
     ("results", ("workbench.results", "workbench.ladder", "workbench.serving", "workbench.serving_predict")),
     ("plots", ("workbench.plots",)),

@@ -238,12 +238,16 @@ def _cost_rows(run_dir: Path) -> list[dict[str, Any]]:
         for r in csv.DictReader(f):
             if str(r.get("draft_graphs")) not in ("True", "true", "1"):
                 continue
+            # decode-only first (what TPOT sees): the decode timed apart from the first token, else the
+            # step times' ratio, else (an old table) the end-to-end ratio, which holds the prefill
+            basis = next((k for k in ("S_measured_decode_alpha1", "S_steps_alpha1", "S_measured_alpha1")
+                          if r.get(k) not in (None, "")), None)
             try:
                 rows.append({"size": r["size"], "batch": int(r["batch"]), "gamma": int(r["gamma"]),
                              "c": float(r["c"]), "verify_ms": float(r["verify_ms"]),
                              "propose_ms": float(r["propose_ms"]), "decode_ms": float(r["decode_ms"]),
-                             "S1": float(r.get("S_measured_decode_alpha1") or r["S_measured_alpha1"])})
-            except (KeyError, ValueError):
+                             "S1": float(r[basis]), "basis": basis})
+            except (KeyError, ValueError, TypeError):
                 continue
     if not rows:
         raise AcceptanceError(f"knob 'gamma_schedule': auto:{run_dir}: {table} has no drafter-graph rows")
@@ -272,7 +276,7 @@ def schedule_table(run_dir: Path, rates_of, max_batch: int) -> list[dict[str, An
     for (b, g), r in sorted(best.items()):
         tokens = expected_tokens(rates_of(g))
         out.append({"batch": b, "gamma": g, "setup": r["size"], "source": _shown(run_dir), "c": r["c"],
-                    "S_measured_alpha1": r["S1"],
+                    "S_measured_alpha1": r["S1"], "S_basis": r["basis"],
                     "expected_tokens": tokens, "S_predicted": tokens / (g + 1) * r["S1"]})
     if not out:
         raise AcceptanceError(f"knob 'gamma_schedule': auto:{run_dir}: no cells (sizes {sizes})")

@@ -34,7 +34,6 @@ import mimetypes
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +42,7 @@ from typing import Any
 
 from workbench import engine as engines
 from workbench import leg as legmod
+from workbench.serve_client import BenchClient, ClientError
 from workbench.serve_server import (Server, ServeError, _free_port, _http,
                                     parse_metrics)
 from workbench.runfolder import (FAILURE, LEG_JSON, RECORDS, SUMMARY, archive_leg, leg_status, write_summary,
@@ -55,6 +55,7 @@ SERVER_JSON = "server.json"
 BENCH_JSON = "bench.json"
 REQUESTS = "requests.jsonl"
 TIMINGS = "request_timings.jsonl"
+CLIENT_LOG = "client.log"
 PERCENTILES = (50, 90, 99)
 
 
@@ -119,16 +120,18 @@ def server_command(cfg: legmod.LegConfig, port: int, on_cuda: bool, mem_plan=Non
 
 
 def client_args(cfg: legmod.LegConfig, base_url: str, dataset: Path, out: Path, n: int, prefix: str,
-                concurrency: int | None = None) -> list[str]:
-    """The arguments of ``vllm bench serve`` for one cell of this leg (vLLM's benchmark client)."""
+                concurrency: int | None = None, save: bool = True) -> list[str]:
+    """The arguments of ``vllm bench serve`` for one cell of this leg (vLLM's benchmark client);
+    ``save=False``: a warm-up (no result file, no endpoint check: the server is up)."""
     args = ["--backend", "openai-chat", "--base-url", base_url, "--endpoint", "/v1/chat/completions",
             "--model", cfg.target, "--dataset-name", "custom_image", "--dataset-path", str(dataset),
             "--disable-shuffle", "--num-prompts", str(n),
             "--max-concurrency", str(concurrency or cfg.max_num_seqs),
             "--custom-output-len", str(cfg.max_tokens), "--temperature", "0", "--seed", str(cfg.seed),
             "--request-id-prefix", prefix, "--percentile-metrics", "ttft,tpot,itl,e2el",
-            "--metric-percentiles", ",".join(str(p) for p in PERCENTILES),
-            "--save-result", "--save-detailed", "--result-dir", str(out), "--result-filename", BENCH_JSON]
+            "--metric-percentiles", ",".join(str(p) for p in PERCENTILES)]
+    args += (["--save-result", "--save-detailed", "--result-dir", str(out), "--result-filename", BENCH_JSON]
+             if save else ["--ready-check-timeout-sec", "0", "--disable-tqdm"])
     if cfg.ignore_eos:
         args.append("--ignore-eos")
     return args
@@ -225,30 +228,38 @@ def _records(cfg: legmod.LegConfig, prompts: list, bench: dict, trace: dict[str,
     return rows
 
 
-def _run_client(cfg: legmod.LegConfig, server: Server, base_url: str, dataset: Path, cell: Path, n: int,
-                prefix: str, concurrency: int) -> tuple[dict, list, dict, dict]:
-    """One cell: the counters before, vLLM's client at ``concurrency``, the counters after; the server's
-    memory sampled meanwhile. Returns (bench.json, memory samples, counters before, after)."""
+def _run_client(cfg: legmod.LegConfig, server: Server, client: BenchClient, base_url: str, dataset: Path,
+                cell: Path, n: int, prefix: str, concurrency: int) -> tuple[dict, list, dict, dict]:
+    """One cell: a warm-up at the cell's concurrency (its own request ids, outside the counters), the
+    counters before, vLLM's client at ``concurrency``, the counters after; the server's memory sampled
+    meanwhile. Returns (bench.json, memory samples, counters before, after)."""
     import threading
 
-    before = parse_metrics(_http(f"{base_url}/metrics"))
     (cell / BENCH_JSON).unlink(missing_ok=True)
     timing = cell / TIMINGS
     timing.unlink(missing_ok=True)
-    stop_sampling, memory = threading.Event(), []
-    sampler = threading.Thread(target=lambda: memory.extend(server.sample_memory(stop_sampling)),
-                               name="serve-memory", daemon=True)
-    sampler.start()
-    client = subprocess.run([sys.executable, "-m", "workbench.serve_leg", "--bench",
-                             *client_args(cfg, base_url, dataset, cell, n, prefix, concurrency)],
-                            capture_output=True, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", "WORKBENCH_SERVE_TIMING": str(timing)})
-    stop_sampling.set()
-    sampler.join(timeout=10)
-    (cell / "client.log").write_text(client.stdout[-200000:] + "\n--- stderr\n" + client.stderr[-200000:])
-    if client.returncode != 0 or not (cell / BENCH_JSON).is_file():
-        raise ServeError(f"vllm bench serve failed at concurrency {concurrency} (status {client.returncode}; "
-                         f"log: {cell / 'client.log'}): " + (client.stderr.strip().splitlines() or ["no output"])[-1])
+    timeout = max(600.0, 4.0 * n * cfg.max_tokens / max(concurrency, 1))  # ample: 4 s a token, serial
+    try:
+        # warm every cell: the first requests at a new batch size pay for graphs, allocator growth and
+        # the scheduler's first steps; they run here, before the cell's counters are read
+        client.run(client_args(cfg, base_url, dataset, cell, concurrency, f"{prefix}warm-", concurrency,
+                               save=False), cell / "warmup.log", None, timeout)
+        before = parse_metrics(_http(f"{base_url}/metrics"))
+        stop_sampling, memory = threading.Event(), []
+        sampler = threading.Thread(target=lambda: memory.extend(server.sample_memory(stop_sampling)),
+                                   name="serve-memory", daemon=True)
+        sampler.start()
+        try:
+            client.run(client_args(cfg, base_url, dataset, cell, n, prefix, concurrency), cell / CLIENT_LOG,
+                       timing, timeout)
+        finally:
+            stop_sampling.set()
+            sampler.join(timeout=10)
+    except ClientError as exc:
+        raise ServeError(f"vllm bench serve failed at concurrency {concurrency}: {exc}") from None
+    if not (cell / BENCH_JSON).is_file():
+        raise ServeError(f"vllm bench serve wrote no {BENCH_JSON} at concurrency {concurrency} "
+                         f"(log: {cell / CLIENT_LOG})")
     traced = 0
     if cfg.knobs.trace and cfg.draft is not None:
         res = json.loads(_http(f"{base_url}/collective_rpc", json.dumps(
@@ -321,8 +332,10 @@ def run_serving_leg(cfg: legmod.LegConfig) -> dict:
     old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     trace_tail = legmod.TraceTail(report_dir) if cfg.knobs.trace else None
     knobs, rows, cells = cfg.knobs.as_dict(), [], []
+    client = None
     try:
         t0 = time.perf_counter()
+        client = BenchClient(out / "client-worker.log")  # imports vLLM's client while the server starts
         server.start(base_url)
         # which processes are this leg's server (a test, or a user, can check none outlives the leg)
         write_json_atomic(out / SERVER_JSON, {"pid": server.proc.pid if server.proc else None, "port": port,
@@ -333,7 +346,7 @@ def run_serving_leg(cfg: legmod.LegConfig) -> dict:
             cell.mkdir(exist_ok=True)
             n = cell_requests(len(prompts), c) if multi else len(prompts)
             prefix = f"{cfg.leg or 'leg'}-c{c}-" if multi else f"{cfg.leg or 'leg'}-"
-            bench, memory, before, after = _run_client(cfg, server, base_url, dataset, cell, n, prefix, c)
+            bench, memory, before, after = _run_client(cfg, server, client, base_url, dataset, cell, n, prefix, c)
             trace = trace_tail.read_new() if trace_tail is not None else {}
             cell_rows = _records(cfg, prompts, bench, trace, knobs, _latencies(cell / TIMINGS, prefix, n), prefix, c)
             failed = [r["request_id"] for r in cell_rows if r["error"]]
@@ -346,8 +359,11 @@ def run_serving_leg(cfg: legmod.LegConfig) -> dict:
             print(f"[serve {cfg.leg}] concurrency {c}: {n} requests, TPOT median "
                   f"{(cells[-1]['percentiles']['tpot_ms'] or {}).get('median', float('nan')):.2f} ms",
                   file=sys.stderr, flush=True)
+        client.close()
     except BaseException:
         server_tail = server.log_tail()
+        if client is not None:
+            client.close(kill=True)
         server.stop()
         for s, h in old.items():
             signal.signal(s, h)
@@ -389,36 +405,9 @@ class _WithLog(Exception):
 # --------------------------------------------------------------------------- entry points
 def _bench(argv: list[str]) -> int:
     """vLLM's benchmark client, as ``vllm bench serve`` runs it (its parser, its ``main``)."""
-    from vllm.benchmarks.serve import add_cli_args, main as bench_main
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from workbench.serve_client import main as client_main
 
-    parser = FlexibleArgumentParser(prog="vllm bench serve")
-    add_cli_args(parser)
-    args = parser.parse_args(argv)
-    timing = os.environ.get("WORKBENCH_SERVE_TIMING")
-    if timing:
-        _record_request_timings(args.backend, Path(timing))
-    bench_main(args)
-    return 0
-
-
-def _record_request_timings(backend: str, path: Path) -> None:
-    """Keep each request's own end-to-end latency: the client's detailed file lists TTFT and ITLs per
-    request but not the latency its TPOT and E2EL percentiles are computed from. The client's request
-    function is wrapped (vLLM's table of request functions); each call appends one JSON line."""
-    from vllm.benchmarks.lib import endpoint_request_func as erf
-
-    inner = erf.ASYNC_REQUEST_FUNCS[backend]
-
-    async def timed(request_func_input, session, pbar=None):
-        out = await inner(request_func_input, session, pbar)
-        with path.open("a") as f:
-            f.write(json.dumps({"request_id": request_func_input.request_id, "latency": out.latency,
-                                "ttft": out.ttft, "output_tokens": out.output_tokens,
-                                "success": out.success}) + "\n")
-        return out
-
-    erf.ASYNC_REQUEST_FUNCS[backend] = timed
+    return client_main(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
