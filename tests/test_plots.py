@@ -174,3 +174,40 @@ def test_agreement_vs_acceptance_scatter_and_correlation():
     assert "undefined" in small.layout.title.text
     with pytest.raises(ValueError, match="agreement"):
         agreement_vs_acceptance(table.drop(columns=["agreement"]))
+
+
+def test_run_switch_clears_the_previous_figures_annotations_on_the_page():
+    """The page applies relayout messages; a key the new figure lacks must be sent as null."""
+    from workbench.widgets import Explorer
+
+    fw = go.FigureWidget()
+    sent = []
+    send = fw._send_relayout_msg
+    fw._send_relayout_msg = lambda d, **k: (sent.append(d), send(d, **k))
+    first = go.Figure(go.Scatter(y=[1]))
+    first.add_annotation(x=0, y=1, text="x = 0+: ties accepted")
+    Explorer._replace(fw, first)
+    Explorer._replace(fw, go.Figure(go.Scatter(y=[2])))
+    page: dict = {}
+    for msg in sent:
+        for k, v in msg.items():
+            if v is None:
+                page.pop(k, None)
+            else:
+                page[k] = v
+    assert "annotations" not in page and not fw.layout.annotations
+
+
+def test_divergence_text_follows_the_leg_dropdown(tmp_path):
+    from workbench.widgets import divergence_viewer
+
+    legs = [{"name": "vanilla_0", "tier": "vanilla"}, {"name": "strict_a", "tier": "strict", "gamma": 4},
+            {"name": "strict_b", "tier": "strict", "gamma": 2},
+            {"name": "vanilla_1", "tier": "vanilla"}]
+    run = load_run(write_run(tmp_path, legs=legs, n_prompts=4))
+    box = divergence_viewer(run)
+    leg_dd, pid_dd, _ = box.children[0].children
+    out = box.children[1]
+    for leg in ("strict_b", "strict_a", "strict_b"):
+        leg_dd.value = leg
+        assert f"<b>{leg}</b> vs <b>vanilla_0</b>" in out.value

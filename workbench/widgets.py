@@ -375,10 +375,15 @@ class Explorer:
 
     @staticmethod
     def _replace(fw: go.FigureWidget, fig: go.Figure) -> None:
+        stale = set(fw.layout.to_plotly_json()) - set(fig.layout.to_plotly_json())
         with fw.batch_update():
             fw.data = []
             fw.layout = fig.layout
             fw.add_traces(list(fig.data))
+        if stale:
+            # Assigning a layout sends only the new layout's keys: the page would keep the old figure's
+            # annotations (the tau plot's tie note) and shapes. Resetting them takes explicit nulls.
+            fw._send_relayout_msg({k: None for k in sorted(stale)})
 
     # ------------------------------------------------------------------ callbacks (slider -> in-place edits)
 
@@ -623,7 +628,8 @@ def divergence_viewer(run: Run, ref_leg: str | None = None,
         r["pid"] = o["pid"] = pid_dd.value
         out.value = divergence_html(r, o, decode)
 
-    leg_dd.observe(fill_pids, "value")
+    # A new leg may keep the same first prompt (the pid value does not change): redraw the text anyway.
+    leg_dd.observe(lambda *_: (fill_pids(), show()), "value")
     pid_dd.observe(show, "value")
     # Open on the first leg that diverges at all: that is the one worth looking at.
     diverging = [l for l in leg_dd.options if not metrics.exactness(rec, ref_leg, l)["exact"].all()]
