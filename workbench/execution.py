@@ -234,20 +234,28 @@ def _tp_problems(tp: int, leg: PlannedLeg, models: dict[str, str], bad_models: s
 
 
 def preflight_problems(p: Plan, models: dict[str, str], prompts: list | None) -> list[str]:
-    """Model folders and configs, gamma, prompt lengths with the real tokenizer; one line per problem.
+    """Model folders, configs, quantization configs and weight files' headers (``workbench.checkpoints``),
+    gamma, prompt lengths with the real tokenizer; one line per problem.
 
     Prompt lengths are checked only where ``prompts`` loaded and the model is a local folder.
     """
     from workbench import leg as legmod
+    from workbench.checkpoints import file_problems
 
     problems: list[str] = []
     bad_models: set[str] = set()
+    weights = p.profile.load_format != "dummy"  # the shape stand-ins hold configs only
     for ref, path in models.items():
         if legmod.is_local(path):
             try:
-                legmod.read_model_config(path, f"role {ref}")
+                config = legmod.read_model_config(path, f"role {ref}")
             except legmod.LegError as exc:
                 problems.append(str(exc))
+                bad_models.add(ref)
+                continue
+            bad = file_problems(path, config, weights)
+            problems += [f"role {ref}: {msg}" for msg in bad]
+            if bad:
                 bad_models.add(ref)
     lengths_by: dict[str, list[int]] = {}
     groups: dict[tuple, list[str]] = {}

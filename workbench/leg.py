@@ -231,8 +231,11 @@ def gamma_problem(gamma: int | None, max_model_len: int, limit: int | None = Non
     return None
 
 
-def model_problems(target: str, draft: str | None) -> list[str]:
-    """Checkpoint folders and configs (local paths only; a hub id is resolved by the engine)."""
+def model_problems(target: str, draft: str | None, weights: bool = True) -> list[str]:
+    """Checkpoint folders, configs, quantization configs and (``weights``: not under load_format dummy) the
+    weight files' headers (``workbench.checkpoints``; local paths only, a hub id is resolved by the engine)."""
+    from .checkpoints import file_problems
+
     problems: list[str] = []
     tcfg = dcfg = None
     for role, path in (("target", target), ("draft", draft)):
@@ -242,6 +245,10 @@ def model_problems(target: str, draft: str | None) -> list[str]:
             cfg = read_model_config(path, role)
         except LegError as exc:
             problems.append(str(exc))
+            continue
+        bad = file_problems(path, cfg, weights)
+        if bad:
+            problems += [f"{role} checkpoint: {msg}" for msg in bad]
             continue
         if role == "target":
             tcfg = cfg
@@ -321,7 +328,7 @@ def check_inputs(cfg: LegConfig) -> tuple[list, list[list]]:
         raise LegError("a draft model needs --gamma (number of speculative tokens)")
     if cfg.draft is None and cfg.knobs.gamma is not None:
         raise LegError("--gamma given without --draft")
-    problems = model_problems(cfg.target, cfg.draft)
+    problems = model_problems(cfg.target, cfg.draft, weights=cfg.load_format != "dummy")
     bad_gamma = gamma_problem(cfg.knobs.gamma, cfg.max_model_len)
     if bad_gamma:
         problems.append(bad_gamma)
