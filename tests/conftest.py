@@ -22,7 +22,7 @@ def shared_data_dir() -> Path:
 # `make test` (pytest-xdist, one module per worker at a time: --dist loadfile) does not end with one worker
 # alone on a long module; the other modules follow in their usual order. Order within a module is kept.
 SLOW_MODULES = ("test_tensor_parallel.py", "test_serving.py", "test_experiments_smoke.py", "test_cli_run.py",
-                "test_organism_profile.py", "test_serve.py", "test_leg_stream.py")
+                "test_organism_profile.py", "test_serve.py", "test_serving_synthetic.py", "test_leg_stream.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -34,7 +34,11 @@ def test_truncated_twin_is_refused_before_any_leg_naming_role_and_file(tmp_path,
     assert "role twin" in str(err.value) and str(f) in str(err.value) and "truncated" in str(err.value)
     assert not root.exists()
     assert checkpoint_problems(twin, "twin")[0].startswith(f"twin: {f} is ")
-    assert time.perf_counter() - t < 60
+    # the refusal costs no tokenizer or processor load (the prompt lengths wait for a loadable checkpoint);
+    # the bound leaves room for a loaded CI host (measured: see the closing note of issue 38)
+    elapsed = time.perf_counter() - t
+    print(f"refused in {elapsed:.2f} s")
+    assert elapsed < 5
 
 
 def test_missing_index_shard_and_unreadable_quantization_config(twin):

@@ -273,6 +273,8 @@ def preflight_problems(p: Plan, models: dict[str, str], prompts: list | None) ->
         if prompts is not None and l.model not in bad_models and legmod.is_local(path):
             # a hub id is resolved by the engine; its tokenizer is not fetched here
             groups.setdefault((path, int(k["max_model_len"]), int(k["n"])), []).append(l.name)
+    if bad_models:
+        groups.clear()  # a broken checkpoint is the run's problem: its lengths are checked once it loads
     for (path, max_len, n), names in groups.items():
         if path not in lengths_by:
             try:
