@@ -86,3 +86,12 @@ def test_run_without_plotly_is_refused_before_any_leg(tmp_path, monkeypatch, cap
     err = capsys.readouterr().err
     assert rc != 0 and "'plotly'" in err and "pip install plotly" in err
     assert not any(tmp_path.rglob("run.json"))
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "nan", "x"])
+def test_a_leg_timeout_that_cannot_hold_a_leg_is_refused_before_anything(tmp_path, capsys, value):
+    root = tmp_path / "results"
+    with pytest.raises(SystemExit) as err:
+        main(["run", "E1", "--profile", "tiny", "--smoke", "--results", str(root), "--leg-timeout", value])
+    assert err.value.code == 2 and "--leg-timeout" in capsys.readouterr().err
+    assert not root.exists()

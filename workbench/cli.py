@@ -35,6 +35,17 @@ class CliError(Exception):
     pass
 
 
+def _positive_seconds(text: str) -> float:
+    """argparse type of --leg-timeout: a number of seconds above 0 (a leg cannot time out before it starts)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds above 0, got {text!r}")
+    return value
+
+
 def _table(rows: list[dict[str, Any]], cols: Sequence[str] | None = None, max_width: int = 60) -> str:
     if not rows:
         return "(none)"
@@ -262,7 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use a local checkpoint for a role (also WORKBENCH_MODEL_<ROLE>)")
     p.add_argument("--data-source", action="append", default=[], metavar="DATASET=PATH",
                    help="load a prompt set from a local copy (mmvet=path/to/mm-vet)")
-    p.add_argument("--leg-timeout", type=float, default=None, metavar="S", help="kill a leg after S seconds")
+    p.add_argument("--leg-timeout", type=_positive_seconds, default=None, metavar="S",
+                   help="kill a leg after S seconds (S > 0)")
     p.add_argument("--no-notebook", action="store_true", help="run legs + tables without the notebook")
     p.add_argument("--formats", "--figure-formats", dest="formats", default="png,html", metavar="FMT,...",
                    help="figure formats for <run>/figures: png, svg, pdf, html (default png,html; "
