@@ -5,8 +5,8 @@
 A truncated or half-copied checkpoint otherwise loads until vLLM's safetensors reader meets the
 missing bytes inside a leg (``incomplete metadata, file not fully covered``), naming neither the
 file nor the role, after other legs have run. These checks read only headers and JSON (a few
-milliseconds for a 32B checkpoint's shards), so the run's preflight, each leg's early input check
-and ``workbench doctor`` make them for every role:
+milliseconds for a 32B checkpoint's shards), so the run's preflight and each leg's early input check
+make them for every role:
 
 * ``config.json`` is a readable JSON object, and its ``quantization_config`` (and a
   ``quantization_config.json`` / ``quant_config.json`` beside it) is readable: an object naming its
@@ -18,8 +18,6 @@ and ``workbench doctor`` make them for every role:
   holds the tensors the map assigns to it;
 * a folder with no weights at all (unless ``weights=False``: the shape stand-ins, which vLLM fills
   with random weights under ``load_format: dummy``).
-
-``int4_bits`` says whether a config describes a 4-bit weight checkpoint (the dtype rules of CPU legs).
 """
 
 from __future__ import annotations
@@ -30,8 +28,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
-__all__ = ["checkpoint_problems", "config_problems", "file_problems", "weight_problems", "safetensors_problem",
-           "quantization_problems", "weight_bits", "INDEX"]
+__all__ = ["checkpoint_problems", "config_problems", "file_problems", "weight_problems", "safetensors_header",
+           "quantization_problems", "INDEX"]
 
 
 INDEX = "model.safetensors.index.json"
@@ -93,11 +91,6 @@ def safetensors_header(path: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, (f"{path} is {size} bytes; its header describes {want} (8 + {n} header + {end} data): "
                       + ("truncated" if size < want else "bytes beyond the last tensor"))
     return tensors, None
-
-
-def safetensors_problem(path: str | Path) -> str | None:
-    """Why ``path`` is not a whole safetensors file, or None."""
-    return safetensors_header(Path(path))[1]
 
 
 def weight_problems(folder: str | Path) -> list[str]:
@@ -200,19 +193,3 @@ def checkpoint_problems(folder: str | Path, role: str, weights: bool = True) -> 
     if config is not None:
         problems += file_problems(folder, config, weights)
     return [f"{role}: {p}" for p in problems]
-
-
-def weight_bits(config: dict[str, Any]) -> int | None:
-    """The weight bits of a quantized checkpoint's config (the smallest of its groups), or None."""
-    bits = []
-    for c in (config, config.get("text_config")):
-        q = c.get("quantization_config") if isinstance(c, dict) else None
-        if not isinstance(q, dict):
-            continue
-        if isinstance(q.get("bits"), int):  # GPTQ / AWQ
-            bits.append(q["bits"])
-        for g in (q.get("config_groups") or {}).values() if isinstance(q.get("config_groups"), dict) else ():
-            w = g.get("weights") if isinstance(g, dict) else None
-            if isinstance(w, dict) and isinstance(w.get("num_bits"), int):
-                bits.append(w["num_bits"])
-    return min(bits) if bits else None

@@ -111,14 +111,14 @@ def _worker(proto_fd: int) -> int:
 class BenchClient:
     """The driver's side: one worker process, one job at a time, each with a timeout."""
 
-    def __init__(self, log: Path, env: dict[str, str] | None = None):
+    def __init__(self, log: Path):
         self.log = Path(log)
         read_fd, write_fd = os.pipe()
         self._log_file = self.log.open("w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "workbench.serve_client", "--worker", str(write_fd)],
             stdin=subprocess.PIPE, stdout=self._log_file, stderr=subprocess.STDOUT, text=True,
-            pass_fds=(write_fd,), env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"})
+            pass_fds=(write_fd,), env={**os.environ, "PYTHONUNBUFFERED": "1"})
         os.close(write_fd)
         self._answers: queue.Queue = queue.Queue()
         self._reader = threading.Thread(target=self._read, args=(os.fdopen(read_fd),), name="bench-client",

@@ -403,17 +403,8 @@ class _WithLog(Exception):
 
 
 # --------------------------------------------------------------------------- entry points
-def _bench(argv: list[str]) -> int:
-    """vLLM's benchmark client, as ``vllm bench serve`` runs it (its parser, its ``main``)."""
-    from workbench.serve_client import main as client_main
-
-    return client_main(argv)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--bench"]:
-        return _bench(argv[1:])
     if argv[:1] == ["--dataset"]:
         # a prompt set as `vllm bench serve --dataset-name custom_image` reads it (for runs by hand)
         if len(argv) != 3:
