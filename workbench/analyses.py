@@ -599,6 +599,12 @@ def _cost_ratio(t: RunTables) -> pd.DataFrame:
     return ladder.cost_ratio(t["step_costs"], t.ladder[1])
 
 
+def _first_token_costs(t: RunTables) -> pd.DataFrame:
+    from . import ladder
+    t.need(t.ladder is not None, "cost-ladder leg (steps.jsonl)")
+    return ladder.first_token_costs(t.ladder[0])
+
+
 def _speedup_curve(t: RunTables) -> pd.DataFrame:
     from . import ladder
     ratios = t["cost_ratio"]
@@ -657,6 +663,9 @@ TABLES: dict[str, Table] = {t.name: t for t in [
     Table("cost_ratio", _cost_ratio, "cost ladder (E16): c = (propose / gamma) / verification step per cell, "
           "S(1, gamma, c) = (gamma + 1) / (gamma c + 1), and the measured forced-acceptance speedup, end to end "
           "and decode only (the first token, timed apart, taken off), with the time to the first token"),
+    Table("first_token_costs", _first_token_costs, "cost ladder (E16): where the spec engine's first token goes: "
+          "the target's prefill (vanilla and spec engine), the draft's first propose, its prefill alone (first "
+          "propose - (gamma-1) single-token steps), and (target + draft) / vanilla prefill (ladder.first_token_costs)"),
     Table("speedup_curve", _speedup_curve, "cost ladder (E16): S(alpha, gamma, c) for alpha in [0.5, 0.98] at "
           "each cell's c", in_summary=False),
     Table("serving_legs", _serving_legs, "serving legs (E17): TTFT/TPOT/ITL/E2EL mean, median, p90, p99 ms, output "
