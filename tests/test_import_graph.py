@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                  "workbench.serve_server", "workbench.serve_client")),
     # reading a run folder: records, legs, the cost ladder's rows and tables
     ("results", ("workbench.results", "workbench.ladder", "workbench.serving", "workbench.serving_predict")),
-    ("plots", ("workbench.plots",)),
+    ("plots", ("workbench.plots", "workbench.plots.*")),
     ("analyses", ("workbench.analyses",)),
     ("export", ("workbench.export",)),
     # preflight, the run folder, legs as processes (the runner table)
