@@ -43,7 +43,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # preflight, the run folder, legs as processes (the runner table)
     ("protocol", ("workbench.execution", "workbench.protocol")),
     # what people call: the command line, the explorer, the demo, the doctor
-    ("front", ("workbench.cli", "workbench.widgets", "workbench.demo", "workbench.doctor", "workbench.datasets.cli",
+    ("front", ("workbench.cli", "workbench.widgets", "workbench.widgets.*", "workbench.demo", "workbench.doctor", "workbench.datasets.cli",
                "workbench.datasets.__main__")),
 ]
 
