@@ -108,6 +108,6 @@ def test_the_controls_sit_right_above_the_figures_the_relax_slider_moves(root):
     grid = ex.grids["legs"]
     assert kids.index(grid) == kids.index(ex.controls) + 1
     assert ex.relax_slider in ex.controls.children[0].children
-    first_two = [b for b in grid.children if b.layout.display != "none"][:2]
+    first_two = [b for row in grid.children for b in row.children if b.layout.display != "none"][:2]
     names = {n for n, b in ex.boxes.items() if b in first_two}
     assert all("relax_logtau" in ex.views[n].sliders for n in names)

@@ -58,7 +58,8 @@ def serving_summary(legs: pd.DataFrame, speedups: pd.DataFrame | None = None) ->
 
     values = [[fmt(v) for v in df[c]] for c, _ in cols]
     fill = [[("#f5f5f5" if t == "vanilla" else "#ffffff") for t in df["tier"]]] * len(cols)
-    fig = go.Figure(go.Table(header=dict(values=[h for _, h in cols], fill_color="#eeeeee", align="left"),
+    fig = go.Figure(go.Table(columnwidth=[2.2] + [1] * (len(cols) - 1),
+                             header=dict(values=[h for _, h in cols], fill_color="#eeeeee", align="left"),
                              cells=dict(values=values, fill_color=fill, align="left"),
                              meta={"role": "serving_summary"}))
     fig.update_layout(title="Serving legs: latency percentiles, throughput, acceptance; speedup = median over the "

@@ -91,6 +91,7 @@ def divergence_viewer(run: Run, ref_leg: str | None = None,
         raise ValueError(f"reference leg {ref_leg!r} has no records (legs: {vanilla + spec})")
     by_leg = {leg: rec[rec["leg"] == leg].set_index("pid") for leg in set(vanilla + spec)}
     leg_dd = W.Dropdown(description="leg", options=[l for l in spec if l != ref_leg])
+    leg_dd.add_class("wb-divergence-leg")
     pid_dd = W.Dropdown(description="prompt", layout=W.Layout(width="420px"))
     out = W.HTML()
     out.add_class("wb-divergence")

@@ -49,9 +49,10 @@ from .readout import _ladder_readout_html, legs_readout_html, legs_readout_table
 
 X_MAX = float(analyses.RELAX_GRID[-1])
 X_STEP = 0.01
-FIG_HEIGHT = 430        # px: two figures a row under the controls stay within a laptop screen
+FIG_HEIGHT = 430        # px: two figures a row under the controls stay within a laptop screen (1400 x 1000)
+FIG_WIDTH = 470
 # Views that read better across the whole row (wide tables, a long note under the axis).
-FULL_ROW = ("serving-summary", "ladder-speedup", "ladder-steps")
+FULL_ROW = ("serving-summary", "serving-latency", "ladder-speedup", "ladder-steps")
 # Earlier names of the explorer's figure widgets (``Explorer.fig_speedup`` ...) -> their view's box.
 _FIG_ATTRS = {"fig_speedup": "speedup", "fig_dist": "distribution", "fig_pos": "per-position", "fig_tau": "tau",
               "fig_over": "over-position", "fig_ladder_steps": "ladder-steps", "fig_ladder_c": "ladder-c",
@@ -132,7 +133,9 @@ class Explorer:
         self._quiet = False
 
         self.experiment_dd = W.Dropdown(description="experiment", options=[])
+        self.experiment_dd.add_class("wb-experiment")
         self.run_dd = W.Dropdown(description="run", options=[], layout=W.Layout(width="760px"))
+        self.run_dd.add_class("wb-run")
         self.gamma_slider = W.SelectionSlider(description="gamma", options=[0], value=0,
                                               continuous_update=True, disabled=True)
         self.gamma_slider.add_class("wb-gamma-slider")
@@ -144,6 +147,7 @@ class Explorer:
         self.readout = W.HTML()
         self.readout.add_class("wb-readout")
         self.status = W.HTML()
+        self.status.add_class("wb-status")
         self.divergence = W.VBox()
 
         # One figure widget per declared view, in registry order, each in a box "wb-fig-<box>".
@@ -151,8 +155,7 @@ class Explorer:
         self.figs: dict[str, go.FigureWidget] = {name: go.FigureWidget() for name in self.views}
         self.boxes: dict[str, W.Box] = {}
         for name, view in self.views.items():
-            box = W.Box([self.figs[name]], layout=W.Layout(
-                width="100%", min_width="0", grid_column="1 / span 2" if view.box in FULL_ROW else None))
+            box = W.Box([self.figs[name]])
             box.add_class(f"wb-fig-{view.box}")
             self.boxes[name] = box
         self._drawn: set[str] = set()            # views showing a figure of the run (not a placeholder)
@@ -161,8 +164,8 @@ class Explorer:
         self.controls = W.HBox([W.VBox([self.gamma_slider, self.relax_slider], layout=W.Layout(min_width="380px")),
                                 self.readout], layout=W.Layout(width="100%", align_items="flex-start"))
         self.controls.add_class("wb-controls")
-        self.grids = {g: W.GridBox(self._group_boxes(g), layout=W.Layout(
-            width="100%", grid_template_columns="repeat(2, minmax(0, 1fr))", grid_gap="4px")) for g in analyses.VIEW_GROUPS}
+        self.grids = {g: W.VBox(_rows_of_two(self._group_boxes(g), self.views, self.boxes))
+                      for g in analyses.VIEW_GROUPS}
         for g, grid in self.grids.items():
             grid.add_class(f"wb-grid-{g}")
         self.widget = W.VBox([W.HBox([self.experiment_dd, self.run_dd]), self.status, self.controls,
@@ -459,6 +462,18 @@ def _empty(title: str) -> go.Figure:
     return fig
 
 
+def _rows_of_two(boxes: list[W.Box], views: dict, by_name: dict[str, W.Box]) -> list[W.HBox]:
+    """The figure boxes two a row, in order; a view of ``FULL_ROW`` alone on its row."""
+    box_of = {id(b): views[n].box for n, b in by_name.items()}
+    rows: list[list[W.Box]] = []
+    for b in boxes:
+        if box_of[id(b)] in FULL_ROW or not rows or len(rows[-1]) == 2 or box_of[id(rows[-1][0])] in FULL_ROW:
+            rows.append([b])
+        else:
+            rows[-1].append(b)
+    return [W.HBox(r) for r in rows]
+
+
 def _damaged(label: str) -> str:
     """A picker label (``picker.run_label``) saying the run is damaged."""
     if "damaged" in label:
@@ -475,12 +490,20 @@ def _damaged(label: str) -> str:
 
 
 def _fit(fig: go.Figure, full_row: bool) -> None:
-    """The explorer's size of a figure: a fixed height, the legend under the plot where two share a row."""
-    if fig.layout.height is None:
-        fig.update_layout(height=FIG_HEIGHT + (90 if full_row else 0))
+    """The explorer's size of a figure: fixed, two a row at a laptop's width (plotly cannot measure a column the
+    page has not laid out yet); the title wrapped to it, the legend under the plot."""
+    import textwrap
+
+    width = FIG_WIDTH * 2 + 10 if full_row else FIG_WIDTH
+    title = fig.layout.title.text or ""
+    if fig.data and all(t.type == "table" for t in fig.data) and fig.layout.height is None:
+        rows = max(len(t.cells.values[0]) if t.cells.values else 0 for t in fig.data)
+        fig.update_layout(height=150 + 22 * rows)
+    fig.update_layout(width=fig.layout.width or width, height=fig.layout.height or FIG_HEIGHT + (90 if full_row else 0),
+                      title=dict(text="<br>".join(textwrap.wrap(title, width // 8)), font=dict(size=13)))
     if not full_row and fig.layout.legend.orientation is None:
         fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0),
-                          margin=dict(b=110))
+                          margin=dict(b=110, t=70 if len(title) > width // 8 else 50))
 
 
 def explorer(results_root: str | Path = "results", experiment: str | None = None, run_id: str | None = None,

@@ -68,7 +68,7 @@ def legs_readout_html(table: pd.DataFrame, predicted: dict[str, tuple[float, flo
         dim = several and gamma is not None and r.gamma != gamma
         rows.append(
             f"<tr data-leg='{html.escape(str(r.leg))}' style='opacity:{0.45 if dim else 1}'>"
-            f"<td><span style='display:inline-block;width:10px;height:10px;background:{r.color};"
+            f"<td style='white-space:nowrap'><span style='display:inline-block;width:10px;height:10px;background:{r.color};"
             f"margin-right:4px'></span><span style='color:{r.color}'>{html.escape(str(r.label))}</span></td>"
             f"<td>{'' if r.gamma is None else r.gamma}</td><td>{_fmt(r.acceptance_length, '.3f')}</td>"
             f"<td>{_fmt(r.acceptance_rate, '.3f')}</td><td>{_fmt(r.speedup, '.3f')}</td>"
