@@ -54,7 +54,9 @@ def drafter_label(draft: Any) -> str | None:
     if draft is None or (isinstance(draft, float) and math.isnan(draft)) or str(draft) in ("", "None"):
         return None
     name = str(draft).rstrip("/").rsplit("/", 1)[-1]
-    return DRAFTER_LABELS.get(name, name.replace("_", " "))
+    base, at, of = name.partition("@")      # "twin@8b-thinking": the twin of that target
+    label = DRAFTER_LABELS.get(base, base.replace("_", " "))
+    return f"{label} of {of}" if at else label
 
 
 def _key(row: Mapping[str, Any]) -> tuple:
