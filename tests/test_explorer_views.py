@@ -9,7 +9,7 @@ import pytest
 from synthetic_runs import LADDER_LEGS, write_run
 from workbench import analyses, metrics
 
-BOXES = {"exactness_table": "exactness", "speedup_vs_gamma": "speedup", "speedup_distribution": "distribution",
+BOXES = {"speedup_vs_gamma": "speedup", "speedup_distribution": "distribution",
          "per_position_acceptance": "per-position", "acceptance_vs_tau": "tau",
          "acceptance_over_position": "over-position", "step_cost_vs_batch": "ladder-steps",
          "c_by_graphs": "ladder-c", "speedup_curves": "ladder-speedup",

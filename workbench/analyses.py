@@ -753,8 +753,7 @@ def _over_position_predicted(t: RunTables, gamma: int | None, x: float) -> list[
 
 ANALYSES: dict[str, Analysis] = {a.name: a for a in [
     Analysis("exactness_table", ("exactness",), plots.exactness_table,
-             "exact-match rate and first divergence of each spec leg vs vanilla",
-             view=View("exactness", "Exactness vs vanilla: needs a vanilla and a spec leg with gen_ids")),
+             "exact-match rate and first divergence of each spec leg vs vanilla"),
     Analysis("speedup_vs_gamma", ("speedup",), _speedup_vs_gamma, "median speedup vs gamma with IQR bars",
              view=View("speedup", "Speedup vs γ: needs a vanilla and a spec leg", sliders=("gamma",),
                        update=_speedup_selection)),

@@ -52,8 +52,7 @@ X_STEP = 0.01
 FIG_HEIGHT = 430        # px: two figures a row under the controls stay within a laptop screen (1400 x 1000)
 FIG_WIDTH = 470
 # Views that read better across the whole row (wide tables, a long note under the axis).
-FULL_ROW = ("serving-summary", "serving-latency", "ladder-speedup", "ladder-steps", "exactness")
-LAST = ("exactness",)   # shown after the figures (a table of every leg)
+FULL_ROW = ("serving-summary", "serving-latency", "ladder-speedup", "ladder-steps")
 # Earlier names of the explorer's figure widgets (``Explorer.fig_speedup`` ...) -> their view's box.
 _FIG_ATTRS = {"fig_speedup": "speedup", "fig_dist": "distribution", "fig_pos": "per-position", "fig_tau": "tau",
               "fig_over": "over-position", "fig_ladder_steps": "ladder-steps", "fig_ladder_c": "ladder-c",
@@ -210,10 +209,9 @@ class Explorer:
         raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
 
     def _group_boxes(self, group: str) -> list[W.Box]:
-        """The boxes of a group's views: those the relax_logtau slider moves first (next to it), then the others,
-        the tables of ``LAST`` at the end."""
+        """The boxes of a group's views: those the relax_logtau slider moves first (next to it), then the others."""
         names = [name for name, view in self.views.items() if view.group == group]
-        names.sort(key=lambda n: ("relax_logtau" not in self.views[n].sliders, self.views[n].box in LAST))
+        names.sort(key=lambda n: "relax_logtau" not in self.views[n].sliders)
         return [self.boxes[name] for name in names]
 
     @property
