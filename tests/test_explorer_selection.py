@@ -111,3 +111,16 @@ def test_the_controls_sit_right_above_the_figures_the_relax_slider_moves(root):
     first_two = [b for row in grid.children for b in row.children if b.layout.display != "none"][:2]
     names = {n for n, b in ex.boxes.items() if b in first_two}
     assert all("relax_logtau" in ex.views[n].sliders for n in names)
+
+
+def test_every_view_of_legs_follows_the_gamma_slider(root):
+    from workbench.widgets import Explorer
+
+    ex = Explorer(root, "E2")
+    for gamma in (2, 6):
+        ex.gamma_slider.value = gamma
+        for name in ("per_position_acceptance", "acceptance_over_position", "speedup_distribution"):
+            shown = {t.meta.get("gamma") for t in ex.figs[name].data if t.visible is not False and t.meta.get("leg")}
+            assert shown == {gamma}, (name, gamma, shown)
+        rows = re.findall(r"data-leg='([^']+)' style='opacity:([0-9.]+)'", ex.readout.value)
+        assert {leg for leg, o in rows if o == "1"} == {leg["name"] for leg in LADDER_LEGS if leg.get("gamma") == gamma}

@@ -150,14 +150,15 @@ def acceptance_over_position(over: pd.DataFrame, metric: str = "acceptance_rate"
             customdata=d[["bin_left", "bin_right", "n_steps"]].to_numpy(float),
             hovertemplate="tokens %{customdata[0]:.0f}–%{customdata[1]:.0f}: %{y:.3f}"
                           "<br>%{customdata[2]:.0f} steps<extra>" + s.label + "</extra>",
-            meta={"leg": leg, "role": "over_position", "gamma": s.gamma},
+            meta={"leg": leg, "role": "over_position", **({"gamma": s.gamma} if s.gamma is not None else {})},
         ))
     if predicted is not None:
         for leg, d in predicted.groupby("leg", sort=False):
             s = st.of(leg, d.iloc[0])
             fig.add_trace(go.Scatter(x=d["bin_mid"].to_numpy(float), y=d[metric].to_numpy(float), mode="lines",
                                      line=dict(dash=PREDICTED_DASH, color=s.color), name=f"{s.label}, predicted at x",
-                                     legendgroup=s.label, meta={"leg": leg, "role": "predicted", "gamma": s.gamma}))
+                                     legendgroup=s.label, meta={"leg": leg, "role": "predicted",
+                                                                **({"gamma": s.gamma} if s.gamma is not None else {})}))
     _layout(fig, "Acceptance over output position (dotted: predicted at x)", "output token position",
             metric.replace("_", " "))
     return fig
