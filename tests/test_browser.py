@@ -248,7 +248,9 @@ def _artefacts(tmp_path: Path) -> Path:
 
 
 def _switch(page, experiment: str, run_id: str) -> None:
-    page.locator(".wb-experiment select").first.select_option(label=experiment)
+    select = page.locator(".wb-experiment select").first
+    labels = select.evaluate("s => Array.from(s.options).map(o => o.textContent)")
+    select.select_option(label=next(l for l in labels if l == experiment or l.startswith(experiment + ":")))
     page.wait_for_function("rid => (document.querySelector('.wb-status')?.textContent || '').includes(rid)",
                            arg=run_id)
     page.wait_for_timeout(1500)   # the figures' messages follow the status line
@@ -294,6 +296,7 @@ def test_explorer_switches_runs_as_a_researcher_does(lab_runs):
             assert page.locator(".wb-gamma-slider").first.is_hidden()      # E6 has one gamma
             run_label = page.locator(".wb-run select option").first.text_content().replace("\xa0", " ")
             assert "organism" in run_label and "40 prompts" in run_label and "complete" in run_label
+            assert "E6: Drafter families" in page.locator(".wb-experiment select").first.text_content().replace("\xa0", " ")
             _assert_tau_notes(page, E6_RUN, 6, 0.0)
             # the divergence text follows the leg dropdown
             page.locator(".jupyter-widget-Collapse-header", has_text="Divergence viewer").first.click()

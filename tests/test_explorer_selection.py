@@ -98,6 +98,9 @@ def test_the_run_picker_says_what_each_run_is(root):
         assert part in label, (part, label)
     ex.experiment_dd.value = "E2"
     assert "· complete" in ex.run_dd.options[0][0]
+    from workbench.widgets import experiment_options
+    runs = ex._runs.assign(title=[("Drafter families" if e == "E6" else None) for e in ex._runs["experiment"]])
+    assert experiment_options(runs) == [("E1", "E1"), ("E2", "E2"), ("E6: Drafter families", "E6")]
 
 
 def test_the_controls_sit_right_above_the_figures_the_relax_slider_moves(root):

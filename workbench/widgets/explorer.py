@@ -44,7 +44,7 @@ from .. import analyses, metrics, plots
 from ..results import Run, list_runs, load_run
 from .divergence import _has_divergence_pairs, divergence_viewer
 from .edits import _apply_patches, _edit_to_match, replace_figure
-from .picker import picker_options, run_label
+from .picker import experiment_options, picker_options
 from .readout import _ladder_readout_html, legs_readout_html, legs_readout_table
 
 X_MAX = float(analyses.RELAX_GRID[-1])
@@ -191,7 +191,7 @@ class Explorer:
             if experiment is not None and experiment not in exps:
                 raise ValueError(f"experiment {experiment!r} has no runs under {self.results_root} (found {exps})")
             self._quiet = True
-            self.experiment_dd.options = exps
+            self.experiment_dd.options = experiment_options(runs)
             self._quiet = False
             self._pending_run_id = run_id
             self.experiment_dd.value = None

@@ -44,3 +44,13 @@ def run_label(row: Any) -> str:
 def picker_options(runs: pd.DataFrame) -> list[tuple[str, str]]:
     """(label, path) of each run of one experiment, oldest first."""
     return [(run_label(r), str(r["path"])) for r in runs.to_dict("records")]
+
+
+def experiment_options(runs: pd.DataFrame) -> list[tuple[str, str]]:
+    """(label, experiment) of each experiment with runs, sorted: ``"E6: Drafter families"`` where its newest
+    run names a title."""
+    out = []
+    for exp in sorted(runs["experiment"].unique()):
+        titles = [t for t in runs.loc[runs["experiment"] == exp, "title"] if _known(t)] if "title" in runs else []
+        out.append((f"{exp}: {titles[-1]}" if titles else str(exp), str(exp)))
+    return out
