@@ -127,3 +127,13 @@ def test_every_view_of_legs_follows_the_gamma_slider(root):
             assert shown == {gamma}, (name, gamma, shown)
         rows = re.findall(r"data-leg='([^']+)' style='opacity:([0-9.]+)'", ex.readout.value)
         assert {leg for leg, o in rows if o == "1"} == {leg["name"] for leg in LADDER_LEGS if leg.get("gamma") == gamma}
+
+
+def test_a_leg_whose_records_disagree_with_its_summary_marks_the_run_damaged(root):
+    from workbench.results import list_runs
+    from workbench.widgets import run_label
+
+    records = root / "E6" / "20260102T030400Z-0006" / "legs" / "strict_twin" / "records.jsonl"
+    records.write_text("".join(records.read_text().splitlines(keepends=True)[:-1]))   # a line lost
+    row = list_runs(root, "E6").iloc[0]
+    assert row["n_damaged"] == 1 and "· damaged  [" in run_label(row)

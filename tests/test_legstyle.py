@@ -85,3 +85,16 @@ def test_legs_of_one_series_at_several_gammas_share_a_hue_with_gamma_in_the_labe
     st = LegStyles.from_frame(pd.DataFrame({"leg": ["s2", "s4", "s6"], "tier": "strict", "gamma": [2, 4, 6]}))
     assert [st[l].label for l in ("s2", "s4", "s6")] == ["strict, γ = 2", "strict, γ = 4", "strict, γ = 6"]
     assert len({st[l].color for l in st}) == 3 and len({st[l].series for l in st}) == 1
+
+
+def test_serving_legs_of_one_setting_pool_and_drawn_acceptance_reads_apart():
+    import pandas as pd
+    legs = pd.DataFrame({"leg": ["v_c1", "twin_a1_c1", "twin_a1_c4", "twin_a0.9_c1", "text_c1"],
+                         "tier": ["vanilla", "strict", "strict", "strict", "strict"],
+                         "gamma": [None, 4, 4, 4, 3], "concurrency": [1, 1, 4, 1, 1],
+                         "acceptance": [None, 1.0, 1.0, 0.9, None]})
+    st = LegStyles.from_frame(legs)
+    assert st["twin_a1_c1"].label == st["twin_a1_c4"].label            # one server setting, two concurrencies
+    assert st["twin_a1_c1"].color == st["twin_a1_c4"].color
+    assert "synthetic α = 0.9" in st["twin_a0.9_c1"].label
+    assert len({st[l].color for l in ("twin_a1_c1", "twin_a0.9_c1", "text_c1")}) == 3
