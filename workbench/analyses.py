@@ -22,6 +22,7 @@ Adding a figure to the explorer is one ``Analysis(...)`` entry here (and its
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -178,6 +179,14 @@ class RunTables:
         None where the run has no complete serving leg."""
         from . import serving
         return serving.load(self.run.path) if serving.has_serving(self.run.path) else None
+
+    @cached_property
+    def leg_styles(self) -> plots.LegStyles:
+        """Every leg's label, colour and dash (``workbench.plots.legstyle``), the same in every figure of the run.
+        Serving legs are styled from their table (one leg per server and concurrency, E18's drawn acceptance)."""
+        if self.serving is not None:
+            return plots.LegStyles.from_frame(self.serving[0])
+        return plots.LegStyles.from_frame(plots.run_leg_frame(self.run.legs, self.run.config))
 
     @cached_property
     def leg_targets(self) -> dict[str, str]:
@@ -680,10 +689,10 @@ TABLES: dict[str, Table] = {t.name: t for t in [
 # --------------------------------------------------------------------------- figures
 
 
-def _speedup_vs_gamma(speedup: pd.DataFrame):
+def _speedup_vs_gamma(speedup: pd.DataFrame, styles: plots.LegStyles | None = None):
     if not speedup["gamma"].notna().any():
         raise NotApplicable("no spec leg with a gamma in this run")
-    return plots.speedup_vs_gamma(speedup)
+    return plots.speedup_vs_gamma(speedup, styles=styles)
 
 
 # explorer views: what a slider move computes (View.figure / View.update)
@@ -723,7 +732,8 @@ def _predicted_per_position(t: RunTables, x: float) -> pd.DataFrame | None:
 
 
 def _per_position_view(t: RunTables, gamma: int | None, x: float):
-    return plots.per_position_acceptance(_rows(t, "per_position_acceptance"), _predicted_per_position(t, x))
+    return plots.per_position_acceptance(_rows(t, "per_position_acceptance"), _predicted_per_position(t, x),
+                                         styles=t.leg_styles)
 
 
 def _per_position_predicted(t: RunTables, gamma: int | None, x: float) -> list[dict[str, Any]]:
@@ -740,7 +750,8 @@ def _tau_markers(t: RunTables, gamma: int | None, x: float) -> list[dict[str, An
 
 def _over_position_view(t: RunTables, gamma: int | None, x: float):
     over = _rows(t, "acceptance_over_position")
-    return plots.acceptance_over_position(over, predicted=_traced(t).over_position(t.bins, relax_logtau=x))
+    return plots.acceptance_over_position(over, predicted=_traced(t).over_position(t.bins, relax_logtau=x),
+                                          styles=t.leg_styles)
 
 
 def _over_position_predicted(t: RunTables, gamma: int | None, x: float) -> list[dict[str, Any]]:
@@ -771,7 +782,8 @@ ANALYSES: dict[str, Analysis] = {a.name: a for a in [
     Analysis("acceptance_over_position", ("acceptance_over_position",), plots.acceptance_over_position,
              "acceptance vs output token position (needs the trace)",
              view=View("over-position", "Acceptance over output position: no trace (run legs with --trace)",
-                       sliders=("relax_logtau",), figure=_over_position_view, update=_over_position_predicted)),
+                       sliders=("gamma", "relax_logtau"), figure=_over_position_view, update=_over_position_predicted,
+                       by_gamma=True)),
     Analysis("agreement_vs_acceptance", ("agreement",), plots.agreement_vs_acceptance,
              "E7: teacher-forced agreement vs realised acceptance per prompt, Pearson r"),
     Analysis("step_cost_vs_batch", ("step_costs",), plots.step_cost_vs_batch,
@@ -821,6 +833,8 @@ def draw_one(tables: RunTables, name: str, **kwargs: Any):
     first table cannot be made or is empty."""
     a = ANALYSES[name]
     first, *optional = a.tables
+    if "styles" in inspect.signature(a.draw).parameters:
+        kwargs.setdefault("styles", tables.leg_styles)
     return a.draw(_rows(tables, first), *(tables.get(o) for o in optional), **kwargs)
 
 
