@@ -31,7 +31,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "workbench.registry", "workbench.planning", "workbench.envcapture", "workbench.teacher",
                 "workbench.exactness", "workbench.testing", "workbench.parallel", "workbench.organism", "workbench.organism.corpus",
                 "workbench.organism.train", "workbench.organism.models", "workbench.datasets.organism_set",
-                "workbench.grounding", "workbench.teacher_cache", "workbench.memory_plan", "workbench.checkpoints")),
+                "workbench.grounding", "workbench.teacher_cache", "workbench.memory_plan", "workbench.checkpoints",
+                "workbench.combinations")),
     # one leg = one process: engine legs, score legs, cost-ladder engines
     ("runners", ("workbench.leg", "workbench.score", "workbench.ladder_engine", "workbench.serve_leg",
                  "workbench.serve_server", "workbench.serve_client")),

@@ -235,7 +235,8 @@ def _tp_problems(tp: int, leg: PlannedLeg, models: dict[str, str], bad_models: s
 
 def preflight_problems(p: Plan, models: dict[str, str], prompts: list | None) -> list[str]:
     """Model folders, configs, quantization configs and weight files' headers (``workbench.checkpoints``),
-    gamma, prompt lengths with the real tokenizer; one line per problem.
+    gamma, prompt lengths with the real tokenizer, dtypes and quantized checkpoints the device has no kernel
+    for (``workbench.combinations``), memory; one line per problem.
 
     Prompt lengths are checked only where ``prompts`` loaded and the model is a local folder.
     """
@@ -285,8 +286,14 @@ def preflight_problems(p: Plan, models: dict[str, str], prompts: list | None) ->
         if lengths_by[path]:
             for msg in legmod.length_problems(prompts[:n], lengths_by[path][:n], max_len, path):
                 problems.append(f"leg(s) {', '.join(names)}: {msg}")
+    from workbench.combinations import combination_problems
     from workbench.memory_plan import memory_problems
 
+    engine_legs = [(l.name, l.knobs.get("dtype"), {"target": l.model, **({"draft": l.draft} if l.kind == "spec"
+                                                                           and l.draft else {})})
+                   for l in p.legs if runner_for(l, p.experiment.runner).engine_preflight]
+    good = {ref: path for ref, path in models.items() if ref not in bad_models}
+    problems += combination_problems(engine_legs, good, p.profile.device)
     return problems + memory_problems(p, models, bad_models)
 
 
