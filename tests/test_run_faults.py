@@ -378,3 +378,16 @@ def test_stale_preparing_folders_are_removed_by_the_next_prepare_and_list(tmp_pa
     (stale / runfolder.PREPARER).write_text(json.dumps({"pid": dead.pid, "start_ticks": 1}))
     list_runs(tmp_path / "results")
     assert not stale.exists() and live.is_dir() and rdir.is_dir()
+
+
+def test_a_run_with_a_failed_leg_is_marked_partial_when_no_figure_applies(tmp_path):
+    """#38: the analysis `workbench run` makes after its legs marks the tables partial, as export does."""
+    from workbench import analyses
+    rdir = write_run(tmp_path, n_prompts=3, failed=("strict_g6",))
+    out = analyses.analyze_run(rdir)
+    assert out["_figures"] == {}  # run.json names no analyses: no figure applies
+    summary = json.loads((rdir / "tables" / "summary.json").read_text())
+    assert summary["partial"] is True and "strict_g6 (failed)" in summary["partial_reason"]
+    whole = write_run(tmp_path, run_id="20260101T000000Z-0001", n_prompts=3)
+    analyses.analyze_run(whole)
+    assert json.loads((whole / "tables" / "summary.json").read_text())["partial"] is False

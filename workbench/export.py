@@ -29,7 +29,7 @@ from typing import Any
 
 from . import analyses
 from .results import Run, load_run
-from .runfolder import RUN_JSON, lock_holder, read_json, write_json_atomic
+from .runfolder import RUN_JSON, partial_state, read_json, write_json_atomic
 
 STATIC_FORMATS = ("png", "svg", "pdf")
 FORMATS = STATIC_FORMATS + ("html",)
@@ -187,20 +187,6 @@ def record_figures(run_dir: str | Path, written: Mapping[str, list[Path]]) -> No
         summary.pop("figures_not_written", None)
     summary.update(partial_state(run_dir, summary.get("legs") or {}))
     write_json_atomic(path, summary)
-
-
-def partial_state(run_dir: str | Path, legs: Mapping[str, str]) -> dict[str, Any]:
-    """``{"partial": bool, "partial_reason": str | None}``: tables made while the run still runs, or with
-    planned legs that are not complete, are partial and must say so."""
-    holder = lock_holder(run_dir)
-    reasons = []
-    if holder is not None:
-        reasons.append(f"the run is still running (PID {holder.get('pid')}, started {holder.get('started')})")
-    missing = {k: v for k, v in legs.items() if v != "complete"}
-    if missing:
-        reasons.append(f"{len(legs) - len(missing)}/{len(legs)} legs complete; not complete: "
-                       + ", ".join(f"{k} ({v})" for k, v in missing.items()))
-    return {"partial": bool(reasons), "partial_reason": "; ".join(reasons) or None}
 
 
 # --------------------------------------------------------------------------- a run's standard set
