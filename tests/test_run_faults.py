@@ -391,3 +391,19 @@ def test_a_run_with_a_failed_leg_is_marked_partial_when_no_figure_applies(tmp_pa
     whole = write_run(tmp_path, run_id="20260101T000000Z-0001", n_prompts=3)
     analyses.analyze_run(whole)
     assert json.loads((whole / "tables" / "summary.json").read_text())["partial"] is False
+
+
+def test_a_browser_that_cannot_render_is_refused_before_any_leg_runs(tmp_path, capsys, monkeypatch):
+    """#38: BROWSER_PATH=/bin/false passed the check (an executable file); the legs ran, then kaleido failed."""
+    from workbench import export
+    from workbench.cli import main
+    monkeypatch.setenv("BROWSER_PATH", "/bin/false")
+    monkeypatch.setattr(protocol, "execute", lambda *a, **k: pytest.fail("a leg was started"))
+    results = tmp_path / "results"
+    assert main(["run", "E4", "--profile", "tiny", "--results", str(results), "--formats", "png,html"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "BROWSER_PATH='/bin/false' did not render" in err, err
+    assert not results.exists()
+    from workbench.cli import _formats
+    assert _formats("html") == ("html",)  # html needs no browser
+    assert export.browser_problem("/bin/false").startswith("did not render an empty page headless (exit status 1")

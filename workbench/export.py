@@ -15,9 +15,11 @@ derived tables and figures the run's records can no longer make.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 import warnings
 from collections.abc import Iterable, Mapping
@@ -56,13 +58,38 @@ def find_browser() -> str:
         if not (os.path.isfile(env) and os.access(env, os.X_OK)):
             raise BrowserError(f"BROWSER_PATH={env!r} is not an executable file; png/svg/pdf export needs it to "
                                f"point at a Chromium-family browser (or unset it to write html only)")
+        why = browser_problem(env)
+        if why:
+            raise BrowserError(f"BROWSER_PATH={env!r} {why}; png/svg/pdf export needs a Chromium-family browser "
+                               f"that runs headless (or unset it to write html only)")
         return env
     for name in BROWSER_NAMES:
         path = shutil.which(name)
         if path:
+            why = browser_problem(path)
+            if why:
+                raise BrowserError(f"{path} {why}, so static figure export (png/svg/pdf) cannot use it: "
+                                   + INSTALL_BROWSER)
             return path
     raise BrowserError("static figure export (png/svg/pdf) needs a Chromium-family browser and none was found: "
                        + INSTALL_BROWSER)
+
+
+@functools.lru_cache(maxsize=None)
+def browser_problem(path: str) -> str | None:
+    """Why ``path`` cannot render a page headless (it is started once, on an empty page), or None.
+
+    An executable that is not a browser (``/bin/false``) or a browser that cannot start here is found
+    before a run's legs, not by kaleido after them."""
+    cmd = [path, "--headless", "--disable-gpu", "--no-sandbox", "--dump-dom", "about:blank"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"did not render an empty page headless ({type(exc).__name__}: {exc})"
+    if proc.returncode != 0 or "<html" not in proc.stdout:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][-200:]
+        return f"did not render an empty page headless (exit status {proc.returncode}: {tail})"
+    return None
 
 
 def parse_formats(formats: Iterable[str] | str) -> tuple[str, ...]:
