@@ -407,3 +407,47 @@ def test_a_browser_that_cannot_render_is_refused_before_any_leg_runs(tmp_path, c
     from workbench.cli import _formats
     assert _formats("html") == ("html",)  # html needs no browser
     assert export.browser_problem("/bin/false").startswith("did not render an empty page headless (exit status 1")
+
+
+# --- a full disk after the legs ------------------------------------------------------------------
+
+@pytest.fixture
+def ran(tmp_path, monkeypatch):
+    """`workbench run` over a synthetic run folder whose legs are done (no leg runs)."""
+    rdir = write_run(tmp_path, n_prompts=3)
+    cfg = json.loads((rdir / "run.json").read_text())
+    (rdir / "run.json").write_text(json.dumps(dict(cfg, analyses=["per_position_acceptance"])))
+    monkeypatch.setattr(protocol, "prepare_run", lambda *a, **k: rdir)
+    monkeypatch.setattr(protocol, "execute", lambda *a, **k: {leg["name"]: "complete" for leg in cfg["legs"]})
+    return rdir
+
+
+def test_a_full_disk_while_writing_figures_exits_74_naming_the_file(ran, capsys, monkeypatch, no_browser):
+    """#38: rc 1 and a traceback naming no file; now rc 74 and the figure's own path."""
+    import plotly.graph_objects as go
+    from workbench.cli import main
+
+    def full(self, path, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(go.Figure, "write_html", full)
+    assert main(["run", "E1", "--no-notebook", "--formats", "html"]) == 74
+    err = capsys.readouterr().err
+    want = ran / "figures" / "per_position_acceptance.html"
+    assert f"error: {want}: No space left on device" in err and "Traceback" not in err, err
+    assert f"workbench export {ran}" in err
+
+
+def test_a_full_disk_inside_the_notebook_exits_74_naming_the_file(ran, capsys, monkeypatch):
+    from papermill.exceptions import PapermillExecutionError
+    from workbench import cli
+
+    def notebook(*a, **k):
+        raise PapermillExecutionError(3, 3, "export_figures(...)", "OSError",
+                                      "[Errno 28] No space left on device: '/r/figures/speedup.png'", [])
+
+    monkeypatch.setattr(cli, "run_notebook", notebook)
+    assert cli.main(["run", "E1", "--formats", "html"]) == 74
+    assert "error: /r/figures/speedup.png: No space left on device" in capsys.readouterr().err
+    monkeypatch.setattr(cli, "run_notebook", lambda *a, **k: (_ for _ in ()).throw(ValueError("bad table")))
+    assert cli.main(["run", "E1", "--formats", "html"]) == 1  # any other analysis error stays rc 1

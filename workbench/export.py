@@ -172,9 +172,12 @@ def export_figures(
             kaleido.write_fig_from_object_sync(specs, kopts={"mathjax": False, "path": browser})
         if "html" in formats:
             for name, fig in figs.items():
-                fig.write_html(staging / f"{name}.html", include_plotlyjs=True, full_html=True,
-                               include_mathjax=False, default_width=f"{int(width)}px",
-                               default_height=f"{int(height)}px", config={"displaylogo": False})
+                try:
+                    fig.write_html(staging / f"{name}.html", include_plotlyjs=True, full_html=True,
+                                   include_mathjax=False, default_width=f"{int(width)}px",
+                                   default_height=f"{int(height)}px", config={"displaylogo": False})
+                except OSError as exc:  # a full disk: name the figure's file, not its staging copy
+                    raise OSError(exc.errno, exc.strerror or str(exc), str(out / f"{name}.html")) from exc
         for name in figs:
             for fmt in formats:
                 src = staging / f"{name}.{fmt}"
