@@ -318,6 +318,21 @@ def test_resume_refuses_a_changed_model_path(tmp_path, capsys):
     assert protocol.prepare_run("E4", run_dir=rdir, model_paths={"target": "fake/target"}) == rdir
 
 
+def test_resume_refuses_a_changed_workbench_model_variable(tmp_path, capsys, monkeypatch):
+    """#38: WORKBENCH_MODEL_<ROLE> was silently ignored on --resume; it is refused like --model-path."""
+    from workbench.cli import main
+    rdir = _prepare(tmp_path)
+    monkeypatch.setenv("WORKBENCH_MODEL_TWIN", "other/twin")
+    monkeypatch.setattr(protocol, "execute", lambda *a, **k: pytest.fail("a leg was started"))
+    assert main(["run", "E4", "--resume", str(rdir)]) == 2
+    err = capsys.readouterr().err
+    assert "WORKBENCH_MODEL_TWIN=other/twin" in err and "twin=fake/twin" in err and "unset" in err
+    monkeypatch.setenv("WORKBENCH_MODEL_TWIN", "fake/twin")  # what the run has: accepted
+    assert protocol.prepare_run("E4", run_dir=rdir) == rdir
+    monkeypatch.setenv("WORKBENCH_MODEL_TWIN", "other/twin")  # --model-path names it: that rule decides
+    assert protocol.prepare_run("E4", run_dir=rdir, model_paths={"twin": "fake/twin"}) == rdir
+
+
 # --- a copied or moved run ---------------------------------------------------------------------
 
 def test_a_moved_run_reuses_the_finished_prompts_of_a_failed_leg(tmp_path, fake, monkeypatch):

@@ -326,6 +326,13 @@ def prepare_run(experiment: str, profile: str | None = None, overrides: Any = No
                 raise ProtocolError(f"cannot resume {run_dir} with --model-path {ref}={path}: the run was prepared "
                                     f"with {ref}={had}; a resumed run keeps its checkpoints (start a new run "
                                     f"for other weights)")
+        for ref, had in models.items():  # the environment's checkpoints are held to the same rule
+            key = _env_key(ref)
+            path = os.environ.get(key)
+            if path and str(path) != str(had) and ref not in (model_paths or {}):
+                raise ProtocolError(f"cannot resume {run_dir} with {key}={path}: the run was prepared with "
+                                    f"{ref}={had}; a resumed run keeps its checkpoints (unset {key}, or start "
+                                    f"a new run for other weights)")
         for name, src in (dataset_sources or {}).items():
             resolved = (cfg.get("dataset") or {}).get("resolved")
             if name != resolved or str(src) != str(sources):
