@@ -466,3 +466,12 @@ def test_a_full_disk_inside_the_notebook_exits_74_naming_the_file(ran, capsys, m
     assert "error: /r/figures/speedup.png: No space left on device" in capsys.readouterr().err
     monkeypatch.setattr(cli, "run_notebook", lambda *a, **k: (_ for _ in ()).throw(ValueError("bad table")))
     assert cli.main(["run", "E1", "--formats", "html"]) == 1  # any other analysis error stays rc 1
+
+
+def test_list_runs_does_not_count_a_damaged_leg_as_complete(tmp_path):
+    """#38: a leg whose summary says complete but whose records.jsonl is torn was counted complete."""
+    from workbench.results import list_runs
+    rdir = write_run(tmp_path, n_prompts=3)
+    _tear(rdir / "legs" / "strict_g6" / "records.jsonl")
+    (row,) = list_runs(tmp_path).to_dict("records")
+    assert row["n_damaged"] == 1 and row["n_complete"] == row["n_legs"] - 1

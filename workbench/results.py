@@ -21,7 +21,7 @@ import pandas as pd
 
 from .knobs import column_knobs
 from .runfolder import (ENV_JSON, FAILURE, RECORDS, RUN_JSON, SUMMARY, check_name, leg_dir, leg_status,
-                        new_run_id, read_json, remove_stale_preparing)
+                        new_run_id, read_json, records_problem, remove_stale_preparing)
 
 __all__ = ["Run", "load_run", "list_runs", "run_dir", "leg_dir", "new_run_id", "DamagedRunWarning"]
 
@@ -257,14 +257,15 @@ def load_run(run_dir: str | Path, damaged: str = "raise") -> Run:
 
 
 def list_runs(results_root: str | Path, experiment: str | None = None) -> pd.DataFrame:
-    """One row per run folder under ``results_root`` (newest last), with leg counts by status.
+    """One row per run folder under ``results_root`` (newest last), with leg counts by status (``damaged``:
+    a leg that says it is complete but whose records do not read back whole, not counted complete).
 
     A run folder that cannot be read (a corrupt run.json, say) is left out with a
     ``DamagedRunWarning`` naming it; the other runs are listed.
     """
     root = Path(results_root)
     cols = ["experiment", "run_id", "path", "profile", "smoke", "n_legs",
-            "n_complete", "n_failed", "n_incomplete", "n_pending"]
+            "n_complete", "n_failed", "n_incomplete", "n_pending", "n_damaged"]
     if not root.is_dir():
         raise FileNotFoundError(f"results root {root} not found")
     exp_dirs = [root / check_name("experiment", experiment)] if experiment else sorted(
@@ -291,9 +292,12 @@ def _run_row(exp_dir: Path, rdir: Path) -> dict[str, Any]:
     legs_root = rdir / "legs"
     on_disk = [p.name for p in legs_root.iterdir() if p.is_dir()] if legs_root.is_dir() else []
     names = planned + [n for n in sorted(on_disk) if n not in planned]
-    counts = {"complete": 0, "failed": 0, "incomplete": 0, "pending": 0}
+    counts = {"complete": 0, "failed": 0, "incomplete": 0, "pending": 0, "damaged": 0}
     for n in names:
-        counts[leg_status(legs_root / n)] += 1
+        status = leg_status(legs_root / n)
+        if status == "complete" and records_problem(legs_root / n):  # says complete, records do not read back
+            status = "damaged"
+        counts[status] += 1
     return {"experiment": exp_dir.name, "run_id": rdir.name, "path": str(rdir),
             "profile": config.get("profile"), "smoke": config.get("smoke"), "n_legs": len(names),
             **{f"n_{k}": v for k, v in counts.items()}}
