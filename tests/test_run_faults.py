@@ -475,3 +475,17 @@ def test_list_runs_does_not_count_a_damaged_leg_as_complete(tmp_path):
     _tear(rdir / "legs" / "strict_g6" / "records.jsonl")
     (row,) = list_runs(tmp_path).to_dict("records")
     assert row["n_damaged"] == 1 and row["n_complete"] == row["n_legs"] - 1
+
+
+def test_a_serving_leg_stopped_by_a_signal_names_it_in_its_failure_record(tmp_path):
+    """#38: a serving leg stopped by the run's Ctrl-C recorded `SystemExit: 143`."""
+    from workbench.runfolder import failure_record
+    from workbench.serve_leg import LegStopped
+    try:
+        raise LegStopped(signal.SIGTERM)
+    except SystemExit as exc:  # still an exit: the leg's status is 128 + the signal
+        assert exc.code == 143
+        rec = failure_record(exc)
+    assert rec["error"] == "LegStopped: stopped by SIGTERM (exit status 143)"
+    assert "SystemExit: 143" not in json.dumps(rec)
+    assert str(LegStopped(signal.SIGINT)) == "stopped by SIGINT (exit status 130)"
