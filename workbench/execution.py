@@ -39,7 +39,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from workbench import childproc
+from workbench import childproc, shm
 from workbench.planning import Plan, PlannedLeg, parse_overrides, plan
 from workbench.registry import DATASETS, Registry, RegistryError, load_registry, split_role
 from workbench.runfolder import (ENV_JSON, FAILURE, LEG_JSON, LEG_LOG, LEGS, PREPARER, PREPARING_SUFFIX, PROMPTS,
@@ -608,13 +608,25 @@ def _run_one(cmd: list[str], folder: Path, timeout: float | None, env: dict[str,
                                 cwd=str(REPO_ROOT), env=env, start_new_session=True)
         try:
             on_start(proc)
-            return proc.wait(timeout=timeout), ""
+            rc = proc.wait(timeout=timeout)
+            _wait_group_gone(proc.pid)  # engine workers exit after the leg: /dev/shm is cleaned after them
+            return rc, ""
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             return None, f"leg timed out after {timeout:g} s"
         except BaseException:
             _kill_group(proc)
             raise
+
+
+def _wait_group_gone(pgid: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.1)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -708,6 +720,7 @@ def _execute_locked(rdir, cfg, legs, wanted, lock, stop_on_failure, leg_timeout,
     from workbench.leg import PARENT_ENV
     env[PARENT_ENV] = str(os.getpid())
     (rdir / LEGS).mkdir(exist_ok=True)
+    shm_removed = _clean_shm(rdir)  # what a leg killed with -9 (its run with it) left in /dev/shm
     statuses = {l.name: leg_status(rdir / LEGS / l.name) for l in legs}
     # A leg that says it is complete is trusted only once its records read back whole: a torn line
     # (a crash, a full disk) would otherwise pass here and fail every analysis after. Such a leg is
@@ -732,6 +745,8 @@ def _execute_locked(rdir, cfg, legs, wanted, lock, stop_on_failure, leg_timeout,
             found["lock_taken_over_from"] = lock.previous
         if prev:
             found["interrupted_leg"] = dict(prev, alive=False)
+        if shm_removed:
+            found["shm_removed"] = shm_removed
         history.append(found)
     state = {"state": "running", "started": _now(), "pid": os.getpid(), "legs": statuses, "history": history,
              "leg_process": None}
@@ -754,6 +769,16 @@ def _execute_locked(rdir, cfg, legs, wanted, lock, stop_on_failure, leg_timeout,
         if sig is not None:
             raise RunInterrupted(sig, rdir) from None
         raise
+
+
+def _clean_shm(rdir: Path) -> dict[str, list[str]]:
+    """Leg -> the /dev/shm entries its killed engine left, removed (legs whose snapshot is still there)."""
+    out = {}
+    for snap in sorted((rdir / LEGS).glob(f"*/{shm.SNAPSHOT}")):
+        removed = shm.clean_after(snap.parent)
+        if removed:
+            out[snap.parent.name] = removed
+    return out
 
 
 def _signum(exc: BaseException) -> int | None:
@@ -837,6 +862,7 @@ def _run_legs(rdir, cfg, legs, todo, statuses, state, stop_on_failure, leg_timeo
         folder = rdir / LEGS / leg.name
         earlier = archive_leg(folder) if folder.exists() else None
         folder.mkdir(parents=True)
+        shm.snapshot(folder)  # before the engine starts: what /dev/shm held (workbench.shm)
         leg_runner = runner_for(leg, cfg.get("runner"))
         conf = leg_runner.leg_json(leg, cfg, rdir, folder, earlier)
         if conf is not None:
@@ -853,6 +879,7 @@ def _run_legs(rdir, cfg, legs, todo, statuses, state, stop_on_failure, leg_timeo
             rc, why = _run_one(cmd, folder, leg_timeout, env, started)
         except BaseException as exc:
             # the leg's process group is gone (_run_one); its folder gets a failure record
+            shm.clean_after(folder)
             sig = _signum(exc)
             why = (f"interrupted by {signal.Signals(sig).name} while the leg ran" if sig is not None
                    else f"the run stopped while the leg ran: {type(exc).__name__}: {exc}")
@@ -866,6 +893,7 @@ def _run_legs(rdir, cfg, legs, todo, statuses, state, stop_on_failure, leg_timeo
             raise
         dt = time.monotonic() - t0
         durations.append(dt)
+        shm.clean_after(folder)
         status = _finalise(folder, leg, rc, why)
         statuses[leg.name] = status
         state.update(legs=statuses, leg_process=None)
