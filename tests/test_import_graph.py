@@ -23,7 +23,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("plugin", ("vllm_patch", "vllm_patch.*")),
     # file names and writers, prompts, knobs, formulas, the engine builder: import nothing of the workbench
     ("base", ("workbench", "workbench.runfolder", "workbench.prompts", "workbench.childproc", "workbench.knobs",
-              "workbench.metrics", "workbench.datasets.scoring", "workbench.engine", "workbench.acceptance")),
+              "workbench.metrics", "workbench.datasets.scoring", "workbench.engine", "workbench.acceptance",
+              "workbench.shm")),
     # what a run is made of: models, data sets, the catalogue, the plan, the environment, teacher forcing
     ("inputs", ("workbench.chat", "workbench.datasets", "workbench.datasets._common", "workbench.datasets.hub",
                 "workbench.datasets.mathvista", "workbench.datasets.mmvet", "workbench.datasets.pid_lists",
@@ -31,7 +32,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "workbench.registry", "workbench.planning", "workbench.envcapture", "workbench.teacher",
                 "workbench.exactness", "workbench.testing", "workbench.parallel", "workbench.organism", "workbench.organism.corpus",
                 "workbench.organism.train", "workbench.organism.models", "workbench.datasets.organism_set",
-                "workbench.grounding", "workbench.teacher_cache", "workbench.memory_plan", "workbench.checkpoints")),
+                "workbench.grounding", "workbench.teacher_cache", "workbench.memory_plan", "workbench.checkpoints",
+                "workbench.combinations")),
     # one leg = one process: engine legs, score legs, cost-ladder engines
     ("runners", ("workbench.leg", "workbench.score", "workbench.ladder_engine", "workbench.serve_leg",
                  "workbench.serve_server", "workbench.serve_client")),

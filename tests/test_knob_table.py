@@ -115,3 +115,19 @@ def test_a_throwaway_knob_reaches_leg_json_engine_report_and_records(throwaway_k
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen["records"] == [7, 7] and seen["legs"] == [7] and NAME in seen["leg_keys"]
+
+
+def test_the_trace_without_a_report_folder_goes_to_spec_trace(tmp_path, monkeypatch):
+    """#38: `VLLM_SPEC_TRACE=1 vllm serve ...` works as documented: the plugin names ./spec-trace."""
+    from vllm_patch.knobs import default_report_dir, read_knobs
+
+    monkeypatch.chdir(tmp_path)
+    env = {"VLLM_SPEC_TRACE": "1"}
+    assert default_report_dir(env) == str(tmp_path / "spec-trace")
+    assert read_knobs(env).report_dir == str(tmp_path / "spec-trace")  # what the engine's processes inherit
+    timed = {"VLLM_SPEC_STEP_TIMING": "1"}
+    assert default_report_dir(timed) == str(tmp_path / "spec-trace") == timed["VLLM_SPEC_REPORT_DIR"]
+    chosen = {"VLLM_SPEC_TRACE": "1", "VLLM_SPEC_REPORT_DIR": "elsewhere"}
+    assert default_report_dir(chosen) is None and chosen["VLLM_SPEC_REPORT_DIR"] == "elsewhere"
+    for quiet in ({}, {"VLLM_SPEC_TRACE": "0"}, {"VLLM_SPEC_TRACE": "maybe"}):
+        assert default_report_dir(quiet) is None and "VLLM_SPEC_REPORT_DIR" not in quiet

@@ -320,6 +320,21 @@ def test_resume_refuses_a_changed_model_path(tmp_path, capsys):
     assert protocol.prepare_run("E4", run_dir=rdir, model_paths={"target": "fake/target"}) == rdir
 
 
+def test_resume_refuses_a_changed_workbench_model_variable(tmp_path, capsys, monkeypatch):
+    """#38: WORKBENCH_MODEL_<ROLE> was silently ignored on --resume; it is refused like --model-path."""
+    from workbench.cli import main
+    rdir = _prepare(tmp_path)
+    monkeypatch.setenv("WORKBENCH_MODEL_TWIN", "other/twin")
+    monkeypatch.setattr(protocol, "execute", lambda *a, **k: pytest.fail("a leg was started"))
+    assert main(["run", "E4", "--resume", str(rdir)]) == 2
+    err = capsys.readouterr().err
+    assert "WORKBENCH_MODEL_TWIN=other/twin" in err and "twin=fake/twin" in err and "unset" in err
+    monkeypatch.setenv("WORKBENCH_MODEL_TWIN", "fake/twin")  # what the run has: accepted
+    assert protocol.prepare_run("E4", run_dir=rdir) == rdir
+    monkeypatch.setenv("WORKBENCH_MODEL_TWIN", "other/twin")  # --model-path names it: that rule decides
+    assert protocol.prepare_run("E4", run_dir=rdir, model_paths={"twin": "fake/twin"}) == rdir
+
+
 # --- a copied or moved run ---------------------------------------------------------------------
 
 def test_a_moved_run_reuses_the_finished_prompts_of_a_failed_leg(tmp_path, fake, monkeypatch):
@@ -380,3 +395,99 @@ def test_stale_preparing_folders_are_removed_by_the_next_prepare_and_list(tmp_pa
     (stale / runfolder.PREPARER).write_text(json.dumps({"pid": dead.pid, "start_ticks": 1}))
     list_runs(tmp_path / "results")
     assert not stale.exists() and live.is_dir() and rdir.is_dir()
+
+
+def test_a_run_with_a_failed_leg_is_marked_partial_when_no_figure_applies(tmp_path):
+    """#38: the analysis `workbench run` makes after its legs marks the tables partial, as export does."""
+    from workbench import analyses
+    rdir = write_run(tmp_path, n_prompts=3, failed=("strict_g6",))
+    out = analyses.analyze_run(rdir)
+    assert out["_figures"] == {}  # run.json names no analyses: no figure applies
+    summary = json.loads((rdir / "tables" / "summary.json").read_text())
+    assert summary["partial"] is True and "strict_g6 (failed)" in summary["partial_reason"]
+    whole = write_run(tmp_path, run_id="20260101T000000Z-0001", n_prompts=3)
+    analyses.analyze_run(whole)
+    assert json.loads((whole / "tables" / "summary.json").read_text())["partial"] is False
+
+
+def test_a_browser_that_cannot_render_is_refused_before_any_leg_runs(tmp_path, capsys, monkeypatch):
+    """#38: BROWSER_PATH=/bin/false passed the check (an executable file); the legs ran, then kaleido failed."""
+    from workbench import export
+    from workbench.cli import main
+    monkeypatch.setenv("BROWSER_PATH", "/bin/false")
+    monkeypatch.setattr(protocol, "execute", lambda *a, **k: pytest.fail("a leg was started"))
+    results = tmp_path / "results"
+    assert main(["run", "E4", "--profile", "tiny", "--results", str(results), "--formats", "png,html"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "BROWSER_PATH='/bin/false' did not render" in err, err
+    assert not results.exists()
+    from workbench.cli import _formats
+    assert _formats("html") == ("html",)  # html needs no browser
+    assert export.browser_problem("/bin/false").startswith("did not render an empty page headless (exit status 1")
+
+
+# --- a full disk after the legs ------------------------------------------------------------------
+
+@pytest.fixture
+def ran(tmp_path, monkeypatch):
+    """`workbench run` over a synthetic run folder whose legs are done (no leg runs)."""
+    rdir = write_run(tmp_path, n_prompts=3)
+    cfg = json.loads((rdir / "run.json").read_text())
+    (rdir / "run.json").write_text(json.dumps(dict(cfg, analyses=["per_position_acceptance"])))
+    monkeypatch.setattr(protocol, "prepare_run", lambda *a, **k: rdir)
+    monkeypatch.setattr(protocol, "execute", lambda *a, **k: {leg["name"]: "complete" for leg in cfg["legs"]})
+    return rdir
+
+
+def test_a_full_disk_while_writing_figures_exits_74_naming_the_file(ran, capsys, monkeypatch, no_browser):
+    """#38: rc 1 and a traceback naming no file; now rc 74 and the figure's own path."""
+    import plotly.graph_objects as go
+    from workbench.cli import main
+
+    def full(self, path, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(go.Figure, "write_html", full)
+    assert main(["run", "E1", "--no-notebook", "--formats", "html"]) == 74
+    err = capsys.readouterr().err
+    want = ran / "figures" / "per_position_acceptance.html"
+    assert f"error: {want}: No space left on device" in err and "Traceback" not in err, err
+    assert f"workbench export {ran}" in err
+
+
+def test_a_full_disk_inside_the_notebook_exits_74_naming_the_file(ran, capsys, monkeypatch):
+    from papermill.exceptions import PapermillExecutionError
+    from workbench import cli
+
+    def notebook(*a, **k):
+        raise PapermillExecutionError(3, 3, "export_figures(...)", "OSError",
+                                      "[Errno 28] No space left on device: '/r/figures/speedup.png'", [])
+
+    monkeypatch.setattr(cli, "run_notebook", notebook)
+    assert cli.main(["run", "E1", "--formats", "html"]) == 74
+    assert "error: /r/figures/speedup.png: No space left on device" in capsys.readouterr().err
+    monkeypatch.setattr(cli, "run_notebook", lambda *a, **k: (_ for _ in ()).throw(ValueError("bad table")))
+    assert cli.main(["run", "E1", "--formats", "html"]) == 1  # any other analysis error stays rc 1
+
+
+def test_list_runs_does_not_count_a_damaged_leg_as_complete(tmp_path):
+    """#38: a leg whose summary says complete but whose records.jsonl is torn was counted complete."""
+    from workbench.results import list_runs
+    rdir = write_run(tmp_path, n_prompts=3)
+    _tear(rdir / "legs" / "strict_g6" / "records.jsonl")
+    (row,) = list_runs(tmp_path).to_dict("records")
+    assert row["n_damaged"] == 1 and row["n_complete"] == row["n_legs"] - 1
+
+
+def test_a_serving_leg_stopped_by_a_signal_names_it_in_its_failure_record(tmp_path):
+    """#38: a serving leg stopped by the run's Ctrl-C recorded `SystemExit: 143`."""
+    from workbench.runfolder import failure_record
+    from workbench.serve_leg import LegStopped
+    try:
+        raise LegStopped(signal.SIGTERM)
+    except SystemExit as exc:  # still an exit: the leg's status is 128 + the signal
+        assert exc.code == 143
+        rec = failure_record(exc)
+    assert rec["error"] == "LegStopped: stopped by SIGTERM (exit status 143)"
+    assert "SystemExit: 143" not in json.dumps(rec)
+    assert str(LegStopped(signal.SIGINT)) == "stopped by SIGINT (exit status 130)"

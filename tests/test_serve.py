@@ -151,3 +151,54 @@ def test_relaxed_tier_server_refuses_a_sampled_request_with_400(tiny_models, tmp
         status, events = _post_stream(f"{url}/v1/chat/completions", {**body, "temperature": 0, "stream": True})
         assert status == 200 and events[-1] == "[DONE]", events
         assert not [e for e in events if '"error"' in e], events
+
+
+def doc_block(page: Path, first: str) -> str:
+    """The ```bash block of a docs page whose first line starts with ``first``."""
+    import re
+
+    for m in re.finditer(r"^```bash\n(.*?)^```", page.read_text(), re.S | re.M):
+        if m.group(1).startswith(first):
+            return m.group(1)
+    raise AssertionError(f"{page}: no bash block starting with {first!r}")
+
+
+def _commands(block: str) -> list[str]:
+    return [" ".join(c.split()) for c in block.replace("\\\n", " ").splitlines() if c.strip()]
+
+
+def test_the_by_hand_commands_run_as_written(tiny_models, tmp_path):
+    """#38: docs/serving.md's commands (and the README's, a prefix of them) as printed, on a host whose
+    environment names no report folder and no CPU KV cache size: fewer prompts and a free port only."""
+    block = doc_block(REPO / "docs" / "serving.md", "python -m workbench.serve_leg")
+    readme = doc_block(REPO / "README.md", "python -m workbench.serve_leg")
+    for cmd in _commands(readme):
+        assert any(c.startswith(cmd) for c in _commands(block)), f"README command not in docs/serving.md: {cmd}"
+    port = _free_port()
+    script = (block.replace("--num-prompts 13", "--num-prompts 2")
+              .replace("' &\n", f"' --port {port} &\n")
+              .replace("--seed 0 \\\n", f"--seed 0 --port {port} \\\n"))
+    assert script.count(f"--port {port}") == 2, script
+    for name in ("models", "data"):
+        (tmp_path / name).symlink_to(REPO / name)
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_SPEC_REPORT_DIR", "VLLM_CPU_KVCACHE_SPACE")}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    log = tmp_path / "script.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(["bash", "-e", "-c", script + "kill $!\nwait $! || true\n"], cwd=tmp_path, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=900)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, 9)
+    text = log.read_text()
+    assert rc == 0, text[-4000:]
+    assert f"acceptance trace and reports go to {tmp_path / 'spec-trace'}" in text, text[-4000:]
+    # the server and its engine core write there (the trace itself is flushed every 128 steps or at a
+    # workbench leg's end; these 2 requests take fewer)
+    reports = [json.loads(p.read_text()) for p in (tmp_path / "spec-trace").glob("engine-*.json")]
+    assert any(r.get("drafter") == "draft_model" for r in reports), reports
+    results = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    assert results and results[0]["completed"] == 2, text[-4000:]

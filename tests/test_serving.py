@@ -82,6 +82,8 @@ def test_killed_mid_leg_leaves_no_server_and_a_failure_record(e17):
     assert k["rc"] != 0
     assert not k["server_alive"], "the interrupted leg's server outlived the workbench"
     assert k["failure"] is not None and k["failure"]["status"] == "failed"
+    # #38: the leg names the signal that stopped it, not `SystemExit: 143`
+    assert k["failure"]["error"].startswith("LegStopped: stopped by SIGTERM"), k["failure"]["error"]
 
 
 def test_resume_redoes_only_the_interrupted_leg(e17):

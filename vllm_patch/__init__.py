@@ -49,8 +49,15 @@ def fingerprint() -> str:
 def register() -> None:
     """vLLM plugin entry point: validate, then install the engine changes."""
     check_vllm_version()
-    from .knobs import read_knobs
+    from .knobs import ENV_REPORT_DIR, default_report_dir, read_knobs
 
+    folder = default_report_dir()  # the trace asked for without a folder: ./spec-trace, for every process
+    if folder:
+        from vllm.logger import init_logger
+
+        # under vLLM's logger, which has the handler and format
+        init_logger("vllm.plugins.twin_spec").info("twin_spec: %s unset; the acceptance trace and reports go to %s",
+                                   ENV_REPORT_DIR, folder)
     knobs = read_knobs()  # refuses bad switch values at engine start
     from .cpu_int4 import apply_cpu_isa, fallback_mode
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
@@ -308,11 +308,36 @@ class EngineKnobs(KnobValues):
         return SWITCHES
 
 
+ENV_STEP_TIMING = "VLLM_SPEC_STEP_TIMING"
+# where the trace and step timings go when no VLLM_SPEC_REPORT_DIR is given: below the working folder
+DEFAULT_REPORT_DIR = "spec-trace"
+
+
+def default_report_dir(env: MutableMapping[str, str] | None = None) -> str | None:
+    """``VLLM_SPEC_TRACE=1`` (or ``VLLM_SPEC_STEP_TIMING=1``) without ``VLLM_SPEC_REPORT_DIR``: set it to
+    ``./spec-trace`` of the working folder, as an absolute path in ``env`` so the engine's other processes
+    (engine core, workers) write to the same folder. Returns the folder it set; None where the variable
+    was set, nothing is recorded, or a switch's value is bad (``read_knobs`` refuses that)."""
+    env = os.environ if env is None else env
+    if env.get(ENV_REPORT_DIR):
+        return None
+    try:
+        records = SWITCHES["trace"].read_env(env) or env.get(ENV_STEP_TIMING, "").strip().lower() in _TRUE
+    except KnobError:
+        return None
+    if not records:
+        return None
+    folder = os.path.abspath(DEFAULT_REPORT_DIR)
+    env[ENV_REPORT_DIR] = folder
+    return folder
+
+
 def read_knobs(env: Mapping[str, str] | None = None) -> EngineKnobs:
     env = os.environ if env is None else env
     knobs = EngineKnobs(**{name: k.read_env(env) for name, k in SWITCHES.items()},
                         report_dir=env.get(ENV_REPORT_DIR) or None)
     if knobs.trace and not knobs.report_dir:
-        raise KnobError(f"{ENV_TRACE}=1 needs {ENV_REPORT_DIR}: the folder the trace is written to")
+        raise KnobError(f"{ENV_TRACE}=1 needs {ENV_REPORT_DIR}: the folder the trace is written to "
+                        f"(the plugin sets ./{DEFAULT_REPORT_DIR} when it is unset: default_report_dir)")
     check_combination(knobs.as_dict(), where="engine environment")
     return knobs

@@ -15,7 +15,7 @@ import threading
 
 import torch
 
-from .knobs import Knob
+from .knobs import ENV_STEP_TIMING, Knob
 
 
 class _JsonlWriter:
@@ -194,7 +194,7 @@ class StepTimer(_JsonlWriter):
 
     # a measurement switch, not an experiment knob: parsed like the table's booleans
     SWITCH = Knob("step_timing", bool, False, lambda v: True, "true or false",
-                  "engine-side step timings", env="VLLM_SPEC_STEP_TIMING")
+                  "engine-side step timings", env=ENV_STEP_TIMING)
 
     def __init__(self, report_dir: str, batch_steps: int = 128):
         super().__init__(os.path.join(report_dir, f"steps-{os.getpid()}.jsonl"), "twin-spec-steps")

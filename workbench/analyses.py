@@ -37,7 +37,7 @@ import pandas as pd
 
 from . import exactness, metrics, plots
 from .results import Run, load_run
-from .runfolder import write_text_atomic
+from .runfolder import partial_state, write_text_atomic
 
 SUMMARY_JSON = "summary.json"
 # The relax x grid of counterfactual acceptance (table and explorer curves): x up to 3 (τ = 0.05)
@@ -910,6 +910,8 @@ def summary(tables: RunTables, figures: Iterable[str] = ()) -> dict[str, Any]:
     }
     out["n_complete"] = sum(s == "complete" for s in out["legs"].values())
     out["n_failed"] = sum(s == "failed" for s in out["legs"].values())
+    # a run with a failed or missing leg says so whether or not a figure applies (record_figures repeats it)
+    out.update(partial_state(run.path, out["legs"]))
     for name, df in tables.available().items():
         if TABLES[name].in_summary:
             out[name] = _json_rows(df)

@@ -17,7 +17,9 @@ file; 130 / 143 the run was interrupted by SIGINT / SIGTERM (recorded; `--resume
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -44,6 +46,22 @@ def _positive_seconds(text: str) -> float:
     if not value > 0 or value != value or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds above 0, got {text!r}")
     return value
+
+
+_HOST_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EIO}
+_ERRNO_TEXT = re.compile(r"\[Errno (\d+)\] ([^:]+): '(.+)'")
+
+
+def host_io_error(exc: BaseException) -> str | None:
+    """``FILE: reason`` when ``exc`` is the host's disk failing (full, read-only, quota, I/O), raised here
+    or inside the executed notebook (papermill re-raises it as text); None for any other error."""
+    if isinstance(exc, OSError) and exc.errno in _HOST_ERRNOS:
+        return f"{exc.filename or '(file not named by the system)'}: {exc.strerror or exc}"
+    if type(exc).__name__ == "PapermillExecutionError":
+        m = _ERRNO_TEXT.search(str(getattr(exc, "evalue", "")))
+        if m and int(m.group(1)) in _HOST_ERRNOS:
+            return f"{m.group(3)}: {m.group(2)}"
+    return None
 
 
 def _table(rows: list[dict[str, Any]], cols: Sequence[str] | None = None, max_width: int = 60) -> str:
@@ -207,12 +225,18 @@ def cmd_run(args) -> int:
             nb = run_notebook(rdir, params)
             print(f"executed notebook: {nb}")
     except Exception as exc:  # the legs' records stand; the analysis can be redone with `workbench export`
-        print(f"error: analysis of {rdir} failed: {type(exc).__name__}: {str(exc).strip()[-2000:]}\n"
-              f"  the legs' records are kept; rerun the analysis with `workbench export {rdir}`", file=sys.stderr)
-        rc = 1
+        disk = host_io_error(exc)
+        if disk:  # a full or read-only disk while writing tables, figures or the notebook
+            print(f"error: {disk}\n  the legs' records are kept; rerun the analysis with "
+                  f"`workbench export {rdir}` once the disk has room", file=sys.stderr)
+            rc = EXIT_IO
+        else:
+            print(f"error: analysis of {rdir} failed: {type(exc).__name__}: {str(exc).strip()[-2000:]}\n"
+                  f"  the legs' records are kept; rerun the analysis with `workbench export {rdir}`", file=sys.stderr)
+            rc = 1
     if failed:
         print(f"legs not complete: {', '.join(failed)}", file=sys.stderr)
-        return 1
+        return rc if rc == EXIT_IO else 1
     return rc
 
 

@@ -39,7 +39,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from workbench import childproc
+from workbench import childproc, shm
 from workbench.planning import Plan, PlannedLeg, parse_overrides, plan
 from workbench.registry import DATASETS, Registry, RegistryError, load_registry, split_role
 from workbench.runfolder import (ENV_JSON, FAILURE, LEG_JSON, LEG_LOG, LEGS, PREPARER, PREPARING_SUFFIX, PROMPTS,
@@ -235,7 +235,8 @@ def _tp_problems(tp: int, leg: PlannedLeg, models: dict[str, str], bad_models: s
 
 def preflight_problems(p: Plan, models: dict[str, str], prompts: list | None) -> list[str]:
     """Model folders, configs, quantization configs and weight files' headers (``workbench.checkpoints``),
-    gamma, prompt lengths with the real tokenizer; one line per problem.
+    gamma, prompt lengths with the real tokenizer, dtypes and quantized checkpoints the device has no kernel
+    for (``workbench.combinations``), memory; one line per problem.
 
     Prompt lengths are checked only where ``prompts`` loaded and the model is a local folder.
     """
@@ -285,8 +286,14 @@ def preflight_problems(p: Plan, models: dict[str, str], prompts: list | None) ->
         if lengths_by[path]:
             for msg in legmod.length_problems(prompts[:n], lengths_by[path][:n], max_len, path):
                 problems.append(f"leg(s) {', '.join(names)}: {msg}")
+    from workbench.combinations import combination_problems
     from workbench.memory_plan import memory_problems
 
+    engine_legs = [(l.name, l.knobs.get("dtype"), {"target": l.model, **({"draft": l.draft} if l.kind == "spec"
+                                                                           and l.draft else {})})
+                   for l in p.legs if runner_for(l, p.experiment.runner).engine_preflight]
+    good = {ref: path for ref, path in models.items() if ref not in bad_models}
+    problems += combination_problems(engine_legs, good, p.profile.device)
     return problems + memory_problems(p, models, bad_models)
 
 
@@ -319,6 +326,13 @@ def prepare_run(experiment: str, profile: str | None = None, overrides: Any = No
                 raise ProtocolError(f"cannot resume {run_dir} with --model-path {ref}={path}: the run was prepared "
                                     f"with {ref}={had}; a resumed run keeps its checkpoints (start a new run "
                                     f"for other weights)")
+        for ref, had in models.items():  # the environment's checkpoints are held to the same rule
+            key = _env_key(ref)
+            path = os.environ.get(key)
+            if path and str(path) != str(had) and ref not in (model_paths or {}):
+                raise ProtocolError(f"cannot resume {run_dir} with {key}={path}: the run was prepared with "
+                                    f"{ref}={had}; a resumed run keeps its checkpoints (unset {key}, or start "
+                                    f"a new run for other weights)")
         for name, src in (dataset_sources or {}).items():
             resolved = (cfg.get("dataset") or {}).get("resolved")
             if name != resolved or str(src) != str(sources):
@@ -594,13 +608,25 @@ def _run_one(cmd: list[str], folder: Path, timeout: float | None, env: dict[str,
                                 cwd=str(REPO_ROOT), env=env, start_new_session=True)
         try:
             on_start(proc)
-            return proc.wait(timeout=timeout), ""
+            rc = proc.wait(timeout=timeout)
+            _wait_group_gone(proc.pid)  # engine workers exit after the leg: /dev/shm is cleaned after them
+            return rc, ""
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             return None, f"leg timed out after {timeout:g} s"
         except BaseException:
             _kill_group(proc)
             raise
+
+
+def _wait_group_gone(pgid: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.1)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -694,6 +720,7 @@ def _execute_locked(rdir, cfg, legs, wanted, lock, stop_on_failure, leg_timeout,
     from workbench.leg import PARENT_ENV
     env[PARENT_ENV] = str(os.getpid())
     (rdir / LEGS).mkdir(exist_ok=True)
+    shm_removed = _clean_shm(rdir)  # what a leg killed with -9 (its run with it) left in /dev/shm
     statuses = {l.name: leg_status(rdir / LEGS / l.name) for l in legs}
     # A leg that says it is complete is trusted only once its records read back whole: a torn line
     # (a crash, a full disk) would otherwise pass here and fail every analysis after. Such a leg is
@@ -718,6 +745,8 @@ def _execute_locked(rdir, cfg, legs, wanted, lock, stop_on_failure, leg_timeout,
             found["lock_taken_over_from"] = lock.previous
         if prev:
             found["interrupted_leg"] = dict(prev, alive=False)
+        if shm_removed:
+            found["shm_removed"] = shm_removed
         history.append(found)
     state = {"state": "running", "started": _now(), "pid": os.getpid(), "legs": statuses, "history": history,
              "leg_process": None}
@@ -740,6 +769,16 @@ def _execute_locked(rdir, cfg, legs, wanted, lock, stop_on_failure, leg_timeout,
         if sig is not None:
             raise RunInterrupted(sig, rdir) from None
         raise
+
+
+def _clean_shm(rdir: Path) -> dict[str, list[str]]:
+    """Leg -> the /dev/shm entries its killed engine left, removed (legs whose snapshot is still there)."""
+    out = {}
+    for snap in sorted((rdir / LEGS).glob(f"*/{shm.SNAPSHOT}")):
+        removed = shm.clean_after(snap.parent)
+        if removed:
+            out[snap.parent.name] = removed
+    return out
 
 
 def _signum(exc: BaseException) -> int | None:
@@ -823,6 +862,7 @@ def _run_legs(rdir, cfg, legs, todo, statuses, state, stop_on_failure, leg_timeo
         folder = rdir / LEGS / leg.name
         earlier = archive_leg(folder) if folder.exists() else None
         folder.mkdir(parents=True)
+        shm.snapshot(folder)  # before the engine starts: what /dev/shm held (workbench.shm)
         leg_runner = runner_for(leg, cfg.get("runner"))
         conf = leg_runner.leg_json(leg, cfg, rdir, folder, earlier)
         if conf is not None:
@@ -839,6 +879,7 @@ def _run_legs(rdir, cfg, legs, todo, statuses, state, stop_on_failure, leg_timeo
             rc, why = _run_one(cmd, folder, leg_timeout, env, started)
         except BaseException as exc:
             # the leg's process group is gone (_run_one); its folder gets a failure record
+            shm.clean_after(folder)
             sig = _signum(exc)
             why = (f"interrupted by {signal.Signals(sig).name} while the leg ran" if sig is not None
                    else f"the run stopped while the leg ran: {type(exc).__name__}: {exc}")
@@ -852,6 +893,7 @@ def _run_legs(rdir, cfg, legs, todo, statuses, state, stop_on_failure, leg_timeo
             raise
         dt = time.monotonic() - t0
         durations.append(dt)
+        shm.clean_after(folder)
         status = _finalise(folder, leg, rc, why)
         statuses[leg.name] = status
         state.update(legs=statuses, leg_process=None)

@@ -15,9 +15,11 @@ derived tables and figures the run's records can no longer make.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 import warnings
 from collections.abc import Iterable, Mapping
@@ -29,7 +31,7 @@ from typing import Any
 
 from . import analyses
 from .results import Run, load_run
-from .runfolder import RUN_JSON, lock_holder, read_json, write_json_atomic
+from .runfolder import RUN_JSON, partial_state, read_json, write_json_atomic
 
 STATIC_FORMATS = ("png", "svg", "pdf")
 FORMATS = STATIC_FORMATS + ("html",)
@@ -56,13 +58,38 @@ def find_browser() -> str:
         if not (os.path.isfile(env) and os.access(env, os.X_OK)):
             raise BrowserError(f"BROWSER_PATH={env!r} is not an executable file; png/svg/pdf export needs it to "
                                f"point at a Chromium-family browser (or unset it to write html only)")
+        why = browser_problem(env)
+        if why:
+            raise BrowserError(f"BROWSER_PATH={env!r} {why}; png/svg/pdf export needs a Chromium-family browser "
+                               f"that runs headless (or unset it to write html only)")
         return env
     for name in BROWSER_NAMES:
         path = shutil.which(name)
         if path:
+            why = browser_problem(path)
+            if why:
+                raise BrowserError(f"{path} {why}, so static figure export (png/svg/pdf) cannot use it: "
+                                   + INSTALL_BROWSER)
             return path
     raise BrowserError("static figure export (png/svg/pdf) needs a Chromium-family browser and none was found: "
                        + INSTALL_BROWSER)
+
+
+@functools.lru_cache(maxsize=None)
+def browser_problem(path: str) -> str | None:
+    """Why ``path`` cannot render a page headless (it is started once, on an empty page), or None.
+
+    An executable that is not a browser (``/bin/false``) or a browser that cannot start here is found
+    before a run's legs, not by kaleido after them."""
+    cmd = [path, "--headless", "--disable-gpu", "--no-sandbox", "--dump-dom", "about:blank"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"did not render an empty page headless ({type(exc).__name__}: {exc})"
+    if proc.returncode != 0 or "<html" not in proc.stdout:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][-200:]
+        return f"did not render an empty page headless (exit status {proc.returncode}: {tail})"
+    return None
 
 
 def parse_formats(formats: Iterable[str] | str) -> tuple[str, ...]:
@@ -145,9 +172,12 @@ def export_figures(
             kaleido.write_fig_from_object_sync(specs, kopts={"mathjax": False, "path": browser})
         if "html" in formats:
             for name, fig in figs.items():
-                fig.write_html(staging / f"{name}.html", include_plotlyjs=True, full_html=True,
-                               include_mathjax=False, default_width=f"{int(width)}px",
-                               default_height=f"{int(height)}px", config={"displaylogo": False})
+                try:
+                    fig.write_html(staging / f"{name}.html", include_plotlyjs=True, full_html=True,
+                                   include_mathjax=False, default_width=f"{int(width)}px",
+                                   default_height=f"{int(height)}px", config={"displaylogo": False})
+                except OSError as exc:  # a full disk: name the figure's file, not its staging copy
+                    raise OSError(exc.errno, exc.strerror or str(exc), str(out / f"{name}.html")) from exc
         for name in figs:
             for fmt in formats:
                 src = staging / f"{name}.{fmt}"
@@ -187,20 +217,6 @@ def record_figures(run_dir: str | Path, written: Mapping[str, list[Path]]) -> No
         summary.pop("figures_not_written", None)
     summary.update(partial_state(run_dir, summary.get("legs") or {}))
     write_json_atomic(path, summary)
-
-
-def partial_state(run_dir: str | Path, legs: Mapping[str, str]) -> dict[str, Any]:
-    """``{"partial": bool, "partial_reason": str | None}``: tables made while the run still runs, or with
-    planned legs that are not complete, are partial and must say so."""
-    holder = lock_holder(run_dir)
-    reasons = []
-    if holder is not None:
-        reasons.append(f"the run is still running (PID {holder.get('pid')}, started {holder.get('started')})")
-    missing = {k: v for k, v in legs.items() if v != "complete"}
-    if missing:
-        reasons.append(f"{len(legs) - len(missing)}/{len(legs)} legs complete; not complete: "
-                       + ", ".join(f"{k} ({v})" for k, v in missing.items()))
-    return {"partial": bool(reasons), "partial_reason": "; ".join(reasons) or None}
 
 
 # --------------------------------------------------------------------------- a run's standard set

@@ -361,6 +361,11 @@ def preflight(cfg: LegConfig, checked: tuple[list, list[list]] | None = None) ->
     if cfg.tensor_parallel_size > 1:
         models = {"target": cfg.target, **({"draft": cfg.draft} if cfg.draft is not None else {})}
         problems += tensor_parallel_problems(cfg.tensor_parallel_size, models, _cuda_present())
+    from .combinations import combination_problems
+
+    roles = {"target": cfg.target, **({"draft": cfg.draft} if cfg.draft is not None else {})}
+    problems += combination_problems([(cfg.leg or "this leg", cfg.dtype, roles)], {},
+                                     "gpu" if _cuda_present() else "cpu")
     bad_gamma = gamma_problem(cfg.knobs.gamma, cfg.max_model_len, spec_len_limit())
     if bad_gamma:
         problems.append(bad_gamma)

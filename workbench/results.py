@@ -21,7 +21,7 @@ import pandas as pd
 
 from .knobs import column_knobs
 from .runfolder import (ENV_JSON, FAILURE, RECORDS, RUN_JSON, SUMMARY, check_name, leg_dir, leg_status,
-                        new_run_id, read_json, remove_stale_preparing)
+                        new_run_id, read_json, records_problem, remove_stale_preparing)
 
 __all__ = ["Run", "load_run", "list_runs", "run_dir", "leg_dir", "new_run_id", "DamagedRunWarning"]
 
@@ -257,7 +257,8 @@ def load_run(run_dir: str | Path, damaged: str = "raise") -> Run:
 
 
 def list_runs(results_root: str | Path, experiment: str | None = None) -> pd.DataFrame:
-    """One row per run folder under ``results_root`` (newest last), with leg counts by status.
+    """One row per run folder under ``results_root`` (newest last), with leg counts by status (``damaged``:
+    a leg that says it is complete but whose records do not read back whole, not counted complete).
 
     A run folder that cannot be read (a corrupt run.json, say) is left out with a
     ``DamagedRunWarning`` naming it; the other runs are listed.
@@ -292,18 +293,19 @@ def _run_row(exp_dir: Path, rdir: Path) -> dict[str, Any]:
     legs_root = rdir / "legs"
     on_disk = [p.name for p in legs_root.iterdir() if p.is_dir()] if legs_root.is_dir() else []
     names = planned + [n for n in sorted(on_disk) if n not in planned]
-    counts = {"complete": 0, "failed": 0, "incomplete": 0, "pending": 0}
-    damaged = 0
+    counts = {"complete": 0, "failed": 0, "incomplete": 0, "pending": 0, "damaged": 0}
     for n in names:
         status = leg_status(legs_root / n)
+        # says complete, but its records do not read back or hold another number of lines than it says
+        if status == "complete" and (records_problem(legs_root / n) or _record_count_disagrees(legs_root / n)):
+            status = "damaged"
         counts[status] += 1
-        damaged += status == "complete" and _record_count_disagrees(legs_root / n)
     tiers = [leg.get("tier") for leg in config.get("legs", []) if isinstance(leg, dict)]
     prompts = rdir / "prompts.jsonl"
     n_prompts = _count_lines(prompts) if prompts.is_file() else (config.get("overrides") or {}).get("n")
     return {"experiment": exp_dir.name, "run_id": rdir.name, "path": str(rdir),
             "profile": config.get("profile"), "smoke": config.get("smoke"), "n_legs": len(names),
-            **{f"n_{k}": v for k, v in counts.items()}, "n_damaged": damaged,
+            **{f"n_{k}": v for k, v in counts.items()},
             "n_spec": sum(t not in (None, "vanilla") for t in tiers), "n_prompts": n_prompts,
             "device": config.get("device"), "title": config.get("title")}
 

@@ -469,6 +469,20 @@ def lock_holder(run_dir: str | Path) -> dict[str, Any] | None:
         os.close(fd)
 
 
+def partial_state(run_dir: str | Path, legs: dict[str, str]) -> dict[str, Any]:
+    """``{"partial": bool, "partial_reason": str | None}``: tables made while the run still runs, or with
+    planned legs that are not complete, are partial and must say so."""
+    holder = lock_holder(run_dir)
+    reasons = []
+    if holder is not None:
+        reasons.append(f"the run is still running (PID {holder.get('pid')}, started {holder.get('started')})")
+    missing = {k: v for k, v in legs.items() if v != "complete"}
+    if missing:
+        reasons.append(f"{len(legs) - len(missing)}/{len(legs)} legs complete; not complete: "
+                       + ", ".join(f"{k} ({v})" for k, v in missing.items()))
+    return {"partial": bool(reasons), "partial_reason": "; ".join(reasons) or None}
+
+
 def _read_lock(fd: int) -> dict[str, Any] | None:
     try:
         raw = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()

@@ -327,7 +327,7 @@ def run_serving_leg(cfg: legmod.LegConfig) -> dict:
 
     def _on_signal(signum, _frame):
         server.stop(grace=5.0)
-        raise SystemExit(128 + signum)
+        raise LegStopped(signum)
 
     old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     trace_tail = legmod.TraceTail(report_dir) if cfg.knobs.trace else None
@@ -403,6 +403,18 @@ class _WithLog(Exception):
 
 
 # --------------------------------------------------------------------------- entry points
+class LegStopped(SystemExit):
+    """The leg was stopped by a signal (the run's Ctrl-C, a kill): exits 128 + the signal's number, and its
+    failure record names the signal (``LegStopped: stopped by SIGTERM``), not a bare exit status."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signal = signal.Signals(signum).name
+
+    def __str__(self) -> str:
+        return f"stopped by {self.signal} (exit status {self.code})"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--dataset"]:

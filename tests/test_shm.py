@@ -1,0 +1,125 @@
+"""/dev/shm hygiene (#38): a leg's leftovers are removed when it ends, and on resume after a kill -9.
+
+No engine starts: the leg is the fake leg of test_protocol.py behind a wrapper that leaves /dev/shm
+entries the way vLLM's do (``psm_*``, ``sem.mp-*``, a ``*-cpushm`` pair), every name carrying this test's
+tag, so the counts below are this test's own whatever else the host runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from test_protocol import FAKE_LEG, _prepare
+from workbench import protocol, shm
+
+pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm on this host")
+
+WRAPPER = textwrap.dedent('''
+    import os, runpy, subprocess, sys, time
+    tag, pid = os.environ["SHM_TAG"], os.getpid()
+    for name in (f"psm_{tag}_{pid}", f"sem.mp-{tag}{pid}", f"{tag}-{pid}-[0-1]-cpushm", f"{tag}-{pid}-[1-0]-cpushm"):
+        with open(f"/dev/shm/{name}", "wb") as fh:
+            fh.write(b"x" * 4096)
+    if os.environ.get("SHM_LIVE"):  # another process's segment, created while the leg runs and in use
+        subprocess.Popen([sys.executable, "-c", "import os, sys, time; h = open(sys.argv[1], 'w'); "
+                          "open(sys.argv[2], 'w').write(str(os.getpid())); time.sleep(60)", f"/dev/shm/psm_{tag}_live",
+                          os.environ["SHM_LIVE"]], start_new_session=True)
+        while not os.path.exists(os.environ["SHM_LIVE"]):
+            time.sleep(0.02)
+    if os.environ.get("SHM_HANG"):  # an engine still holding its segment when the run is killed
+        held = open(f"/dev/shm/psm_{tag}_{pid}", "rb")
+        open(os.environ["SHM_HANG"], "w").write(str(pid))
+        time.sleep(120)
+    sys.argv = [os.environ["SHM_FAKE_LEG"]] + sys.argv[1:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+''')
+
+
+def _tagged(tag: str) -> list[str]:
+    return sorted(n for n in os.listdir("/dev/shm") if tag in n)
+
+
+@pytest.fixture
+def leg(tmp_path, monkeypatch):
+    fake = tmp_path / "fake_leg.py"
+    fake.write_text(FAKE_LEG)
+    wrapper = tmp_path / "shm_leg.py"
+    wrapper.write_text(WRAPPER)
+    calls = tmp_path / "calls.txt"
+    calls.write_text("")
+    tag = f"wbtest{uuid.uuid4().hex[:8]}"
+    for k, v in {"FAKE_LEG_CALLS": calls, "FAKE_LEG_REPO": REPO, "SHM_FAKE_LEG": fake, "SHM_TAG": tag}.items():
+        monkeypatch.setenv(k, str(v))
+    yield [sys.executable, str(wrapper)], tag
+    for n in _tagged(tag):
+        (Path("/dev/shm") / n).unlink(missing_ok=True)
+
+
+def test_each_leg_removes_what_it_left_in_dev_shm_and_keeps_a_live_segment(tmp_path, leg, monkeypatch):
+    runner, tag = leg
+    ready = tmp_path / "live.ready"
+    monkeypatch.setenv("SHM_LIVE", str(ready))
+    rdir = _prepare(tmp_path)
+    assert _tagged(tag) == []
+    statuses = protocol.execute(rdir, runner=runner, log=lambda s: None)
+    assert set(statuses.values()) == {"complete"}
+    # 4 legs x 4 entries were made; only the live process's segment is left, in use, untouched
+    assert _tagged(tag) == [f"psm_{tag}_live"]
+    assert not list(rdir.glob(f"legs/*/{shm.SNAPSHOT}"))
+    os.kill(int(ready.read_text()), signal.SIGTERM)
+
+
+def test_resume_after_kill_9_removes_the_killed_legs_leftovers(tmp_path, leg):
+    runner, tag = leg
+    rdir = _prepare(tmp_path)
+    hang = tmp_path / "hang.pid"
+    code = ("import functools, sys\nfrom workbench import protocol\n"
+            f"protocol.execute({str(rdir)!r}, runner={runner!r}, log=lambda s: None)\n")
+    env = {**os.environ, "SHM_HANG": str(hang)}
+    run = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not hang.is_file():
+            assert run.poll() is None and time.monotonic() < deadline, "the first leg never started"
+            time.sleep(0.05)
+        leg_pid = int(hang.read_text())
+        before_kill = _tagged(tag)
+        run.send_signal(signal.SIGKILL)
+        run.wait(timeout=30)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    deadline = time.monotonic() + 20  # the leg dies of its parent's death (the kernel's signal)
+    while Path(f"/proc/{leg_pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(before_kill) == 4
+    assert _tagged(tag) == before_kill, "a kill -9 leaves the engine's segments"
+    assert (rdir / "legs" / "vanilla_1" / shm.SNAPSHOT).is_file()
+    statuses = protocol.execute(rdir, runner=runner, log=lambda s: None)
+    assert set(statuses.values()) == {"complete"}
+    assert _tagged(tag) == []
+    state = json.loads((rdir / "protocol.json").read_text())
+    assert sorted(state["history"][-1]["shm_removed"]["vanilla_1"]) == before_kill
+
+
+def test_a_leftover_is_only_what_is_new_named_like_vllms_and_unused(tmp_path):
+    root = tmp_path / "shm"
+    root.mkdir()
+    for n in ("psm_old", "unrelated"):
+        (root / n).write_text("x")
+    before = shm.entries(root)
+    for n in ("psm_new", "sem.mp-abc", "x-[0-1]-cpushm", "notes.txt", "psm_held"):
+        (root / n).write_text("x")
+    with open(root / "psm_held"):
+        assert shm.leftovers(before, root) == ["psm_new", "sem.mp-abc", "x-[0-1]-cpushm"]

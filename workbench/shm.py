@@ -1,0 +1,102 @@
+"""What a leg's engine leaves in ``/dev/shm``, removed when the leg ends (or on resume after a kill -9).
+
+    snapshot(leg_folder)      before the leg starts: the names in /dev/shm -> leg_folder/shm-before.json
+    clean_after(leg_folder)   after it ended: remove its leftovers, drop the snapshot; returns the names removed
+
+vLLM and Python's multiprocessing name their segments ``psm_*`` (shared_memory), ``sem.mp-*`` (semaphores)
+and ``*-cpushm`` (vLLM's CPU shared-memory communicator at tensor_parallel_size > 1, a pair of 4 MiB
+files). A process killed with -9 never unlinks them, and the CPU communicator's pairs outlive even a leg
+that ends normally, so /dev/shm fills over many legs. A leftover is an entry that
+
+* was not there when the leg started (the snapshot, kept in the leg's folder so a resume after a kill -9
+  still knows it),
+* has one of those names and belongs to this user,
+* and no live process maps or holds open (``/proc/<pid>/maps`` and ``/proc/<pid>/fd``): another run's
+  segments that are in use are never touched.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+from pathlib import Path
+
+from workbench.runfolder import write_json_atomic
+
+__all__ = ["SHM", "SNAPSHOT", "PATTERNS", "entries", "in_use", "leftovers", "snapshot", "clean_after"]
+
+SHM = Path("/dev/shm")
+SNAPSHOT = "shm-before.json"
+PATTERNS = ("psm_*", "sem.mp-*", "*cpushm*")
+
+
+def entries(root: Path = SHM) -> set[str]:
+    try:
+        return {p.name for p in root.iterdir()}
+    except OSError:  # no /dev/shm (not Linux): nothing to clean
+        return set()
+
+
+def in_use(root: Path = SHM) -> set[str]:
+    """Names under ``root`` that a live process maps or holds open."""
+    prefix = str(root).rstrip("/") + "/"
+    used: set[str] = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            for line in (proc / "maps").read_text().splitlines():
+                parts = line.split(None, 5)
+                path = parts[5] if len(parts) == 6 else ""
+                if path.startswith(prefix):
+                    used.add(path[len(prefix):].split(" ")[0])
+            for fd in (proc / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith(prefix):
+                    used.add(target[len(prefix):].split(" ")[0])
+        except OSError:  # the process ended meanwhile, or is not ours to read
+            continue
+    return used
+
+
+def leftovers(before: set[str], root: Path = SHM) -> list[str]:
+    """Entries new since ``before`` that vLLM's or multiprocessing's naming marks, owned by this user and
+    used by no live process."""
+    new = [n for n in sorted(entries(root) - before) if any(fnmatch.fnmatch(n, p) for p in PATTERNS)]
+    if not new:
+        return []
+    uid = os.getuid()
+    mine = []
+    for n in new:
+        try:
+            if (root / n).lstat().st_uid == uid:
+                mine.append(n)
+        except OSError:
+            continue
+    used = in_use(root) if mine else set()
+    return [n for n in mine if n not in used]
+
+
+def snapshot(leg_folder: str | Path, root: Path = SHM) -> None:
+    """Record what /dev/shm holds before the leg's engine starts (in the leg's folder, for a resume)."""
+    write_json_atomic(Path(leg_folder) / SNAPSHOT, {"root": str(root), "names": sorted(entries(root))})
+
+
+def clean_after(leg_folder: str | Path) -> list[str]:
+    """Remove what the leg left in /dev/shm (its processes are gone); returns the names removed."""
+    path = Path(leg_folder) / SNAPSHOT
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    root = Path(data.get("root") or SHM)
+    removed = []
+    for n in leftovers(set(data.get("names") or []), root):
+        try:
+            (root / n).unlink()
+            removed.append(n)
+        except OSError:
+            pass
+    path.unlink(missing_ok=True)
+    return removed
