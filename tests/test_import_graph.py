@@ -41,7 +41,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("analyses", ("workbench.analyses",)),
     ("export", ("workbench.export",)),
     # preflight, the run folder, legs as processes (the runner table)
-    ("protocol", ("workbench.execution", "workbench.protocol")),
+    ("protocol", ("workbench.runners", "workbench.preparing", "workbench.execution", "workbench.protocol")),
     # what people call: the command line, the explorer, the demo, the doctor
     ("front", ("workbench.cli", "workbench.widgets", "workbench.demo", "workbench.doctor", "workbench.datasets.cli",
                "workbench.datasets.__main__")),
