@@ -173,6 +173,13 @@ def cmd_run(args) -> int:
     model_paths = _pairs(args.model_path, "--model-path")
     sources = _pairs(args.data_source, "--data-source")
     smoke = _smoke_flag(args)
+    if args.executor != "ray" and (args.address or args.gpus is not None):
+        raise CliError("--address and --gpus go with --executor ray")
+    if args.executor == "ray" and args.address and args.gpus is not None:
+        raise CliError("--gpus sizes the local Ray instance a run starts; a cluster (--address) has its own GPUs")
+    if args.executor == "ray":
+        from workbench.ray_executor import require_ray
+        require_ray()  # before a run folder is made
     # with the other pre-flight checks: a browser that is not there is found now, not after the legs
     formats = _formats(args.formats)
     if args.resume:
@@ -183,12 +190,15 @@ def cmd_run(args) -> int:
         rdir = protocol.prepare_run(cfg["experiment"], args.profile, args.param or None, smoke,
                                     run_dir=rdir, model_paths=model_paths, dataset_sources=sources)
     else:
+        # under Ray each bracket gets vanilla legs of its own, so that brackets can run on different GPUs
         rdir = protocol.prepare_run(args.experiment, args.profile, args.param, smoke, args.results,
-                                    model_paths=model_paths, dataset_sources=sources)
+                                    model_paths=model_paths, dataset_sources=sources,
+                                    own_brackets=args.executor == "ray")
     cfg = json.loads((rdir / "run.json").read_text())
     print(f"run folder: {rdir}", flush=True)
     # The legs run here, as children of this process: they stop when it stops, however it stops.
-    statuses = protocol.execute(rdir, stop_on_failure=args.stop_on_failure, leg_timeout=args.leg_timeout)
+    statuses = protocol.execute(rdir, stop_on_failure=args.stop_on_failure, leg_timeout=args.leg_timeout,
+                                executor=args.executor, address=args.address, gpus=args.gpus)
     failed = [k for k, v in statuses.items() if v != "complete"]
     rc = 0
     try:
@@ -275,6 +285,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="load a prompt set from a local copy (mmvet=path/to/mm-vet)")
     p.add_argument("--leg-timeout", type=_positive_seconds, default=None, metavar="S",
                    help="kill a leg after S seconds (S > 0)")
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="local: legs one after another here (default); ray: each bracket group a Ray task on "
+                        "GPUs of its own (docs/ray.md; pip install '.[ray]')")
+    p.add_argument("--address", default=None, metavar="auto|HOST:PORT",
+                   help="with --executor ray: the Ray cluster to join (default: start a local instance)")
+    p.add_argument("--gpus", type=int, default=None, metavar="N",
+                   help="with --executor ray and no --address: the local instance's GPUs (default: this host's; "
+                        "on a CPU host logical GPUs, to rehearse groups side by side)")
     p.add_argument("--no-notebook", action="store_true", help="run legs + tables without the notebook")
     p.add_argument("--formats", "--figure-formats", dest="formats", default="png,html", metavar="FMT,...",
                    help="figure formats for <run>/figures: png, svg, pdf, html (default png,html; "

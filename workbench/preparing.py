@@ -254,7 +254,7 @@ def preflight_problems(p: Plan, models: dict[str, str], prompts: list | None) ->
 def prepare_run(experiment: str, profile: str | None = None, overrides: Any = None, smoke: bool | None = None,
                 results_root: str | Path = "results", run_dir: str | Path | None = None,
                 model_paths: dict[str, str] | None = None, dataset_sources: dict[str, str] | None = None,
-                registry: Registry | None = None) -> Path:
+                registry: Registry | None = None, own_brackets: bool = False) -> Path:
     """Create the run folder (run.json, env.json, prompts.jsonl), or reuse a prepared one (resume).
 
     Reusing checks that the folder was made for the same experiment/profile/overrides/smoke, so a resume
@@ -302,7 +302,7 @@ def prepare_run(experiment: str, profile: str | None = None, overrides: Any = No
         return Path(run_dir)
 
     reg = registry or load_registry()
-    p = plan(experiment, profile, overrides, smoke, registry=reg)
+    p = plan(experiment, profile, overrides, smoke, registry=reg, own_brackets=own_brackets)
     run_id = Path(run_dir).name if run_dir is not None else new_run_id()
     rdir = Path(run_dir) if run_dir is not None else Path(results_root) / p.experiment.id / run_id
     remove_stale_preparing(rdir.parent)
