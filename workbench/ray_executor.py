@@ -22,17 +22,19 @@ from __future__ import annotations
 import math
 import os
 import secrets
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from workbench import placement
+from workbench import childproc, placement
 from workbench.legrun import RunOptions, _fmt_s, failure_line, finish_run, leg_env, run_leg
 from workbench.groups import BracketGroup, bracket_groups
 from workbench.planning import PlannedLeg
 from workbench.runfolder import (LEGS, PLACEMENT, RUN_JSON, STATE_JSON, archive_leg, failure_record, leg_status,
                                  read_json, write_failure, write_json_atomic)
-from workbench.runners import ProtocolError, _now
+from workbench.runners import REPO_ROOT, ProtocolError, _now
 
 __all__ = ["require_ray", "run_groups", "group_task", "RAY_VERSION"]
 
@@ -99,18 +101,40 @@ def group_task(run_dir: str, cfg: dict[str, Any], group: dict[str, Any], todo: l
 
 # --- the driver ---------------------------------------------------------------------------------
 
-def _start_ray(ray, address: str | None, gpus: int | None) -> bool:
-    """Connect to ``address``, or start a local instance (True: this run stops it)."""
+def _start_ray(ray, address: str | None, gpus: int | None) -> subprocess.Popen | None:
+    """Connect to ``address``, or start a local instance; for a local one, the reaper that stops its
+    processes (and everything under them) if this run dies without ``ray.shutdown`` (``workbench.reaper``)."""
     if address:
         ray.init(address=address, log_to_driver=False, include_dashboard=False)
-        return False
+        return None
     if gpus is None:
         probe = placement.gpu_probe()
         gpus = max(1, len(probe["gpus"]) if probe else 0)
+    before = set(_own_children())
     # Kept small: the tasks hold GPUs, not CPUs, and nothing large goes through the object store.
     ray.init(num_cpus=1, num_gpus=gpus, include_dashboard=False, log_to_driver=False,
              object_store_memory=80 * 2**20)
-    return True
+    roots = [str(p) for p in _own_children() if p not in before]
+    return subprocess.Popen(childproc.wrap(os.getpid(), [sys.executable, "-m", "workbench.reaper", *roots]),
+                            env=leg_env(), cwd=str(REPO_ROOT), start_new_session=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+
+def _own_children() -> list[int]:
+    from workbench.reaper import children_of
+
+    return children_of(os.getpid())
+
+
+def _stop_ray(ray, reaper: subprocess.Popen | None) -> None:
+    ray.shutdown()
+    if reaper is not None:  # what ray.shutdown left of the local instance goes now
+        reaper.terminate()
+        try:
+            reaper.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            reaper.kill()
+            reaper.wait()
 
 
 def _where_text(where: dict[str, Any] | None) -> str:
@@ -206,8 +230,8 @@ def _settle(ray, rdir: Path, g: BracketGroup, ref, board: _Board, statuses: dict
         res, error = ray.get(ref), None
     except ray.exceptions.RayError as exc:
         res = None
-        text = str(exc).strip().splitlines()
-        error = f"the group's Ray task died: {type(exc).__name__}: {text[0] if text else ''}"[:2000]
+        text = [line for line in str(exc).strip().splitlines() if line.strip()]
+        error = f"the group's Ray task died: {type(exc).__name__}: {text[-1] if text else ''}"[:2000]
     where = (res or {}).get("placement") or board.rows[g.index].get("placement")
     if res is None:
         _fail_group(rdir, g, error, where)
@@ -234,7 +258,7 @@ def run_groups(rdir: Path, cfg: dict[str, Any], legs: list[PlannedLeg], todo: li
     pending = [g for g in groups if any(n in names for n in g.legs)]
     token = secrets.token_hex(8)
     board = _Board(rdir, state, groups, pending, token, emit)
-    started_here = _start_ray(ray, opts.address, opts.gpus)
+    reaper = _start_ray(ray, opts.address, opts.gpus)
     state["executor"] = {"name": "ray", "address": opts.address or "local instance", "ray": ray.__version__,
                          "cluster": {k: v for k, v in ray.cluster_resources().items() if k in ("GPU", "CPU")}}
     board.save()
@@ -246,7 +270,7 @@ def run_groups(rdir: Path, cfg: dict[str, Any], legs: list[PlannedLeg], todo: li
         if too_big:
             raise ProtocolError(f"group(s) {[g.index + 1 for g in too_big]} need {max(g.tp for g in too_big)} GPUs "
                                 f"each (tensor_parallel_size); the Ray cluster has {have:g}")
-        task = ray.remote(group_task).options(num_cpus=0, max_retries=0)
+        task = ray.remote(num_cpus=0, max_retries=0)(group_task)
         emit(f"{len(pending)} bracket group(s) to run on Ray ({state['executor']['address']}, "
              f"{have:g} GPU(s)); {len(groups) - len(pending)} already complete")
         for g in pending:
@@ -265,8 +289,7 @@ def run_groups(rdir: Path, cfg: dict[str, Any], legs: list[PlannedLeg], todo: li
         _cancel(ray, rdir, refs, board, statuses, f"the run stopped while the group ran ({type(exc).__name__})")
         raise
     finally:
-        if started_here:
-            ray.shutdown()
+        _stop_ray(ray, reaper)
     return finish_run(rdir, cfg, legs, statuses, state, stopped, t_run, emit)
 
 
