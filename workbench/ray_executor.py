@@ -258,8 +258,10 @@ def run_groups(rdir: Path, cfg: dict[str, Any], legs: list[PlannedLeg], todo: li
     pending = [g for g in groups if any(n in names for n in g.legs)]
     token = secrets.token_hex(8)
     board = _Board(rdir, state, groups, pending, token, emit)
+    t_start = time.monotonic()
     reaper = _start_ray(ray, opts.address, opts.gpus)
     state["executor"] = {"name": "ray", "address": opts.address or "local instance", "ray": ray.__version__,
+                         "start_s": round(time.monotonic() - t_start, 2),
                          "cluster": {k: v for k, v in ray.cluster_resources().items() if k in ("GPU", "CPU")}}
     board.save()
     refs: dict[Any, BracketGroup] = {}
