@@ -246,3 +246,28 @@ def test_a_group_whose_task_dies_fails_naming_its_node_while_the_other_group_fin
     st = protocol.execute(rdir, runner=runner, executor="ray", gpus=2, log=lambda s: None)
     assert set(st.values()) == {"complete"}
     assert sorted(calls()[len(before):]) == ["relaxed_lt0.288", "strict_g6", "vanilla_2"]
+
+
+RAY_BLOCKER = """
+import sys
+class _Blocker:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "ray":
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)", name=name)
+        return None
+sys.meta_path.insert(0, _Blocker())
+"""
+
+
+def test_without_ray_nothing_needs_it_and_the_ray_executor_says_how_to_get_it(tmp_path):
+    code = RAY_BLOCKER + (
+        "import workbench.demo, workbench.protocol, workbench.execution, workbench.cli\n"
+        "assert 'ray' not in sys.modules\n"
+        "from workbench.cli import main\n"
+        f"rc = main(['run', 'E4', '--profile', 'tiny', '--executor', 'ray', '--results', {str(tmp_path / 'r')!r},"
+        " '--model-path', 'target=fake/target', '--model-path', 'twin=fake/twin', '--no-notebook'])\n"
+        "assert rc == 2, rc\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "--executor ray needs the ray package" in res.stderr and "pip install '.[ray]'" in res.stderr
+    assert not (tmp_path / "r").exists(), "refused before a run folder is made"
