@@ -86,14 +86,19 @@ def _smoke_flag(args) -> bool | None:
 def cmd_legs(args) -> int:
     from workbench import protocol
 
-    p = protocol.plan(args.experiment, args.profile, args.param, _smoke_flag(args))
+    ray = getattr(args, "executor", "local") == "ray"
+    p = protocol.plan(args.experiment, args.profile, args.param, _smoke_flag(args), own_brackets=ray)
     data = (f"dataset {' -> '.join(p.datasets)}" if p.experiment.runner != "ladder" else
             "cost ladder: " + ", ".join(f"{k} {v}" for k, v in p.ladder.items())
             + f", load_format {p.profile.load_format or 'auto'}, random prompt token ids")
     print(f"{p.experiment.id} {p.experiment.title} | profile {p.profile.name} | "
           f"{'smoke' if p.smoke else 'full'} | {data} | {len(p.legs)} legs")
     rows = p.table()
-    print(_table(rows, ["#", "leg", "kind", "tier", "model", "draft", "gamma", "relax_logtau", "blind_mm",
+    from workbench.groups import bracket_groups
+    group_of = {name: g.index + 1 for g in bracket_groups(p.legs) for name in g.legs}
+    for row in rows:
+        row["group"] = group_of[row["leg"]]
+    print(_table(rows, ["#", "group", "leg", "kind", "tier", "model", "draft", "gamma", "relax_logtau", "blind_mm",
                         "draft_cudagraph", "max_num_seqs", "max_tokens", "n", "notes"]))
     return 0
 
@@ -271,8 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("experiment")
     p.add_argument("--profile", default=None)
     p.set_defaults(func=cmd_show)
-    p = sub.add_parser("legs", help="dry run: the planned legs")
+    p = sub.add_parser("legs", help="dry run: the planned legs and their bracket groups")
     plan_args(p)
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="plan as `workbench run --executor` does (ray: each bracket with vanilla legs of its own)")
     p.set_defaults(func=cmd_legs)
     p = sub.add_parser("run", help="run an experiment into results/<experiment>/<run id>/")
     plan_args(p)
