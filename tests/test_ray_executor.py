@@ -271,3 +271,26 @@ def test_without_ray_nothing_needs_it_and_the_ray_executor_says_how_to_get_it(tm
     assert res.returncode == 0, res.stderr[-3000:]
     assert "--executor ray needs the ray package" in res.stderr and "pip install '.[ray]'" in res.stderr
     assert not (tmp_path / "r").exists(), "refused before a run folder is made"
+
+
+@needs_ray
+def test_sigterm_of_a_ray_run_stops_its_groups_and_records_the_stop(tmp_path, fake):
+    runner, _ = fake
+    rdir = _prepare(tmp_path)
+    driver = _ray_driver(rdir, runner, {"FAKE_LEG_BAD": "strict_g6", "FAKE_LEG_MODE": "hang"})
+    try:
+        leg_pid, engine_pid = map(int, _wait_for(rdir / "legs" / "strict_g6" / "pids.txt").split())
+        driver.send_signal(signal.SIGTERM)
+        driver.wait(timeout=90)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(process_start_ticks(p) for p in (leg_pid, engine_pid)):
+        time.sleep(0.2)
+    assert not any(process_start_ticks(p) for p in (leg_pid, engine_pid)), "a leg outlived its stopped run"
+    state = json.loads((rdir / "protocol.json").read_text())
+    assert state["state"] == "interrupted" and state["interrupted"]["signal"] == "SIGTERM"
+    assert json.loads((rdir / "legs" / "strict_g6" / "failure.json").read_text())["status"] == "failed"
+    assert json.loads((rdir / "legs" / "vanilla_1" / "summary.json").read_text())["status"] == "complete"
+    assert state["legs"]["vanilla_1"] == "complete"

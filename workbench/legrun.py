@@ -31,7 +31,7 @@ from workbench.runners import REPO_ROOT, _now, leg_command, runner_for
 from workbench.runners import experiment_runner as _experiment_runner
 
 __all__ = ["RunOptions", "RunInterrupted", "run_leg", "start_leg_folder", "leg_env", "finish_run", "failure_line",
-           "signals_as_exceptions", "signum_of"]
+           "signals_as_exceptions", "signum_of", "Signalled"]
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ def finish_run(rdir: Path, cfg: dict[str, Any], legs: list[PlannedLeg], statuses
 
 def signum_of(exc: BaseException) -> int | None:
     """The signal behind an exception: ours, or Python's own KeyboardInterrupt (SIGINT off the main thread)."""
-    if isinstance(exc, _Signalled):
+    if isinstance(exc, Signalled):
         return exc.signum
     if isinstance(exc, KeyboardInterrupt):
         return int(signal.SIGINT)
@@ -213,7 +213,7 @@ class RunInterrupted(Exception):
         super().__init__(f"{self.signal} received")
 
 
-class _Signalled(BaseException):
+class Signalled(BaseException):
     # raised from the signal handler: a BaseException, so no ``except Exception`` on the way swallows it
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -245,7 +245,7 @@ class signals_as_exceptions:
         # A second Ctrl-C while the leg's processes are being stopped must not cut that short.
         for sig in self.old:
             signal.signal(sig, signal.SIG_IGN)
-        raise _Signalled(signum)
+        raise Signalled(signum)
 
     def __exit__(self, *exc):
         for sig, prev in self.old.items():

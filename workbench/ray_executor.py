@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -29,7 +30,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from workbench import childproc, placement
-from workbench.legrun import RunOptions, _fmt_s, failure_line, finish_run, leg_env, run_leg
+from workbench.legrun import (RunOptions, Signalled, _fmt_s, failure_line, finish_run, leg_env, run_leg,
+                              signum_of)
 from workbench.groups import BracketGroup, bracket_groups
 from workbench.planning import PlannedLeg
 from workbench.runfolder import (LEGS, PLACEMENT, RUN_JSON, STATE_JSON, archive_leg, failure_record, leg_status,
@@ -118,6 +120,46 @@ def _start_ray(ray, address: str | None, gpus: int | None) -> subprocess.Popen |
     return subprocess.Popen(childproc.wrap(os.getpid(), [sys.executable, "-m", "workbench.reaper", *roots]),
                             env=leg_env(), cwd=str(REPO_ROOT), start_new_session=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+
+class _deferred_signals:
+    """While the driver waits on Ray, SIGINT / SIGTERM are noted in ``caught`` and raised by the loop
+    (an exception raised inside Ray's wait comes out mangled as a SystemError)."""
+
+    def __init__(self, caught: list[int]):
+        self.caught, self.old = caught, {}
+
+    def __enter__(self):
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                prev = signal.getsignal(sig)
+                if prev not in (signal.SIG_IGN, None):
+                    self.old[sig] = prev
+                    signal.signal(sig, lambda signum, frame: self.caught.append(signum))
+        return self
+
+    def __exit__(self, *exc):
+        for sig, prev in self.old.items():
+            # once stopping, a second Ctrl-C must not cut the groups' cancellation short
+            signal.signal(sig, signal.SIG_IGN if self.caught else prev)
+
+
+def _keeping_signal_handlers(start: Callable[[], Any]) -> Any:
+    """``start()`` with the run's SIGINT / SIGTERM handlers put back after it: ``ray.init`` installs its own,
+    which would exit without recording the stop (``legrun.signals_as_exceptions``)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return start()
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return start()
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 def _own_children() -> list[int]:
@@ -259,7 +301,7 @@ def run_groups(rdir: Path, cfg: dict[str, Any], legs: list[PlannedLeg], todo: li
     token = secrets.token_hex(8)
     board = _Board(rdir, state, groups, pending, token, emit)
     t_start = time.monotonic()
-    reaper = _start_ray(ray, opts.address, opts.gpus)
+    reaper = _keeping_signal_handlers(lambda: _start_ray(ray, opts.address, opts.gpus))
     state["executor"] = {"name": "ray", "address": opts.address or "local instance", "ray": ray.__version__,
                          "start_s": round(time.monotonic() - t_start, 2),
                          "cluster": {k: v for k, v in ray.cluster_resources().items() if k in ("GPU", "CPU")}}
@@ -279,16 +321,24 @@ def run_groups(rdir: Path, cfg: dict[str, Any], legs: list[PlannedLeg], todo: li
             todo_g = [n for n in g.legs if n in names]
             refs[task.options(num_gpus=g.tp, name=f"{cfg['experiment']}-group{g.index + 1}").remote(
                 str(rdir), cfg, g.to_dict(), todo_g, opts, token, os.environ.get("OMP_NUM_THREADS"))] = g
-        while refs:
-            ready, _ = ray.wait(list(refs), num_returns=1, timeout=0.5)
-            board.poll_starts(list(refs.values()), names)
-            for ref in ready:
-                failed = _settle(ray, rdir, refs.pop(ref), ref, board, statuses)
-                if failed and opts.stop_on_failure and refs:
-                    stopped = True
-                    _cancel(ray, rdir, refs, board, statuses, "cancelled: another group failed (--stop-on-failure)")
+        caught: list[int] = []
+        with _deferred_signals(caught):
+            while refs:
+                ready, _ = ray.wait(list(refs), num_returns=1, timeout=0.5)
+                if caught:
+                    raise Signalled(caught[0])
+                board.poll_starts(list(refs.values()), names)
+                for ref in ready:
+                    failed = _settle(ray, rdir, refs.pop(ref), ref, board, statuses)
+                    if failed and opts.stop_on_failure and refs:
+                        stopped = True
+                        _cancel(ray, rdir, refs, board, statuses,
+                                "cancelled: another group failed (--stop-on-failure)")
     except BaseException as exc:
-        _cancel(ray, rdir, refs, board, statuses, f"the run stopped while the group ran ({type(exc).__name__})")
+        sig = signum_of(exc)
+        _cancel(ray, rdir, refs, board, statuses,
+                f"interrupted by {signal.Signals(sig).name} while the group ran" if sig is not None
+                else f"the run stopped while the group ran: {type(exc).__name__}: {exc}")
         raise
     finally:
         _stop_ray(ray, reaper)
