@@ -137,35 +137,6 @@ def _wait_for(path: Path, timeout: float = 90, line: bool = True) -> str:
 
 
 @needs_ray
-def test_a_ray_run_places_each_group_on_one_gpu_and_runs_groups_side_by_side(tmp_path, fake):
-    runner, calls = fake
-    rdir = _prepare(tmp_path)
-    lines: list[str] = []
-    st = protocol.execute(rdir, runner=runner, executor="ray", gpus=2, log=lines.append)
-    assert set(st.values()) == {"complete"} and len(st) == 7
-    state = json.loads((rdir / "protocol.json").read_text())
-    assert state["state"] == "finished" and state["executor"]["name"] == "ray"
-    assert [g["legs"] for g in state["groups"]] == [["vanilla_1", "strict_g6", "relaxed_lt0.288", "vanilla_2"],
-                                                    ["vanilla_3", "relaxed_lt0.693", "vanilla_4"]]
-    where = _placements(rdir)
-    assert set(where) == set(st)
-    by_group = {g["group"]: {placement_key(where[n]) for n in g["legs"]} for g in state["groups"]}
-    assert all(len(keys) == 1 for keys in by_group.values()), by_group  # a bracket on one device
-    assert by_group[0] != by_group[1], "two logical GPUs: the groups ran side by side"
-    assert all(w["executor"] == "ray" and w["node_id"] and w["device"] == "cpu" for w in where.values())
-    started = [l for l in lines if " started on " in l]
-    finished = [l for l in lines if " finished on " in l]
-    assert len(started) == 2 and len(finished) == 2 and all("ETA" in l and "elapsed" in l for l in finished)
-    # the analysis pairs each spec leg with the vanilla legs of its own group, from the records alone
-    from workbench.results import load_run
-    sp = bracketed_speedup(load_run(rdir).records).set_index("leg")
-    assert sp.loc["relaxed_lt0.693", "vanilla_before"] == "vanilla_3"
-    assert sp.loc["relaxed_lt0.288", "vanilla_after"] == "vanilla_2"
-    assert sorted(calls()) == sorted(st)
-    assert (rdir / "run.lock").read_text() == ""
-
-
-@needs_ray
 def test_a_second_writer_is_refused_before_ray_starts(tmp_path, fake):
     runner, _ = fake
     rdir = _prepare(tmp_path)
@@ -241,11 +212,35 @@ def test_a_group_whose_task_dies_fails_naming_its_node_while_the_other_group_fin
     state = json.loads((rdir / "protocol.json").read_text())
     assert state["state"] == "finished_with_failures"
     assert [g["status"] for g in state["groups"]] == ["failed", "complete"]
+    logical = [g["placement"]["cuda_visible_devices"] for g in state["groups"]]
+    assert sorted(logical) == ["0", "1"], "two logical GPUs: the groups ran side by side"
     monkeypatch.delenv("FAKE_LEG_BAD")
     before = calls()
-    st = protocol.execute(rdir, runner=runner, executor="ray", gpus=2, log=lambda s: None)
+    lines: list[str] = []
+    st = protocol.execute(rdir, runner=runner, executor="ray", gpus=2, log=lines.append)
     assert set(st.values()) == {"complete"}
     assert sorted(calls()[len(before):]) == ["relaxed_lt0.288", "strict_g6", "vanilla_2"]
+    assert len([l for l in lines if " started on " in l]) == 1
+    assert any(" finished on " in l and "ETA" in l and "elapsed" in l for l in lines)
+    _check_complete_run(rdir, st)
+
+
+def _check_complete_run(rdir: Path, st: dict[str, str]) -> None:
+    """Every leg placed, each group on one device, and the analysis pairs legs within their group."""
+    state = json.loads((rdir / "protocol.json").read_text())
+    assert state["state"] == "finished" and state["executor"]["name"] == "ray"
+    assert [g["legs"] for g in state["groups"]] == [["vanilla_1", "strict_g6", "relaxed_lt0.288", "vanilla_2"],
+                                                    ["vanilla_3", "relaxed_lt0.693", "vanilla_4"]]
+    where = _placements(rdir)
+    assert set(where) == set(st)
+    assert all(w["executor"] == "ray" and w["node_id"] and w["device"] == "cpu" for w in where.values())
+    by_group = {g["group"]: {placement_key(where[n]) for n in g["legs"]} for g in state["groups"]}
+    assert all(len(keys) == 1 for keys in by_group.values()), by_group  # a bracket on one device
+    from workbench.results import load_run
+    sp = bracketed_speedup(load_run(rdir).records).set_index("leg")
+    assert sp.loc["relaxed_lt0.693", "vanilla_before"] == "vanilla_3"
+    assert sp.loc["relaxed_lt0.288", "vanilla_after"] == "vanilla_2"
+    assert (rdir / "run.lock").read_text() == ""
 
 
 RAY_BLOCKER = """
