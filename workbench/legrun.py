@@ -79,13 +79,27 @@ def _run_one(cmd: list[str], folder: Path, timeout: float | None, env: dict[str,
                                 cwd=str(REPO_ROOT), env=env, start_new_session=True)
         try:
             on_start(proc)
-            return proc.wait(timeout=timeout), ""
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            return None, f"leg timed out after {timeout:g} s"
+            rc = _wait(proc, timeout)
+            if rc is None:
+                _kill_group(proc)
+                return None, f"leg timed out after {timeout:g} s"
+            return rc, ""
         except BaseException:
             _kill_group(proc)
             raise
+
+
+def _wait(proc: subprocess.Popen, timeout: float | None) -> int | None:
+    """The leg's exit status, or None once ``timeout`` passed. Waits in short slices: an exception sent to this
+    thread from outside (a Ray task's cancellation) lands within half a second, not when the leg ends."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+        try:
+            return proc.wait(timeout=max(left, 0.0))
+        except subprocess.TimeoutExpired:
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -116,7 +130,7 @@ def _finalise(folder: Path, leg: PlannedLeg, rc: int | None, why: str) -> str:
                   else "leg process exited 0 but left no complete summary.json + records.jsonl")
     write_failure(folder, failure_record(
         error=err, returncode=rc, leg=leg.name, mode=leg.kind, tier=leg.tier, gamma=leg.knobs.get("gamma"),
-        written_by="workbench.execution",
+        written_by="workbench.legrun",
         partial_records=RECORDS_PARTIAL if (folder / RECORDS_PARTIAL).is_file() else None,
         stderr_tail=_tail(folder / LEG_LOG)))
     return "failed"

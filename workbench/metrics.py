@@ -124,11 +124,13 @@ class PlacementError(ValueError):
 
 
 def _check_placements(records: pd.DataFrame, brackets: Mapping[str, tuple[str | None, str | None]]) -> None:
-    """Refuse a bracket whose legs ran on different placements (``placement`` column; legs that recorded
-    none, as in runs made before placements were recorded, are not checked)."""
-    if "placement" not in records.columns:
-        return
-    where = records.groupby("leg", sort=False)["placement"].first()
+    if "placement" in records.columns:
+        check_placements(records.groupby("leg", sort=False)["placement"].first().to_dict(), brackets)
+
+
+def check_placements(where: Mapping[str, Any], brackets: Mapping[str, tuple[str | None, str | None]]) -> None:
+    """Refuse a bracket whose legs ran on different placements (``where``: leg -> placement key; legs that
+    recorded none, as in runs made before placements were recorded, are not checked)."""
     for leg, sides in brackets.items():
         named = {l: where.get(l) for l in (leg, *sides) if l is not None}
         known = {p for p in named.values() if isinstance(p, str)}

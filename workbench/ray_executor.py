@@ -346,11 +346,17 @@ def run_groups(rdir: Path, cfg: dict[str, Any], legs: list[PlannedLeg], todo: li
 
 
 def _cancel(ray, rdir: Path, refs: dict, board: _Board, statuses: dict[str, str], why: str) -> None:
-    """Stop the groups still running (their workers go, and with them the legs' processes), then fail them."""
-    for ref in list(refs):
-        ray.cancel(ref, force=True)
-    if refs:
-        ray.wait(list(refs), num_returns=len(refs), timeout=20)
+    """Stop the groups still running, then fail them. First as Ctrl-C in the task (its leg's process group is
+    taken down and the leg gets its failure record, as a local run does); a task still running after that
+    loses its worker (and, through the parent-death signal, its leg)."""
+    for force in (False, True):
+        for ref in list(refs):
+            try:
+                ray.cancel(ref, force=force)
+            except Exception:  # the task finished meanwhile; its outcome is settled below all the same
+                pass
+        if refs and not ray.wait(list(refs), num_returns=len(refs), timeout=10 if not force else 20)[1]:
+            break
     for ref, g in list(refs.items()):
         refs.pop(ref)
         _fail_group(rdir, g, why, board.rows[g.index].get("placement"))

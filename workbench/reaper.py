@@ -57,8 +57,28 @@ def tree(roots: list[int]) -> dict[int, int | None]:
     return seen
 
 
+def _session_members(leaders: set[int]) -> dict[int, int | None]:
+    """Processes in the sessions these PIDs led (a leg's engine processes stay in the leg's session even
+    when the leg was killed first and they were handed to init)."""
+    out: dict[int, int | None] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as fh:
+                sid = int(fh.read().rsplit(")", 1)[-1].split()[3])
+        except (OSError, ValueError, IndexError):
+            continue
+        if sid in leaders and int(name) != os.getpid():
+            out[int(name)] = process_start_ticks(int(name))
+    return out
+
+
 def reap(known: dict[int, int | None], grace_s: float = 5.0) -> None:
-    """SIGTERM to each known process still alive (same start time), SIGKILL to those left after ``grace_s``."""
+    """SIGTERM to each known process still alive (same start time) and to the sessions known processes led,
+    SIGKILL to those left after ``grace_s``."""
+    for pid, ticks in _session_members(set(known)).items():
+        known.setdefault(pid, ticks)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         alive = [p for p, t in known.items() if t is not None and process_start_ticks(p) == t]
         for pid in alive:
