@@ -19,6 +19,7 @@ GPUs; on a CPU host that is how groups are rehearsed side by side) and stops it 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import secrets
@@ -89,6 +90,7 @@ def group_task(run_dir: str, cfg: dict[str, Any], group: dict[str, Any], todo: l
         for name in done:
             archive_leg(rdir / LEGS / name)
         todo = [l.name for l in legs]
+    opts = dataclasses.replace(opts, python=sys.executable)  # this node's interpreter, not the driver's path
     env = leg_env()
     if driver_omp is None:
         env.pop("OMP_NUM_THREADS", None)  # set by Ray for its workers, not by whoever started the run
