@@ -289,3 +289,27 @@ def test_sigterm_of_a_ray_run_stops_its_groups_and_records_the_stop(tmp_path, fa
     assert json.loads((rdir / "legs" / "strict_g6" / "failure.json").read_text())["status"] == "failed"
     assert json.loads((rdir / "legs" / "vanilla_1" / "summary.json").read_text())["status"] == "complete"
     assert state["legs"]["vanilla_1"] == "complete"
+
+
+@needs_ray
+def test_a_group_resumed_on_another_device_runs_whole_there(tmp_path, fake, monkeypatch):
+    """Finished legs of an unfinished group that ran elsewhere (here: locally, not on a Ray GPU) are moved
+    under attempts/ and the whole group runs again, so its bracket is on one device; finished groups stay."""
+    runner, calls = fake
+    rdir = _prepare(tmp_path)
+    monkeypatch.setenv("FAKE_LEG_BAD", "relaxed_lt0.288")
+    monkeypatch.setenv("FAKE_LEG_MODE", "crash")
+    st = protocol.execute(rdir, runner=runner, log=lambda s: None)  # the local executor
+    assert st["relaxed_lt0.288"] == "failed" and st["vanilla_1"] == "complete" and st["vanilla_4"] == "complete"
+    monkeypatch.delenv("FAKE_LEG_BAD")
+    before, lines = calls(), []
+    st = protocol.execute(rdir, runner=runner, executor="ray", gpus=1, log=lines.append)
+    assert set(st.values()) == {"complete"}
+    assert sorted(calls()[len(before):]) == ["relaxed_lt0.288", "strict_g6", "vanilla_1", "vanilla_2"]
+    assert any("ran on another device; the whole group ran again here" in l for l in lines), lines
+    assert (rdir / "attempts" / "vanilla_1.1" / "summary.json").is_file(), "the earlier legs are kept"
+    where = _placements(rdir)
+    assert {where[n]["executor"] for n in ("vanilla_1", "strict_g6", "relaxed_lt0.288", "vanilla_2")} == {"ray"}
+    assert {where[n]["executor"] for n in ("vanilla_3", "relaxed_lt0.693", "vanilla_4")} == {"local"}
+    from workbench.results import load_run
+    assert len(bracketed_speedup(load_run(rdir).records)) == 3
