@@ -571,3 +571,30 @@ def test_decode_time_per_token_is_nan_where_the_first_token_outlasted_the_wall()
     got = ladder._decode_s_per_token(walls)
     assert got.iloc[0] == pytest.approx(0.1)          # (1.0 - 0.2) / (9 - 1)
     assert got.iloc[1:].isna().all()                  # first > wall, first == wall, no token after the first
+
+
+def test_first_token_costs_split_the_drafts_first_propose_into_prefill_and_single_steps(tmp_path):
+    """The first-token table: the draft's prefill is its first propose less gamma-1 single-token steps
+    (measured on the decode rows), set against the vanilla engine's prefill of the same prompt tokens."""
+    gamma, single, draft_prefill, vanilla_prefill, spec_target = 4, 9.0, 45.0, 20.0, 22.0
+    steps = []
+    for rep in range(3):
+        steps.append({"size": "32b", "kind": "vanilla", "gamma": None, "draft_graphs": None, "batch": 1, "rep": rep,
+                      "reqs": 1, "tokens": 128, "prefill": True, "target_ms": vanilla_prefill + rep, "draft_ms": None})
+        tag = {"size": "32b", "kind": "spec", "gamma": gamma, "draft_graphs": True, "batch": 1, "rep": rep}
+        steps.append({**tag, "reqs": 1, "tokens": 128, "prefill": True, "target_ms": spec_target,
+                      "draft_ms": draft_prefill + (gamma - 1) * single, "draft_loop_ms": None})
+        steps.append({**tag, "reqs": 1, "tokens": gamma + 1, "prefill": False, "target_ms": 18.0,
+                      "draft_ms": gamma * single, "draft_loop_ms": (gamma - 1) * single})
+    t = ladder.first_token_costs(pd.DataFrame(steps))
+    assert len(t) == 1
+    r = t.iloc[0]
+    assert r["prompt_tokens"] == 128 and r["gamma"] == gamma
+    assert r["vanilla_prefill_ms"] == pytest.approx(vanilla_prefill + 1)  # the median of 20, 21, 22
+    assert r["draft_single_step_ms"] == pytest.approx(single)
+    assert r["draft_prefill_ms"] == pytest.approx(draft_prefill)
+    assert r["draft_prefill_over_target"] == pytest.approx(draft_prefill / (vanilla_prefill + 1))
+    assert r["first_step_ratio"] == pytest.approx((spec_target + draft_prefill + 3 * single) / (vanilla_prefill + 1))
+    rdir, _, _ = _ladder_run(tmp_path / "results")
+    md = ladder.first_token_markdown(rdir)
+    assert md == "(no prefill rows of a spec leg)"  # the synthetic run times only the vanilla engine's prefill

@@ -17,6 +17,14 @@ BOXES = {"speedup_vs_gamma": "speedup", "speedup_distribution": "distribution",
          "serving_throughput": "serving-throughput", "serving_acceptance": "serving-acceptance"}
 
 
+def _tree(widget) -> list:
+    """Every widget under ``widget`` (itself included)."""
+    out = [widget]
+    for child in getattr(widget, "children", ()):
+        out += _tree(child)
+    return out
+
+
 def test_the_explorer_shows_every_declared_view_in_its_box(tmp_path):
     from workbench.widgets import Explorer
 
@@ -27,7 +35,7 @@ def test_the_explorer_shows_every_declared_view_in_its_box(tmp_path):
     for name, box in BOXES.items():
         assert f"wb-fig-{box}" in ex.boxes[name]._dom_classes
         assert ex.boxes[name].children == (ex.figs[name],)
-        assert ex.boxes[name] in ex.widget.children
+        assert ex.boxes[name] in _tree(ex.widget)
         # a per-prompt run shows the "legs" views, the ladder and serving ones are hidden
         assert ex.boxes[name].layout.display == (None if analyses.ANALYSES[name].view.group == "legs" else "none")
     assert ex.fig_pos is ex.figs["per_position_acceptance"]
@@ -52,7 +60,7 @@ def test_a_view_added_through_the_registry_alone(tmp_path, monkeypatch):
     write_run(tmp_path, legs=LADDER_LEGS, n_prompts=4)
     ex = Explorer(tmp_path, "E1")
     fw = ex.figs["probe"]
-    assert "wb-fig-probe" in ex.boxes["probe"]._dom_classes and ex.boxes["probe"] in ex.widget.children
+    assert "wb-fig-probe" in ex.boxes["probe"]._dom_classes and ex.boxes["probe"] in _tree(ex.widget)
     assert ex.boxes["probe"].layout.display is None
     (trace,) = fw.data
     assert set(trace.y) == {0.0} and fw.layout.title.text == "probe at x = 0.00"
@@ -103,7 +111,7 @@ def test_over_position_follows_the_relax_slider_from_the_trace_index(tmp_path):
     pred = ex.pre.trace.over_position(ex.bins, relax_logtau=0.42)
     fig = ex.figs["acceptance_over_position"]
     for leg, d in pred.groupby("leg", sort=False):
-        (t,) = [t for t in fig.data if t.meta == {"leg": leg, "role": "predicted"}]
+        (t,) = [t for t in fig.data if (t.meta["leg"], t.meta["role"]) == (leg, "predicted")]
         assert np.allclose(t.y, d["acceptance_rate"], equal_nan=True)
         assert np.allclose(t.x, d["bin_mid"])
 

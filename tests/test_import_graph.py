@@ -38,14 +38,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                  "workbench.serve_server", "workbench.serve_client")),
     # reading a run folder: records, legs, the cost ladder's rows and tables
     ("results", ("workbench.results", "workbench.ladder", "workbench.serving", "workbench.serving_predict")),
-    ("plots", ("workbench.plots",)),
+    ("plots", ("workbench.plots", "workbench.plots.*")),
     ("analyses", ("workbench.analyses",)),
     ("export", ("workbench.export",)),
     # preflight, the run folder, legs as processes (the runner table)
     ("protocol", ("workbench.runners", "workbench.preparing", "workbench.legrun", "workbench.ray_executor", "workbench.execution",
                   "workbench.protocol")),
     # what people call: the command line, the explorer, the demo, the doctor
-    ("front", ("workbench.cli", "workbench.widgets", "workbench.demo", "workbench.doctor", "workbench.datasets.cli",
+    ("front", ("workbench.cli", "workbench.widgets", "workbench.widgets.*", "workbench.demo", "workbench.doctor", "workbench.datasets.cli",
                "workbench.datasets.__main__")),
 ]
 

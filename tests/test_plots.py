@@ -31,7 +31,7 @@ def test_speedup_vs_gamma_series_and_iqr():
     })
     fig = P.speedup_vs_gamma(sp)
     series = [t for t in fig.data if t.meta.get("role") == "speedup"]
-    assert [t.name for t in series] == ["strict", "relaxed x=0.693 (τ=0.50)"]
+    assert [t.name for t in series] == ["strict", "relaxed x = 0.69"]
     strict = series[0]
     assert list(strict.x) == [2, 4] and np.allclose(strict.y, [1.2, 1.5])
     assert np.allclose(strict.error_y.array, [0.2, 0.1]) and np.allclose(strict.error_y.arrayminus, [0.1, 0.2])
@@ -43,9 +43,10 @@ def test_speedup_distribution_box_violin(run):
     per = M.prompt_speedups(run.records, run.legs_order)
     box = P.speedup_distribution(per)
     assert [t.type for t in box.data] == ["box"] * 4
-    assert [t.name for t in box.data] == ["strict_g2", "strict_g4", "strict_g6", "relaxed_g6_x0.693"]
+    assert [t.name for t in box.data] == ["strict, γ = 2", "strict, γ = 4", "strict, γ = 6", "relaxed x = 0.69, γ = 6"]
     assert np.allclose(sorted(box.data[0].y), sorted(per.loc[per["leg"] == "strict_g2", "speedup"]))
-    assert box.data[0].marker.color == P.TIER_COLORS["strict"]
+    assert box.data[2].marker.color == P.TIER_COLORS["strict"]   # the largest gamma in the series' own hue
+    assert len({t.marker.color for t in box.data}) == 4           # each leg its own colour
     assert [t.type for t in P.speedup_distribution(per, "violin").data] == ["violin"] * 4
     with pytest.raises(ValueError, match="kind"):
         P.speedup_distribution(per, "bars")
@@ -87,10 +88,10 @@ def test_acceptance_vs_tau_points_curves_marker(run):
     curve = M.predict_acceptance(run.records, np.linspace(0, 2, 21)).aggregate
     fig = P.acceptance_vs_tau(measured, curve, marker_x=0.5)
     roles = [t.meta["role"] for t in fig.data]
-    assert roles.count("measured_points") == 3  # gammas 2, 4, 6
+    assert roles.count("measured_points") == 4  # one per leg
     assert roles.count("counterfactual") == 4 and roles.count("marker") == 4
-    g6 = next(t for t in fig.data if t.meta["role"] == "measured_points" and t.meta["gamma"] == 6)
-    assert sorted(g6.x) == [0.0, 0.693]
+    g6 = [t for t in fig.data if t.meta["role"] == "measured_points" and t.meta["gamma"] == 6]
+    assert sorted(x for t in g6 for x in t.x) == [0.0, 0.693]
     strict_curve = next(t for t in fig.data if t.meta["role"] == "counterfactual" and t.meta["leg"] == "strict_g6")
     assert strict_curve.line.color == P.TIER_COLORS["strict"]
     assert np.all(np.diff(strict_curve.y) >= 0)  # looser gate never accepts less

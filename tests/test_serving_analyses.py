@@ -156,6 +156,8 @@ def test_paired_speedups_are_medians_over_the_bracketing_vanilla_legs_of_the_sam
         thr = [t.loc[leg, "output_throughput"] / t.loc[v, "output_throughput"] for v in vans]
         assert row["tpot_speedup"] == pytest.approx(med(tpot))
         assert row["throughput_ratio"] == pytest.approx(med(thr))
+        ttft = [t.loc[leg, "ttft_ms_median"] / t.loc[v, "ttft_ms_median"] for v in vans]
+        assert row["ttft_ratio"] == pytest.approx(med(ttft))
         # quartiles as the offline speedup forms them (pandas' linear quantiles)
         q25, q75 = np.percentile(tpot, [25, 75])
         assert (row["tpot_speedup_q25"], row["tpot_speedup_q75"]) == (pytest.approx(q25), pytest.approx(q75))

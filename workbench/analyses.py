@@ -22,6 +22,7 @@ Adding a figure to the explorer is one ``Analysis(...)`` entry here (and its
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -178,6 +179,14 @@ class RunTables:
         None where the run has no complete serving leg."""
         from . import serving
         return serving.load(self.run.path) if serving.has_serving(self.run.path) else None
+
+    @cached_property
+    def leg_styles(self) -> plots.LegStyles:
+        """Every leg's label, colour and dash (``workbench.plots.legstyle``), the same in every figure of the run.
+        Serving legs are styled from their table (one leg per server and concurrency, E18's drawn acceptance)."""
+        if self.serving is not None:
+            return plots.LegStyles.from_frame(self.serving[0])
+        return plots.LegStyles.from_frame(plots.run_leg_frame(self.run.legs, self.run.config))
 
     @cached_property
     def leg_targets(self) -> dict[str, str]:
@@ -599,6 +608,12 @@ def _cost_ratio(t: RunTables) -> pd.DataFrame:
     return ladder.cost_ratio(t["step_costs"], t.ladder[1])
 
 
+def _first_token_costs(t: RunTables) -> pd.DataFrame:
+    from . import ladder
+    t.need(t.ladder is not None, "cost-ladder leg (steps.jsonl)")
+    return ladder.first_token_costs(t.ladder[0])
+
+
 def _speedup_curve(t: RunTables) -> pd.DataFrame:
     from . import ladder
     ratios = t["cost_ratio"]
@@ -657,6 +672,9 @@ TABLES: dict[str, Table] = {t.name: t for t in [
     Table("cost_ratio", _cost_ratio, "cost ladder (E16): c = (propose / gamma) / verification step per cell, "
           "S(1, gamma, c) = (gamma + 1) / (gamma c + 1), and the measured forced-acceptance speedup, end to end "
           "and decode only (the first token, timed apart, taken off), with the time to the first token"),
+    Table("first_token_costs", _first_token_costs, "cost ladder (E16): where the spec engine's first token goes: "
+          "the target's prefill (vanilla and spec engine), the draft's first propose, its prefill alone (first "
+          "propose - (gamma-1) single-token steps), and (target + draft) / vanilla prefill (ladder.first_token_costs)"),
     Table("speedup_curve", _speedup_curve, "cost ladder (E16): S(alpha, gamma, c) for alpha in [0.5, 0.98] at "
           "each cell's c", in_summary=False),
     Table("serving_legs", _serving_legs, "serving legs (E17): TTFT/TPOT/ITL/E2EL mean, median, p90, p99 ms, output "
@@ -671,10 +689,10 @@ TABLES: dict[str, Table] = {t.name: t for t in [
 # --------------------------------------------------------------------------- figures
 
 
-def _speedup_vs_gamma(speedup: pd.DataFrame):
+def _speedup_vs_gamma(speedup: pd.DataFrame, styles: plots.LegStyles | None = None):
     if not speedup["gamma"].notna().any():
         raise NotApplicable("no spec leg with a gamma in this run")
-    return plots.speedup_vs_gamma(speedup)
+    return plots.speedup_vs_gamma(speedup, styles=styles)
 
 
 # explorer views: what a slider move computes (View.figure / View.update)
@@ -714,7 +732,8 @@ def _predicted_per_position(t: RunTables, x: float) -> pd.DataFrame | None:
 
 
 def _per_position_view(t: RunTables, gamma: int | None, x: float):
-    return plots.per_position_acceptance(_rows(t, "per_position_acceptance"), _predicted_per_position(t, x))
+    return plots.per_position_acceptance(_rows(t, "per_position_acceptance"), _predicted_per_position(t, x),
+                                         styles=t.leg_styles)
 
 
 def _per_position_predicted(t: RunTables, gamma: int | None, x: float) -> list[dict[str, Any]]:
@@ -731,7 +750,8 @@ def _tau_markers(t: RunTables, gamma: int | None, x: float) -> list[dict[str, An
 
 def _over_position_view(t: RunTables, gamma: int | None, x: float):
     over = _rows(t, "acceptance_over_position")
-    return plots.acceptance_over_position(over, predicted=_traced(t).over_position(t.bins, relax_logtau=x))
+    return plots.acceptance_over_position(over, predicted=_traced(t).over_position(t.bins, relax_logtau=x),
+                                          styles=t.leg_styles)
 
 
 def _over_position_predicted(t: RunTables, gamma: int | None, x: float) -> list[dict[str, Any]]:
@@ -762,7 +782,8 @@ ANALYSES: dict[str, Analysis] = {a.name: a for a in [
     Analysis("acceptance_over_position", ("acceptance_over_position",), plots.acceptance_over_position,
              "acceptance vs output token position (needs the trace)",
              view=View("over-position", "Acceptance over output position: no trace (run legs with --trace)",
-                       sliders=("relax_logtau",), figure=_over_position_view, update=_over_position_predicted)),
+                       sliders=("gamma", "relax_logtau"), figure=_over_position_view, update=_over_position_predicted,
+                       by_gamma=True)),
     Analysis("agreement_vs_acceptance", ("agreement",), plots.agreement_vs_acceptance,
              "E7: teacher-forced agreement vs realised acceptance per prompt, Pearson r"),
     Analysis("step_cost_vs_batch", ("step_costs",), plots.step_cost_vs_batch,
@@ -812,6 +833,8 @@ def draw_one(tables: RunTables, name: str, **kwargs: Any):
     first table cannot be made or is empty."""
     a = ANALYSES[name]
     first, *optional = a.tables
+    if "styles" in inspect.signature(a.draw).parameters:
+        kwargs.setdefault("styles", tables.leg_styles)
     return a.draw(_rows(tables, first), *(tables.get(o) for o in optional), **kwargs)
 
 

@@ -273,6 +273,50 @@ def cost_ratio(costs: pd.DataFrame, walls: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def first_token_costs(steps: pd.DataFrame) -> pd.DataFrame:
+    """Where the spec engine's first token goes, per cell (size, batch, gamma): the target's prefill in the
+    vanilla engine and in the spec engine, the draft's first propose (its prefill of the prompt plus its
+    gamma-1 single-token steps), one single-token step from the decode rows, and the draft's prefill alone
+    (first propose - (gamma-1) single-token steps). ``first_step_ratio`` = (spec target prefill + draft
+    first propose) / vanilla prefill: what the twin adds to the time to the first token, engine side."""
+    pre = _by_drafter(steps[steps["prefill"].astype(bool)].copy())
+    dec = _by_drafter(steps[~steps["prefill"].astype(bool)].copy())
+    rows = []
+    van = pre[pre["kind"] == "vanilla"].groupby(["size", "batch"])["target_ms"].median()
+    spec = pre[pre["kind"] == "spec"]
+    for (size, batch, gamma), grp in spec.groupby(["size", "batch", "gamma"]):
+        g = int(gamma)
+        loop = dec[(dec["kind"] == "spec") & (dec["size"] == size) & (dec["batch"] == batch)
+                   & (dec["gamma"] == gamma)]["draft_loop_ms"].dropna()
+        single = float(loop.median() / (g - 1)) if len(loop) and g > 1 else float("nan")
+        first = float(grp["draft_ms"].median())
+        target = float(grp["target_ms"].median())
+        vanilla = float(van.get((size, batch), float("nan")))
+        draft_prefill = first - (g - 1) * single if single == single else float("nan")
+        rows.append({"size": size, "batch": int(batch), "gamma": g, "prompt_tokens": int(grp["tokens"].iloc[0]),
+                     "vanilla_prefill_ms": vanilla, "target_prefill_ms": target, "draft_first_propose_ms": first,
+                     "draft_single_step_ms": single, "draft_prefill_ms": draft_prefill,
+                     "draft_prefill_over_target": _ratio(draft_prefill, vanilla),
+                     "first_step_ratio": _ratio(target + first, vanilla)})
+    return pd.DataFrame(rows)
+
+
+def first_token_markdown(run_dir: str | Path) -> str:
+    """The first-token table of a cost-ladder folder, as markdown."""
+    t = first_token_costs(load(run_dir)[0])
+    if t.empty:
+        return "(no prefill rows of a spec leg)"
+    f = lambda v: "–" if v != v else f"{v:.2f}"  # noqa: E731
+    lines = ["| size | batch | γ | prompt tokens | vanilla prefill ms | spec: target prefill ms "
+             "| draft first propose ms | draft single-token step ms | draft prefill ms | draft prefill / vanilla "
+             "| first step, spec / vanilla |", "|" + "---|" * 11]
+    for r in t.itertuples():
+        lines.append(f"| {r.size} | {r.batch} | {r.gamma} | {r.prompt_tokens} | {f(r.vanilla_prefill_ms)} | "
+                     f"{f(r.target_prefill_ms)} | {f(r.draft_first_propose_ms)} | {f(r.draft_single_step_ms)} | "
+                     f"{f(r.draft_prefill_ms)} | {f(r.draft_prefill_over_target)} | {f(r.first_step_ratio)} |")
+    return "\n".join(lines)
+
+
 def speedup_curve(ratios: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for r in ratios.itertuples():
@@ -289,7 +333,8 @@ def tables(run_dir: str | Path) -> dict[str, pd.DataFrame]:
     costs = step_costs(steps)
     ratios = cost_ratio(costs, walls)
     curve = speedup_curve(ratios) if not ratios.empty else pd.DataFrame()
-    return {"step_costs": costs, "cost_ratio": ratios, "speedup_curve": curve}
+    return {"step_costs": costs, "cost_ratio": ratios, "speedup_curve": curve,
+            "first_token_costs": first_token_costs(steps)}
 
 
 def summary_markdown(run_dir: str | Path | None = None, ratios: pd.DataFrame | None = None) -> str:
@@ -334,8 +379,10 @@ def main(argv: list[str] | None = None) -> int:
                                              "workbench export, or benchmarks/cost_ladder.py --analyze)")
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--markdown", action="store_true", help="print the README table (the default)")
+    ap.add_argument("--first-token", action="store_true",
+                    help="print where the first token's time goes (prefill of target and draft) instead")
     args = ap.parse_args(argv)
-    print(summary_markdown(args.run_dir))
+    print(first_token_markdown(args.run_dir) if args.first_token else summary_markdown(args.run_dir))
     return 0
 
 

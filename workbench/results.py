@@ -270,7 +270,8 @@ def list_runs(results_root: str | Path, experiment: str | None = None) -> pd.Dat
     """
     root = Path(results_root)
     cols = ["experiment", "run_id", "path", "profile", "smoke", "n_legs",
-            "n_complete", "n_failed", "n_incomplete", "n_pending"]
+            "n_complete", "n_failed", "n_incomplete", "n_pending",
+            "n_damaged", "n_spec", "n_prompts", "device", "title"]
     if not root.is_dir():
         raise FileNotFoundError(f"results root {root} not found")
     exp_dirs = [root / check_name("experiment", experiment)] if experiment else sorted(
@@ -298,8 +299,37 @@ def _run_row(exp_dir: Path, rdir: Path) -> dict[str, Any]:
     on_disk = [p.name for p in legs_root.iterdir() if p.is_dir()] if legs_root.is_dir() else []
     names = planned + [n for n in sorted(on_disk) if n not in planned]
     counts = {"complete": 0, "failed": 0, "incomplete": 0, "pending": 0}
+    damaged = 0
     for n in names:
-        counts[leg_status(legs_root / n)] += 1
+        status = leg_status(legs_root / n)
+        counts[status] += 1
+        damaged += status == "complete" and _record_count_disagrees(legs_root / n)
+    tiers = [leg.get("tier") for leg in config.get("legs", []) if isinstance(leg, dict)]
+    prompts = rdir / "prompts.jsonl"
+    n_prompts = _count_lines(prompts) if prompts.is_file() else (config.get("overrides") or {}).get("n")
     return {"experiment": exp_dir.name, "run_id": rdir.name, "path": str(rdir),
             "profile": config.get("profile"), "smoke": config.get("smoke"), "n_legs": len(names),
-            **{f"n_{k}": v for k, v in counts.items()}}
+            **{f"n_{k}": v for k, v in counts.items()}, "n_damaged": damaged,
+            "n_spec": sum(t not in (None, "vanilla") for t in tiers), "n_prompts": n_prompts,
+            "device": config.get("device"), "title": config.get("title")}
+
+
+def _count_lines(path: Path) -> int:
+    data = path.read_bytes()
+    return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+
+
+def _record_count_disagrees(folder: Path) -> bool:
+    """A complete leg whose records.jsonl has another number of lines than its summary's n_prompts (a torn or
+    truncated file): cheap enough for a listing; ``load_run`` says which line."""
+    records = folder / RECORDS
+    if not records.is_file():
+        return False
+    try:
+        info = _read_json(folder / SUMMARY)
+        if info.get("runner") in ("serve", "ladder"):   # records per request, or none per prompt
+            return False
+        n = info.get("n_prompts")
+        return isinstance(n, int) and _count_lines(records) != n
+    except (OSError, ValueError, AttributeError):
+        return True

@@ -49,7 +49,7 @@ LEG_COLUMNS = (["leg", "leg_index", "mode", "tier", "acceptance", "gamma", "conc
                + ["output_throughput", "request_throughput", "duration_s",
                   "acceptance_rate", "acceptance_length", "trace_acceptance_rate", "trace_acceptance_length",
                   "placement"])
-PAIR_METRICS = ("tpot_speedup", "throughput_ratio")
+PAIR_METRICS = ("tpot_speedup", "throughput_ratio", "ttft_ratio")
 SPEEDUP_COLUMNS = (["leg", "leg_index", "tier", "acceptance", "gamma", "concurrency"]
                    + [f"{m}{s}" for m in PAIR_METRICS for s in ("", "_q25", "_q75", "_iqr")]
                    + ["n_pairs", "vanilla_before", "vanilla_after", "S_predicted", "c", "c_source"])
@@ -208,7 +208,8 @@ def leg_table(legs: list[ServingLeg]) -> pd.DataFrame:
 def paired_speedups(table: pd.DataFrame, predictions: dict | None = None) -> pd.DataFrame:
     """(b) One row per spec leg of ``leg_table``: median over its pairs with the bracketing vanilla legs of its
     concurrency (each neighbouring vanilla leg one pair) of the TPOT speedup (vanilla median TPOT / spec
-    median TPOT) and the output-throughput ratio (spec / vanilla), with q25, q75 and IQR."""
+    median TPOT), the output-throughput ratio (spec / vanilla) and the TTFT ratio (spec median TTFT / vanilla
+    median TTFT), with q25, q75 and IQR."""
     rows = []
     predictions = predictions or {}
     t = table.sort_values("leg_index", kind="stable")
@@ -228,7 +229,9 @@ def paired_speedups(table: pd.DataFrame, predictions: dict | None = None) -> pd.
             spec = by_leg.loc[leg]
             pairs = {"tpot_speedup": [by_leg.loc[v, "tpot_ms_median"] / spec["tpot_ms_median"] for v in sides],
                      "throughput_ratio": [spec["output_throughput"] / by_leg.loc[v, "output_throughput"]
-                                          for v in sides]}
+                                          for v in sides],
+                     # the time to the first token, spec / vanilla (the draft's prefill is in the spec side's)
+                     "ttft_ratio": [spec["ttft_ms_median"] / by_leg.loc[v, "ttft_ms_median"] for v in sides]}
             row = {"leg": leg, "leg_index": spec["leg_index"], "tier": spec["tier"],
                    "acceptance": spec["acceptance"], "gamma": spec["gamma"], "concurrency": conc}
             for m, vals in pairs.items():

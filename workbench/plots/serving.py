@@ -1,0 +1,156 @@
+"""Figures of a run of serving legs (E17): the legs table, latency boxes, throughput and acceptance vs concurrency."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from ._base import TEMPLATE, TIER_COLORS, _gamma, _layout, _num, _one_of
+from .legstyle import LegStyle, styles_for
+
+
+# --------------------------------------------------------------------------- serving legs (E17)
+
+
+def _serving_series(df: pd.DataFrame, styles: Mapping[str, LegStyle] | None = None) -> pd.Series:
+    """The series of each serving leg: its label (``LegStyles``: drafter, tier, x, gamma where the spec legs
+    have several); vanilla legs are one series, "vanilla"."""
+    st = styles_for(df, styles)
+    return df.apply(lambda r: "vanilla" if r["tier"] == "vanilla" else st.of(r["leg"], r).label, axis=1)
+
+
+def _series_colors(df: pd.DataFrame, styles: Mapping[str, LegStyle] | None) -> dict[str, str]:
+    st = styles_for(df, styles)
+    return {label: (TIER_COLORS["vanilla"] if r["tier"] == "vanilla" else st.of(r["leg"], r).color)
+            for label, (_, r) in zip(df["series"], df.iterrows())}
+
+
+def _tier_order(series: pd.Series, tiers: pd.Series) -> list[str]:
+    rank = {"vanilla": 0, "strict": 1, "relaxed": 2}
+    pairs = dict(zip(series, tiers))
+    first = {s: i for i, s in reversed(list(enumerate(series)))}
+    return sorted(pairs, key=lambda s: (rank.get(pairs[s], 3), first[s]))
+
+
+def serving_summary(legs: pd.DataFrame, speedups: pd.DataFrame | None = None) -> go.Figure:
+    """Serving legs (``serving.leg_table``) with their bracketed speedups (``serving.paired_speedups``), a table."""
+    df = legs.sort_values("leg_index", kind="stable")
+    if speedups is not None and len(speedups):
+        df = df.merge(speedups[["leg", "tpot_speedup", "tpot_speedup_iqr", "throughput_ratio",
+                                "throughput_ratio_iqr", "n_pairs"]], on="leg", how="left")
+    cols = [("leg", "leg"), ("concurrency", "conc."), ("completed", "ok"), ("n", "n"),
+            ("ttft_ms_median", "TTFT ms p50"), ("ttft_ms_p99", "TTFT p99"), ("tpot_ms_median", "TPOT ms p50"),
+            ("tpot_ms_p99", "TPOT p99"), ("itl_ms_median", "ITL ms p50"), ("e2el_ms_median", "E2EL ms p50"),
+            ("output_throughput", "out tok/s"), ("request_throughput", "req/s"),
+            ("acceptance_rate", "acc. rate"), ("trace_acceptance_rate", "acc. rate (trace)")]
+    if "tpot_speedup" in df.columns:
+        cols += [("tpot_speedup", "TPOT speedup"), ("tpot_speedup_iqr", "IQR"),
+                 ("throughput_ratio", "throughput ×"), ("throughput_ratio_iqr", "IQR"), ("n_pairs", "pairs")]
+
+    def fmt(v: Any) -> str:
+        if isinstance(v, str):
+            return v
+        f = _num(v)
+        return "—" if f is None else (f"{f:.0f}" if float(f).is_integer() and abs(f) >= 1 else f"{f:.3g}")
+
+    values = [[fmt(v) for v in df[c]] for c, _ in cols]
+    fill = [[("#f5f5f5" if t == "vanilla" else "#ffffff") for t in df["tier"]]] * len(cols)
+    fig = go.Figure(go.Table(columnwidth=[2.2] + [1] * (len(cols) - 1),
+                             header=dict(values=[h for _, h in cols], fill_color="#eeeeee", align="left"),
+                             cells=dict(values=values, fill_color=fill, align="left"),
+                             meta={"role": "serving_summary"}))
+    fig.update_layout(title="Serving legs: latency percentiles, throughput, acceptance; speedup = median over the "
+                            "bracketing vanilla legs of the same concurrency", template=TEMPLATE,
+                      margin=dict(l=20, r=20, t=60, b=20))
+    return fig
+
+
+def serving_latency(requests: pd.DataFrame, kind: str = "box",
+                    styles: Mapping[str, LegStyle] | None = None) -> go.Figure:
+    """TPOT and TTFT of every successful request (``serving.request_table``), one box (or violin) per tier at
+    each concurrency; the legs of one tier and concurrency pooled."""
+    from plotly.subplots import make_subplots
+
+    _one_of("kind", kind, ("box", "violin"))
+    df = requests[requests["ok"].astype(bool)].copy()
+    df["series"] = _serving_series(df, styles) if len(df) else pd.Series(dtype=str)
+    colors = _series_colors(df, styles) if len(df) else {}
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=["TPOT (ms per output token after the first)", "TTFT (ms)"])
+    for row, metric in ((1, "tpot_ms"), (2, "ttft_ms")):
+        for series in _tier_order(df["series"], df["tier"]):
+            d = df[(df["series"] == series) & df[metric].notna()].sort_values("concurrency", kind="stable")
+            first = d.iloc[0] if len(d) else None
+            if first is None:
+                continue
+            common = dict(x=d["concurrency"].astype(str).to_numpy(), y=d[metric].to_numpy(float), name=series,
+                          legendgroup=series, showlegend=row == 1, marker_color=colors[series],
+                          offsetgroup=series, meta={"tier": first["tier"], "series": series, "role": metric,
+                                                    "gamma": _gamma(first["gamma"])})
+            if kind == "box":
+                fig.add_trace(go.Box(boxpoints="outliers", **common), row=row, col=1)
+            else:
+                fig.add_trace(go.Violin(box_visible=True, points="outliers", **common), row=row, col=1)
+    fig.update_layout(title="Serving latency per request: TPOT and TTFT by max concurrency and tier",
+                      template=TEMPLATE, legend_title_text="", margin=dict(l=60, r=20, t=80, b=50),
+                      boxmode="group", violinmode="group")
+    fig.update_xaxes(title_text="max concurrency", type="category", row=2, col=1)
+    fig.update_yaxes(title_text="ms", row=1, col=1)
+    fig.update_yaxes(title_text="ms", row=2, col=1)
+    return fig
+
+
+def _per_concurrency(legs: pd.DataFrame, column: str, role: str,
+                     styles: Mapping[str, LegStyle] | None = None) -> list[go.Scatter]:
+    """One line per series: median over its legs at each concurrency, bars to the legs' min and max."""
+    df = legs[legs[column].notna()].copy()
+    if not len(df):
+        return []
+    df["series"] = _serving_series(df, styles)
+    colors = _series_colors(df, styles)
+    traces = []
+    for series in _tier_order(df["series"], df["tier"]):
+        d = df[df["series"] == series]
+        g = d.groupby("concurrency", sort=True)[column]
+        med, lo, hi = g.median(), g.min(), g.max()
+        names = d.groupby("concurrency", sort=True)["leg"].agg(lambda s: ", ".join(map(str, s)))
+        tier = d["tier"].iloc[0]
+        traces.append(go.Scatter(
+            x=med.index.to_numpy(), y=med.to_numpy(float), mode="lines+markers", name=series,
+            marker_color=colors[series], line_color=colors[series], text=names.to_numpy(),
+            error_y=dict(type="data", symmetric=False, array=(hi - med).to_numpy(float),
+                         arrayminus=(med - lo).to_numpy(float)),
+            hovertemplate="c=%{x}: %{y:.3g}<br>%{text}<extra></extra>",
+            meta={"tier": tier, "series": series, "role": role, "gamma": _gamma(d["gamma"].iloc[0])}))
+    return traces
+
+
+def serving_throughput(legs: pd.DataFrame, styles: Mapping[str, LegStyle] | None = None) -> go.Figure:
+    """Output throughput (tokens/s, the client's) vs max concurrency per tier (``serving.leg_table``): median over
+    the tier's legs at each concurrency, bars to their min and max."""
+    fig = go.Figure(_per_concurrency(legs, "output_throughput", "throughput", styles))
+    _layout(fig, "Serving output throughput vs max concurrency (median over legs, bars min–max)",
+            "max concurrency", "output tokens/s")
+    fig.update_xaxes(type="log" if legs["concurrency"].nunique() > 2 else "linear",
+                     tickvals=sorted(legs["concurrency"].unique()))
+    return fig
+
+
+def serving_acceptance(legs: pd.DataFrame, styles: Mapping[str, LegStyle] | None = None) -> go.Figure:
+    """Acceptance rate vs max concurrency per spec tier (``serving.leg_table``): the server's counters (lines), the
+    per-request trace sums (open markers)."""
+    spec = legs[legs["tier"] != "vanilla"]
+    fig = go.Figure(_per_concurrency(spec, "acceptance_rate", "server", styles))
+    for t in _per_concurrency(spec, "trace_acceptance_rate", "trace", styles):
+        t.update(mode="markers", marker_symbol="circle-open", marker_size=11, showlegend=True,
+                 name=f"{t.name} (per-request sum)", error_y=None)
+        fig.add_trace(t)
+    _layout(fig, "Acceptance rate vs max concurrency (server counters; open: sum of per-request counters)",
+            "max concurrency", "acceptance rate (accepted / draft tokens)")
+    fig.update_xaxes(type="log" if legs["concurrency"].nunique() > 2 else "linear",
+                     tickvals=sorted(legs["concurrency"].unique()))
+    fig.update_yaxes(range=[0, 1.02])
+    return fig
