@@ -116,7 +116,8 @@ def _start_ray(ray, address: str | None, gpus: int | None) -> subprocess.Popen |
         gpus = max(1, len(probe["gpus"]) if probe else 0)
     before = set(_own_children())
     # Kept small: the tasks hold GPUs, not CPUs, and nothing large goes through the object store.
-    ray.init(num_cpus=1, num_gpus=gpus, include_dashboard=False, log_to_driver=False,
+    # address="local": always an instance of this run's own, never a cluster `ray start` left on the host
+    ray.init(address="local", num_cpus=1, num_gpus=gpus, include_dashboard=False, log_to_driver=False,
              object_store_memory=80 * 2**20)
     roots = [str(p) for p in _own_children() if p not in before]
     return subprocess.Popen(childproc.wrap(os.getpid(), [sys.executable, "-m", "workbench.reaper", *roots]),
