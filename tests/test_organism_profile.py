@@ -201,7 +201,7 @@ def test_stand_ins_checks(tmp_path):
 def test_e14_under_the_organism_resolves_each_variants_models(tmp_path, monkeypatch):
     """Model resolution of E14 under the organism builds both variants and binds each leg's roles to its
     own; a plain --model-path role override no longer reaches a role the mapping sends elsewhere."""
-    from workbench import execution
+    from workbench import preparing
     from workbench.planning import plan
 
     built = []
@@ -212,13 +212,13 @@ def test_e14_under_the_organism_resolves_each_variants_models(tmp_path, monkeypa
 
     monkeypatch.setattr(M, "ensure_organism_models", fake)
     p = plan("E14", "organism", smoke=True)
-    models = execution.resolve_models(p)
+    models = preparing.resolve_models(p)
     assert sorted(set(built)) == ["instruct", "thinking"]
     assert models == {"target@8b-thinking": str(tmp_path / "thinking" / "target"),
                       "twin@8b-thinking": str(tmp_path / "thinking" / "twin-int4"),
                       "target@8b-instruct": str(tmp_path / "instruct" / "target"),
                       "twin@8b-instruct": str(tmp_path / "instruct" / "twin-int4")}
-    models = execution.resolve_models(p, {"twin": str(tmp_path / "mine")})
+    models = preparing.resolve_models(p, {"twin": str(tmp_path / "mine")})
     assert models["twin@8b-instruct"] == str(tmp_path / "mine")
     assert models["twin@8b-thinking"] == str(tmp_path / "thinking" / "twin-int4")
 
@@ -231,7 +231,7 @@ def _run(*args, timeout=900):
 def test_a_leg_needing_an_unbound_role_is_refused_before_anything_is_built(tmp_path, monkeypatch):
     """An organism profile that leaves small-vlm unbound: E6 is refused at model resolution, naming the role,
     before any organism is trained or built."""
-    from workbench import execution
+    from workbench import preparing
     from workbench.planning import plan
 
     text = R.PROFILES_FILE.read_text()
@@ -242,7 +242,7 @@ def test_a_leg_needing_an_unbound_role_is_refused_before_anything_is_built(tmp_p
     reg = R.load_registry(profiles_path=tmp_path / "profiles.yaml")
     monkeypatch.setattr(M, "ensure_organism_models", lambda *a, **k: pytest.fail("built before the refusal"))
     with pytest.raises(R.RegistryError, match="profile organism binds no 'small-vlm' model"):
-        execution.resolve_models(plan("E6", "organism", smoke=True, registry=reg), registry=reg)
+        preparing.resolve_models(plan("E6", "organism", smoke=True, registry=reg), registry=reg)
 
 
 @pytest.mark.vllm

@@ -602,8 +602,8 @@ def test_an_int4_draft_head_runs_on_this_hosts_own_int4_path(tiny_models, tmp_pa
 
 
 def test_protocol_leg_carries_the_new_knobs():
-    """experiments.yaml defaults -> planned leg -> leg.json knobs (execution.leg_knobs)."""
-    from workbench.execution import leg_knobs
+    """experiments.yaml defaults -> planned leg -> leg.json knobs (runners.leg_knobs)."""
+    from workbench.runners import leg_knobs
     from workbench.knobs import Knobs
     from workbench.planning import parse_overrides, plan
 

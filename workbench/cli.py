@@ -104,14 +104,19 @@ def _smoke_flag(args) -> bool | None:
 def cmd_legs(args) -> int:
     from workbench import protocol
 
-    p = protocol.plan(args.experiment, args.profile, args.param, _smoke_flag(args))
+    ray = getattr(args, "executor", "local") == "ray"
+    p = protocol.plan(args.experiment, args.profile, args.param, _smoke_flag(args), own_brackets=ray)
     data = (f"dataset {' -> '.join(p.datasets)}" if p.experiment.runner != "ladder" else
             "cost ladder: " + ", ".join(f"{k} {v}" for k, v in p.ladder.items())
             + f", load_format {p.profile.load_format or 'auto'}, random prompt token ids")
     print(f"{p.experiment.id} {p.experiment.title} | profile {p.profile.name} | "
           f"{'smoke' if p.smoke else 'full'} | {data} | {len(p.legs)} legs")
     rows = p.table()
-    print(_table(rows, ["#", "leg", "kind", "tier", "model", "draft", "gamma", "relax_logtau", "blind_mm",
+    from workbench.groups import bracket_groups
+    group_of = {name: g.index + 1 for g in bracket_groups(p.legs) for name in g.legs}
+    for row in rows:
+        row["group"] = group_of[row["leg"]]
+    print(_table(rows, ["#", "group", "leg", "kind", "tier", "model", "draft", "gamma", "relax_logtau", "blind_mm",
                         "draft_cudagraph", "max_num_seqs", "max_tokens", "n", "notes"]))
     return 0
 
@@ -191,6 +196,13 @@ def cmd_run(args) -> int:
     model_paths = _pairs(args.model_path, "--model-path")
     sources = _pairs(args.data_source, "--data-source")
     smoke = _smoke_flag(args)
+    if args.executor != "ray" and (args.address or args.gpus is not None):
+        raise CliError("--address and --gpus go with --executor ray")
+    if args.executor == "ray" and args.address and args.gpus is not None:
+        raise CliError("--gpus sizes the local Ray instance a run starts; a cluster (--address) has its own GPUs")
+    if args.executor == "ray":
+        from workbench.ray_executor import require_ray
+        require_ray()  # before a run folder is made
     # with the other pre-flight checks: a browser that is not there is found now, not after the legs
     formats = _formats(args.formats)
     if args.resume:
@@ -201,12 +213,15 @@ def cmd_run(args) -> int:
         rdir = protocol.prepare_run(cfg["experiment"], args.profile, args.param or None, smoke,
                                     run_dir=rdir, model_paths=model_paths, dataset_sources=sources)
     else:
+        # under Ray each bracket gets vanilla legs of its own, so that brackets can run on different GPUs
         rdir = protocol.prepare_run(args.experiment, args.profile, args.param, smoke, args.results,
-                                    model_paths=model_paths, dataset_sources=sources)
+                                    model_paths=model_paths, dataset_sources=sources,
+                                    own_brackets=args.executor == "ray")
     cfg = json.loads((rdir / "run.json").read_text())
     print(f"run folder: {rdir}", flush=True)
     # The legs run here, as children of this process: they stop when it stops, however it stops.
-    statuses = protocol.execute(rdir, stop_on_failure=args.stop_on_failure, leg_timeout=args.leg_timeout)
+    statuses = protocol.execute(rdir, stop_on_failure=args.stop_on_failure, leg_timeout=args.leg_timeout,
+                                executor=args.executor, address=args.address, gpus=args.gpus)
     failed = [k for k, v in statuses.items() if v != "complete"]
     rc = 0
     try:
@@ -285,8 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("experiment")
     p.add_argument("--profile", default=None)
     p.set_defaults(func=cmd_show)
-    p = sub.add_parser("legs", help="dry run: the planned legs")
+    p = sub.add_parser("legs", help="dry run: the planned legs and their bracket groups")
     plan_args(p)
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="plan as `workbench run --executor` does (ray: each bracket with vanilla legs of its own)")
     p.set_defaults(func=cmd_legs)
     p = sub.add_parser("run", help="run an experiment into results/<experiment>/<run id>/")
     plan_args(p)
@@ -299,6 +316,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="load a prompt set from a local copy (mmvet=path/to/mm-vet)")
     p.add_argument("--leg-timeout", type=_positive_seconds, default=None, metavar="S",
                    help="kill a leg after S seconds (S > 0)")
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="local: legs one after another here (default); ray: each bracket group a Ray task on "
+                        "GPUs of its own (docs/ray.md; pip install '.[ray]')")
+    p.add_argument("--address", default=None, metavar="auto|HOST:PORT",
+                   help="with --executor ray: the Ray cluster to join (default: start a local instance)")
+    p.add_argument("--gpus", type=int, default=None, metavar="N",
+                   help="with --executor ray and no --address: the local instance's GPUs (default: this host's; "
+                        "on a CPU host logical GPUs, to rehearse groups side by side)")
     p.add_argument("--no-notebook", action="store_true", help="run legs + tables without the notebook")
     p.add_argument("--formats", "--figure-formats", dest="formats", default="png,html", metavar="FMT,...",
                    help="figure formats for <run>/figures: png, svg, pdf, html (default png,html; "

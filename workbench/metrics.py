@@ -119,6 +119,27 @@ def bracketing_vanilla(legs_order: Sequence[str], vanilla_legs: Iterable[str]) -
     return out
 
 
+class PlacementError(ValueError):
+    """A bracket's legs ran on different devices: their ratio would measure the devices, not the drafter."""
+
+
+def _check_placements(records: pd.DataFrame, brackets: Mapping[str, tuple[str | None, str | None]]) -> None:
+    if "placement" in records.columns:
+        check_placements(records.groupby("leg", sort=False)["placement"].first().to_dict(), brackets)
+
+
+def check_placements(where: Mapping[str, Any], brackets: Mapping[str, tuple[str | None, str | None]]) -> None:
+    """Refuse a bracket whose legs ran on different placements (``where``: leg -> placement key; legs that
+    recorded none, as in runs made before placements were recorded, are not checked)."""
+    for leg, sides in brackets.items():
+        named = {l: where.get(l) for l in (leg, *sides) if l is not None}
+        known = {p for p in named.values() if isinstance(p, str)}
+        if len(known) > 1:
+            said = ", ".join(f"{l} on {p}" for l, p in named.items())
+            raise PlacementError(f"leg {leg} and its bracketing legs ran on different devices ({said}); a bracket's "
+                                 "legs must run on one GPU, in order (docs/ray.md, placement)")
+
+
 def prompt_ratios(records: pd.DataFrame, reference_legs: Iterable[str], legs_order: Sequence[str] | None = None,
                   value: str = "tok_s", legs: Iterable[str] | None = None) -> pd.DataFrame:
     """Per prompt of each compared leg: its ``value`` over the mean of that prompt's ``value`` in the
@@ -144,6 +165,7 @@ def prompt_ratios(records: pd.DataFrame, reference_legs: Iterable[str], legs_ord
     ref = records[records["leg"].isin(refs)].pivot(index="pid", columns="leg", values=value).astype(float)
     ref = ref.where(ref > 0)
     brackets = bracketing_vanilla(order, refs)
+    _check_placements(records, {leg: brackets[leg] for leg in rows["leg"].unique()})
     parts = []
     for leg, grp in rows.groupby("leg", sort=False):
         before, after = brackets[leg]

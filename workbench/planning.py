@@ -70,6 +70,7 @@ class Plan:
     datasets: list[str]             # candidates in order; the first one that loads is used
     legs: list[PlannedLeg]
     ladder: dict[str, Any] = field(default_factory=dict)   # runner ladder: batches, repeats, prompt_len, size
+    own_brackets: bool = False      # each bracket group has its own vanilla legs (``_bracket``)
 
     @property
     def n(self) -> int:
@@ -94,6 +95,7 @@ class Plan:
                 "result_prefix": self.experiment.result_prefix, "runner": self.experiment.runner,
                 **({"ladder": self.ladder} if self.experiment.runner == "ladder" else {}),
                 "load_format": self.profile.load_format or "auto",
+                "brackets": "own" if self.own_brackets else "shared",
                 "definition": self.experiment.to_dict(),
                 "legs": [l.to_dict() for l in self.legs]}
 
@@ -187,8 +189,11 @@ def _render(value: Any) -> str:
 
 
 def plan(experiment: str | Experiment, profile: str | None = None, overrides: Any = None,
-         smoke: bool | None = None, registry: Registry | None = None) -> Plan:
-    """Expand an experiment into its ordered, bracketed legs (no side effects)."""
+         smoke: bool | None = None, registry: Registry | None = None, own_brackets: bool = False) -> Plan:
+    """Expand an experiment into its ordered, bracketed legs (no side effects).
+
+    ``own_brackets``: no vanilla leg is shared by two brackets (V s s V V s s V instead of V s s V s s V),
+    so that each bracket group can run on a GPU of its own (``workbench.groups``; the Ray executor)."""
     reg = registry or load_registry()
     exp = experiment if isinstance(experiment, Experiment) else reg.experiment(experiment)
     if profile is None:
@@ -289,7 +294,7 @@ def plan(experiment: str | Experiment, profile: str | None = None, overrides: An
             expanded.append(leg)
 
     legs = _bracket(expanded, exp.bracket_every if not (smoke and exp.smoke.bracket_every is not True)
-                    else exp.smoke.bracket_every)
+                    else exp.smoke.bracket_every, own_brackets)
     for i, leg in enumerate(legs):
         leg.index = i
         if prof.device == "cpu" and leg.kind == "spec":
@@ -316,7 +321,7 @@ def plan(experiment: str | Experiment, profile: str | None = None, overrides: An
     else:
         datasets = [exp.dataset]
     return Plan(experiment=exp, profile=prof, overrides=ov, smoke=bool(smoke), datasets=datasets, legs=legs,
-                ladder=ladder)
+                ladder=ladder, own_brackets=bool(own_brackets))
 
 
 def ladder_size(prof: Profile) -> str:
@@ -338,8 +343,12 @@ def _vanilla_like(leg: PlannedLeg, number: int) -> PlannedLeg:
                       knobs=knobs)
 
 
-def _bracket(expanded: list[PlannedLeg], every: int | None) -> list[PlannedLeg]:
+def _bracket(expanded: list[PlannedLeg], every: int | None, own: bool = False) -> list[PlannedLeg]:
     """Insert vanilla legs: V spec.. V spec.. V, at most `every` spec legs between two vanilla legs.
+
+    ``own``: a full bracket is closed and the next one opened by a vanilla leg of its own
+    (V spec.. V V spec.. V): one vanilla leg more per bracket, and no vanilla leg belongs to two
+    brackets, so each bracket can run on another GPU with both its vanilla legs on its own.
 
     A spec leg's two neighbouring vanilla legs always share its engine shape (target, concurrency,
     max_tokens, ...), so the paired ratio compares like with like. Score legs go last because they read
@@ -373,6 +382,9 @@ def _bracket(expanded: list[PlannedLeg], every: int | None) -> list[PlannedLeg]:
                 prev_shape = shape
             elif len(chunk) >= every:
                 flush()
+                if own:
+                    n_van += 1
+                    out.append(_vanilla_like(leg, n_van))
             chunk.append(leg)
         flush()
         if not spec and score:

@@ -1,8 +1,9 @@
 """The measurement protocol, one import for notebooks and scripts; each phase has its own module.
 
 - planning (``workbench.planning``, pure): ``parse_overrides``, ``plan`` -> ``Plan`` of bracketed legs;
-- execution (``workbench.execution``): ``prepare_run`` (checks, then the run folder), ``execute``
-  (legs as processes, lock, resume, failure records);
+- execution (``workbench.execution``): ``prepare_run`` (checks, then the run folder: ``workbench.preparing``),
+  ``execute`` (legs as processes, lock, resume, failure records; ``executor="ray"``: bracket groups as
+  Ray tasks, ``workbench.ray_executor``);
 - the run-folder contract (``workbench.runfolder``): file names, ``leg_status``, atomic writes;
 - analysis (``workbench.analyses``): ``analyze_run``.
 """

@@ -20,7 +20,8 @@ from typing import Any
 import pandas as pd
 
 from .knobs import column_knobs
-from .runfolder import (ENV_JSON, FAILURE, RECORDS, RUN_JSON, SUMMARY, check_name, leg_dir, leg_status,
+from .placement import placement_key
+from .runfolder import (ENV_JSON, FAILURE, PLACEMENT, RECORDS, RUN_JSON, SUMMARY, check_name, leg_dir, leg_status,
                         new_run_id, read_json, records_problem, remove_stale_preparing)
 
 __all__ = ["Run", "load_run", "list_runs", "run_dir", "leg_dir", "new_run_id", "DamagedRunWarning"]
@@ -50,6 +51,7 @@ LEG_COLUMNS = [
     "spec_num_drafts", "spec_num_draft_tokens", "spec_num_accepted_tokens",
     "spec_accepted_per_pos", "target", "draft", "dtype", "error", "path",
     "step_costs",  # the engine's step timer, summarised by the leg (workbench.leg.step_costs_of)
+    "placement",   # the device the leg ran on (workbench.placement.placement_key); None: not recorded
 ]
 
 @dataclass
@@ -155,6 +157,8 @@ def _leg_row(folder: Path | None, leg: str, leg_index: int) -> dict[str, Any]:
     if folder is None or not folder.is_dir():
         row["status"] = "pending"
         return row
+    if (folder / PLACEMENT).is_file():
+        row["placement"] = placement_key(_read_json(folder / PLACEMENT))
     status = leg_status(folder)
     if status == "failed":
         info = _read_json(folder / FAILURE)
@@ -242,6 +246,8 @@ def load_run(run_dir: str | Path, damaged: str = "raise") -> Run:
                     raise
                 row.update(status="damaged", error=str(exc))
                 continue
+            for rec in recs:  # each record says where its leg ran: a bracket is checked from the records alone
+                rec["placement"] = row["placement"]
             record_rows.extend(recs)
 
     legs = pd.DataFrame(leg_rows, columns=LEG_COLUMNS)

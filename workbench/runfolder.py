@@ -6,7 +6,7 @@ Both the writers (``workbench.leg``, ``workbench.execution``) and the reader
 
     results/<experiment>/<run id>/
       run.json  env.json  prompts.jsonl  protocol.json  run.lock
-      legs/<leg>/  leg.json  records.jsonl | records.jsonl.partial  summary.json | failure.json  leg.log
+      legs/<leg>/  leg.json  placement.json  records.jsonl | records.jsonl.partial  summary.json | failure.json  leg.log
                    (a cost-ladder leg, ``runner: ladder`` in its summary: steps.jsonl + walls.jsonl, no records)
       steps.jsonl  walls.jsonl   cost-ladder runs only: every complete leg's rows, in run order
       attempts/<leg>.<k>/   earlier attempts of a leg (failed, interrupted, or replaced with --force)
@@ -41,6 +41,8 @@ RECORDS_PARTIAL = "records.jsonl.partial"
 SUMMARY = "summary.json"
 FAILURE = "failure.json"
 LEG_LOG = "leg.log"
+# Where a leg ran (node, GPUs, driver and CUDA versions): written before its process starts (``workbench.placement``).
+PLACEMENT = "placement.json"
 # Inside a run folder being built (``.<run id>.preparing``): who builds it, so a killed preparation's
 # leftovers can be told from one in progress.
 PREPARER = "preparer.json"

@@ -34,7 +34,8 @@ import pandas as pd
 
 from . import metrics
 from .results import leg_order, read_leg_records
-from .runfolder import RECORDS, RUN_JSON, SUMMARY, leg_status, read_json
+from .placement import placement_key
+from .runfolder import PLACEMENT, RECORDS, RUN_JSON, SUMMARY, leg_status, read_json
 
 RUNNER = "serve"
 # What every serving record must carry (the record schema of docs/run-folders.md, serving legs).
@@ -46,7 +47,8 @@ STATS = ("mean", "median", "p90", "p99")
 LEG_COLUMNS = (["leg", "leg_index", "mode", "tier", "acceptance", "gamma", "concurrency", "n", "completed"]
                + [f"{m}_ms_{s}" for m in LATENCIES for s in STATS]
                + ["output_throughput", "request_throughput", "duration_s",
-                  "acceptance_rate", "acceptance_length", "trace_acceptance_rate", "trace_acceptance_length"])
+                  "acceptance_rate", "acceptance_length", "trace_acceptance_rate", "trace_acceptance_length",
+                  "placement"])
 PAIR_METRICS = ("tpot_speedup", "throughput_ratio", "ttft_ratio")
 SPEEDUP_COLUMNS = (["leg", "leg_index", "tier", "acceptance", "gamma", "concurrency"]
                    + [f"{m}{s}" for m in PAIR_METRICS for s in ("", "_q25", "_q75", "_iqr")]
@@ -63,6 +65,14 @@ class ServingLeg:
     summary: dict[str, Any]
     records: list[dict[str, Any]]
     path: Path
+
+
+def _placement(folder: Path) -> str | None:
+    """The device the leg ran on (``workbench.placement``), or None where it was not recorded."""
+    try:
+        return placement_key(read_json(folder / PLACEMENT))
+    except (OSError, ValueError):
+        return None
 
 
 def _summary(folder: Path) -> dict[str, Any] | None:
@@ -167,7 +177,7 @@ def leg_table(legs: list[ServingLeg]) -> pd.DataFrame:
     for leg in legs:
         ok = [r for r in leg.records if _ok(r)]
         row = _identity(leg)
-        row.update(n=len(leg.records), completed=len(ok))
+        row.update(n=len(leg.records), completed=len(ok), placement=_placement(leg.path))
         values = {"ttft": [_num(r["ttft_s"]) for r in ok],
                   "tpot": [_num(r["tpot_s"]) for r in ok if r["tpot_s"] is not None],
                   "itl": [float(x) for r in ok for x in (r["itl_s"] or [])],
@@ -208,6 +218,9 @@ def paired_speedups(table: pd.DataFrame, predictions: dict | None = None) -> pd.
         vanilla = list(part.loc[part["tier"] == "vanilla", "leg"])
         by_leg = part.set_index("leg")
         brackets = metrics.bracketing_vanilla(order, vanilla)
+        if "placement" in part.columns:
+            metrics.check_placements(part.set_index("leg")["placement"].to_dict(),
+                                     {leg: b for leg, b in brackets.items() if leg in set(part["leg"])})
         for leg in order:
             if by_leg.loc[leg, "tier"] not in metrics.SPEC_TIERS:
                 continue
