@@ -38,7 +38,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # reading a run folder: records, legs, the cost ladder's rows and tables
     ("results", ("workbench.results", "workbench.ladder", "workbench.serving", "workbench.serving_predict")),
     ("plots", ("workbench.plots", "workbench.plots.*")),
-    ("analyses", ("workbench.analyses",)),
+    ("analyses", ("workbench.analyses", "workbench.analyses.*")),
     ("export", ("workbench.export",)),
     # preflight, the run folder, legs as processes (the runner table)
     ("protocol", ("workbench.execution", "workbench.protocol")),
@@ -163,7 +163,7 @@ def test_the_graph_sees_known_edges():
     graph = import_graph()
     assert "workbench.runfolder" in graph["workbench.leg"]          # from .runfolder import (...)
     assert "workbench.engine" in graph["workbench.leg"]             # from . import engine as engines
-    assert "workbench.ladder" in graph["workbench.analyses"]        # inside a function
+    assert "workbench.ladder" in graph["workbench.analyses.runtables"]  # inside a function
     assert "vllm_patch.knobs" in graph["workbench.knobs"]
 
 

@@ -588,7 +588,7 @@ def _read_yaml(path: Path) -> Any:
         raise RegistryError(f"{path}: not valid YAML ({exc})") from None
 
 
-_ANALYSES_PY = Path(__file__).resolve().parent / "analyses.py"
+_ANALYSES_PY = Path(__file__).resolve().parent / "analyses" / "figures.py"
 
 
 @functools.lru_cache(maxsize=1)
