@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "workbench.organism.train", "workbench.organism.models", "workbench.datasets.organism_set",
                 "workbench.grounding", "workbench.teacher_cache", "workbench.memory_plan", "workbench.checkpoints")),
     # one leg = one process: engine legs, score legs, cost-ladder engines
-    ("runners", ("workbench.leg", "workbench.score", "workbench.ladder_engine", "workbench.serve_leg",
+    ("runners", ("workbench.leg", "workbench.leg.*", "workbench.score", "workbench.ladder_engine", "workbench.serve_leg",
                  "workbench.serve_server", "workbench.serve_client")),
     # reading a run folder: records, legs, the cost ladder's rows and tables
     ("results", ("workbench.results", "workbench.ladder", "workbench.serving", "workbench.serving_predict")),
@@ -161,8 +161,8 @@ def test_the_plugin_imports_nothing_of_the_workbench():
 def test_the_graph_sees_known_edges():
     """The parser itself: relative, aliased and function-level imports are edges."""
     graph = import_graph()
-    assert "workbench.runfolder" in graph["workbench.leg"]          # from .runfolder import (...)
-    assert "workbench.engine" in graph["workbench.leg"]             # from . import engine as engines
+    assert "workbench.runfolder" in graph["workbench.leg.run"]      # from ..runfolder import (...)
+    assert "workbench.engine" in graph["workbench.leg.run"]         # from .. import engine as engines
     assert "workbench.ladder" in graph["workbench.analyses.runtables"]  # inside a function
     assert "vllm_patch.knobs" in graph["workbench.knobs"]
 
