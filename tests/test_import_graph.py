@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("plugin", ("vllm_patch", "vllm_patch.*")),
     # file names and writers, prompts, knobs, formulas, the engine builder: import nothing of the workbench
     ("base", ("workbench", "workbench.runfolder", "workbench.prompts", "workbench.childproc", "workbench.knobs",
-              "workbench.metrics", "workbench.datasets.scoring", "workbench.engine", "workbench.acceptance")),
+              "workbench.metrics", "workbench.metrics.*", "workbench.datasets.scoring", "workbench.engine", "workbench.acceptance")),
     # what a run is made of: models, data sets, the catalogue, the plan, the environment, teacher forcing
     ("inputs", ("workbench.chat", "workbench.datasets", "workbench.datasets._common", "workbench.datasets.hub",
                 "workbench.datasets.mathvista", "workbench.datasets.mmvet", "workbench.datasets.pid_lists",
