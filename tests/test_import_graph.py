@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "workbench.datasets.mathvista", "workbench.datasets.mmvet", "workbench.datasets.pid_lists",
                 "workbench.datasets.stand_in", "workbench.datasets.tiny_set", "workbench.tiny", "workbench.tiny.*",
                 "workbench.shapes",
-                "workbench.registry", "workbench.planning", "workbench.envcapture", "workbench.teacher",
+                "workbench.registry", "workbench.registry.*", "workbench.planning", "workbench.envcapture", "workbench.teacher",
                 "workbench.exactness", "workbench.testing", "workbench.parallel", "workbench.organism", "workbench.organism.corpus",
                 "workbench.organism.train", "workbench.organism.models", "workbench.datasets.organism_set",
                 "workbench.grounding", "workbench.teacher_cache", "workbench.memory_plan", "workbench.checkpoints")),
