@@ -24,24 +24,25 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # file names and writers, prompts, knobs, formulas, the engine builder: import nothing of the workbench
     ("base", ("workbench", "workbench.runfolder", "workbench.prompts", "workbench.childproc", "workbench.knobs",
               "workbench.placement", "workbench.reaper",
-              "workbench.metrics", "workbench.datasets.scoring", "workbench.engine", "workbench.acceptance",
-              "workbench.shm")),
+              "workbench.metrics", "workbench.metrics.*", "workbench.datasets.scoring", "workbench.engine",
+              "workbench.acceptance", "workbench.shm")),
     # what a run is made of: models, data sets, the catalogue, the plan, the environment, teacher forcing
     ("inputs", ("workbench.chat", "workbench.datasets", "workbench.datasets._common", "workbench.datasets.hub",
                 "workbench.datasets.mathvista", "workbench.datasets.mmvet", "workbench.datasets.pid_lists",
-                "workbench.datasets.stand_in", "workbench.datasets.tiny_set", "workbench.tiny", "workbench.shapes",
-                "workbench.registry", "workbench.planning", "workbench.groups", "workbench.envcapture", "workbench.teacher",
+                "workbench.datasets.stand_in", "workbench.datasets.tiny_set", "workbench.tiny", "workbench.tiny.*",
+                "workbench.shapes", "workbench.registry", "workbench.registry.*", "workbench.planning",
+                "workbench.groups", "workbench.envcapture", "workbench.teacher",
                 "workbench.exactness", "workbench.testing", "workbench.parallel", "workbench.organism", "workbench.organism.corpus",
                 "workbench.organism.train", "workbench.organism.models", "workbench.datasets.organism_set",
                 "workbench.grounding", "workbench.teacher_cache", "workbench.memory_plan", "workbench.checkpoints",
                 "workbench.combinations")),
     # one leg = one process: engine legs, score legs, cost-ladder engines
-    ("runners", ("workbench.leg", "workbench.score", "workbench.ladder_engine", "workbench.serve_leg",
+    ("runners", ("workbench.leg", "workbench.leg.*", "workbench.score", "workbench.ladder_engine", "workbench.serve_leg",
                  "workbench.serve_server", "workbench.serve_client")),
     # reading a run folder: records, legs, the cost ladder's rows and tables
     ("results", ("workbench.results", "workbench.ladder", "workbench.serving", "workbench.serving_predict")),
     ("plots", ("workbench.plots", "workbench.plots.*")),
-    ("analyses", ("workbench.analyses",)),
+    ("analyses", ("workbench.analyses", "workbench.analyses.*")),
     ("export", ("workbench.export",)),
     # preflight, the run folder, legs as processes (the runner table)
     ("protocol", ("workbench.runners", "workbench.preparing", "workbench.legrun", "workbench.ray_executor", "workbench.execution",
@@ -165,9 +166,9 @@ def test_the_plugin_imports_nothing_of_the_workbench():
 def test_the_graph_sees_known_edges():
     """The parser itself: relative, aliased and function-level imports are edges."""
     graph = import_graph()
-    assert "workbench.runfolder" in graph["workbench.leg"]          # from .runfolder import (...)
-    assert "workbench.engine" in graph["workbench.leg"]             # from . import engine as engines
-    assert "workbench.ladder" in graph["workbench.analyses"]        # inside a function
+    assert "workbench.runfolder" in graph["workbench.leg.run"]      # from ..runfolder import (...)
+    assert "workbench.engine" in graph["workbench.leg.run"]         # from .. import engine as engines
+    assert "workbench.ladder" in graph["workbench.analyses.runtables"]  # inside a function
     assert "vllm_patch.knobs" in graph["workbench.knobs"]
 
 

@@ -19,7 +19,7 @@ from workbench.teacher import TeacherForcer
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Thresholds the init is tuned for (workbench/tiny.py, "Init scales").
+# Thresholds the init is tuned for (workbench/tiny/model.py, "Init scales").
 MIN_TWIN_AGREEMENT = 0.80
 MAX_RANDOM_AGREEMENT = 0.05
 

@@ -1,268 +1,22 @@
-"""E1–E16 declared as data (experiments.yaml) and the model profiles (profiles.yaml).
-
-Both files are validated when loaded: a typo in a knob name, a role that no
-profile binds, or a value of the wrong type is an error naming the experiment
-(or profile) and the field, not something discovered half-way through a run.
-
-Public API:
-    load_registry(experiments_path=None, profiles_path=None) -> Registry
-    Registry.experiment(id) / Registry.profile(name) / Registry.ids()
-    check_knob(name, value, where) -> value       (type + range check)
-    parse_knob_text(name, text, where) -> value   (CLI `-p name=value` strings)
-    split_role(ref) -> (role, profile or None)    ("twin@8b-instruct")
-"""
+"""Loading ``experiments.yaml`` and ``profiles.yaml``: every error names the experiment or profile and field."""
 
 from __future__ import annotations
 
 import functools
 import re
-import string
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from workbench.knobs import KNOBS, SPEC_ONLY, Knob, KnobError, tier_of
+from workbench.knobs import KNOBS, SPEC_ONLY, tier_of
 
-__all__ = [
-    "RegistryError", "KnobSpec", "KNOBS", "ROLES", "TINY_ROLES", "ORGANISM_ROLES", "LEG_KINDS", "TIERS", "DATASETS",
-    "LegTemplate", "Smoke", "Experiment", "Profile", "Registry", "RUNNERS", "LADDER_FIELDS",
-    "load_registry", "check_knob", "check_ladder", "parse_knob_text", "split_role", "template_fields",
-]
-
-PACKAGE_DIR = Path(__file__).resolve().parent
-EXPERIMENTS_FILE = PACKAGE_DIR / "experiments.yaml"
-PROFILES_FILE = PACKAGE_DIR / "profiles.yaml"
-
-
-class RegistryError(ValueError):
-    """experiments.yaml / profiles.yaml / an override is invalid; the message names the item and field."""
-
-
-# --- knobs ---------------------------------------------------------------------------------------
-# The table lives in workbench.knobs (one entry per knob: type, check, variable, option, ...).
-
-KnobSpec = Knob
-
-
-# Roles an experiment may name; a profile binds each to a checkpoint.
-ROLES = ("target", "twin", "small-vlm", "text-draft")
-# Roles workbench.tiny.ensure_tiny_models() builds.
-TINY_ROLES = ("target", "twin-int4", "twin-dequant", "random-draft", "small-vlm", "text-draft")
-LEG_KINDS = ("vanilla", "spec", "score")
-TIERS = ("strict", "relaxed")
-DATASETS = ("mathvista", "mmvet", "tiny", "organism")
-SWEEPABLE = tuple(KNOBS) + ("draft", "model")
-# How an experiment's legs run: `legs` (workbench.leg, one process per leg, per-prompt records) or
-# `ladder` (workbench.ladder_engine: one engine per leg timed step by step; the cost ladder, E16).
-# `serve` (workbench.serve_leg: each leg behind vLLM's OpenAI server, driven by `vllm bench serve`).
-RUNNERS = ("legs", "ladder", "serve")
-# A ladder experiment's own settings (`ladder:` in experiments.yaml, `-p batches=1,4` on the command line).
-# ``eager``: spec engines also time the drafter forced to eager (off: graphs-on cells only).
-LADDER_FIELDS = ("batches", "repeats", "prompt_len", "eager")
-LADDER_DEFAULTS = {"prompt_len": 128, "eager": True}
-# Roles a shape-only profile (`shapes: true`, workbench.shapes) binds, and the folders it can bind them to.
-SHAPE_ROLES = ("target", "twin", "small-vlm", "text-draft")
-# Roles workbench.organism.models.ensure_organism_models() builds (`organism: <variant>` profiles). An
-# organism profile must bind target and twin and may leave the others unbound: a run with a leg that needs
-# an unbound one is refused at its preflight, naming the role.
-ORGANISM_ROLES = ("target", "twin-int4", "twin-dequant", "random-draft", "small-vlm", "text-draft")
-ORGANISM_VARIANTS = ("instruct", "thinking")
-LOAD_FORMATS = ("auto", "dummy")
-
-_EXPERIMENT_FIELDS = {"title", "question", "dataset", "legs", "sweep", "defaults", "analyses", "smoke",
-                      "bracket", "profiles", "result_prefix", "notes", "runner", "ladder"}
-_LEG_FIELDS = {"name", "kind", "model", "draft", "tier", "reference"} | set(KNOBS)
-_SMOKE_FIELDS = {"sweep", "legs", "dataset", "bracket", "ladder"} | set(KNOBS)
-_PROFILE_FIELDS = {"description", "device", "tiny", "stand_in", "default_smoke", "roles", "engine", "shapes",
-                   "load_format", "organism", "stand_ins"}
-_ENGINE_KNOBS = {"dtype", "max_model_len", "gpu_memory_utilization", "max_num_seqs", "tensor_parallel_size"}
-_ID_RE = re.compile(r"^E[1-9][0-9]*$")
-_LEG_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
-
-
-def check_knob(name: str, value: Any, where: str) -> Any:
-    """Return `value` (ints widened to float where a float is expected) or raise naming `where`."""
-    spec = KNOBS.get(name)
-    if spec is None:
-        raise RegistryError(f"{where}: unknown knob {name!r}; known knobs: {', '.join(KNOBS)}")
-    try:
-        return spec.validate(value, where)
-    except KnobError as exc:
-        raise RegistryError(str(exc)) from None
-
-
-def check_ladder(name: str, value: Any, where: str) -> Any:
-    """A ladder setting (``batches``: a non-empty list of distinct integers >= 1; ``repeats``, ``prompt_len``:
-    an integer >= 1; ``eager``: a boolean), or raise naming ``where``."""
-    def whole(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and v >= 1
-
-    if name not in LADDER_FIELDS:
-        raise RegistryError(f"{where}: unknown ladder setting {name!r}; settings: {', '.join(LADDER_FIELDS)}")
-    if name == "batches":
-        vals = value if isinstance(value, list) else [value]
-        if not vals or not all(whole(v) for v in vals) or len(set(vals)) != len(vals):
-            raise RegistryError(f"{where}: batches must be a list of distinct integers >= 1, got {value!r}")
-        return list(vals)
-    if name == "eager":
-        if not isinstance(value, bool):
-            raise RegistryError(f"{where}: eager must be true or false, got {value!r}")
-        return value
-    if not whole(value):
-        raise RegistryError(f"{where}: {name} must be an integer >= 1, got {value!r}")
-    return value
-
-
-def parse_knob_text(name: str, text: str, where: str = "override") -> Any:
-    """Typed value of a command-line string (`-p gamma=4`, `-p blind_mm=true`)."""
-    spec = KNOBS.get(name)
-    if spec is None:
-        raise RegistryError(f"{where}: unknown knob {name!r}; known knobs: {', '.join(KNOBS)}")
-    try:
-        return spec.parse(text, where)
-    except KnobError as exc:
-        raise RegistryError(str(exc)) from None
-
-
-def split_role(ref: str) -> tuple[str, str | None]:
-    role, _, prof = ref.partition("@")
-    return role, (prof or None)
-
-
-def template_fields(template: str) -> list[str]:
-    """Placeholder names in a leg name template ("strict_g{gamma}" -> ["gamma"])."""
-    try:
-        return [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
-    except ValueError as exc:
-        raise RegistryError(f"bad leg name template {template!r}: {exc}") from None
-
-
-# --- data classes ------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class LegTemplate:
-    name: str
-    kind: str
-    model: str = "target"
-    draft: str | None = None
-    tier: str | None = None
-    reference: str | None = None
-    knobs: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {"name": self.name, "kind": self.kind, "model": self.model}
-        for k in ("draft", "tier", "reference"):
-            if getattr(self, k) is not None:
-                d[k] = getattr(self, k)
-        d.update(self.knobs)
-        return d
-
-
-@dataclass(frozen=True)
-class Smoke:
-    knobs: dict[str, Any] = field(default_factory=dict)
-    sweep: dict[str, list] = field(default_factory=dict)
-    legs: list[str] | None = None
-    datasets: list[str] | None = None
-    bracket_every: int | None | bool = True  # True: keep the experiment's bracketing
-    ladder: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {"knobs": self.knobs, "sweep": self.sweep, "legs": self.legs, "dataset": self.datasets}
-        if self.ladder:
-            out["ladder"] = self.ladder
-        return out
-
-
-@dataclass(frozen=True)
-class Experiment:
-    id: str
-    title: str
-    question: str
-    dataset: str
-    legs: list[LegTemplate]
-    sweep: dict[str, list]
-    defaults: dict[str, Any]
-    analyses: list[str]
-    smoke: Smoke
-    bracket_every: int | None  # None: legs are run exactly as listed, no vanilla legs added
-    profiles: list[str]
-    result_prefix: str | None = None
-    notes: str | None = None
-    runner: str = "legs"
-    ladder: dict[str, Any] = field(default_factory=dict)
-
-    def summary_row(self) -> dict[str, Any]:
-        sweep = "; ".join(f"{k}={','.join(map(str, v))}" for k, v in self.sweep.items())
-        return {"id": self.id, "title": self.title, "dataset": self.dataset,
-                "legs": ", ".join(t.name for t in self.legs), "sweep": sweep,
-                "profiles": ", ".join(self.profiles) or "any"}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "title": self.title, "question": self.question, "dataset": self.dataset,
-                "legs": [t.to_dict() for t in self.legs], "sweep": self.sweep, "defaults": self.defaults,
-                "analyses": self.analyses, "smoke": self.smoke.to_dict(),
-                "bracket_every": self.bracket_every, "profiles": self.profiles,
-                "result_prefix": self.result_prefix, "runner": self.runner,
-                **({"ladder": self.ladder} if self.runner == "ladder" else {})}
-
-
-@dataclass(frozen=True)
-class Profile:
-    name: str
-    description: str
-    device: str
-    roles: dict[str, str]
-    engine: dict[str, Any]
-    tiny: bool = False
-    stand_in: bool = False
-    default_smoke: bool = False
-    shapes: bool = False              # roles are workbench.shapes stand-ins (configs only), built on demand
-    load_format: str | None = None    # vLLM load_format; "dummy": random weights
-    organism: str | None = None       # the trained organism's variant (workbench.organism), built on demand
-    # a stand-in profile's `role@other` references resolve to the profile named here for `other` (E14 under
-    # the organism: 8b-thinking -> organism-thinking), to this profile itself for any other profile
-    stand_ins: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class Registry:
-    experiments: dict[str, Experiment]
-    profiles: dict[str, Profile]
-    defaults: dict[str, Any]
-    smoke_defaults: dict[str, Any]
-    source: str = ""
-
-    def ids(self) -> list[str]:
-        return list(self.experiments)
-
-    def experiment(self, exp_id: str) -> Experiment:
-        key = str(exp_id).strip().upper()
-        if key not in self.experiments:
-            raise RegistryError(f"unknown experiment {exp_id!r}; known: {', '.join(self.experiments)}")
-        return self.experiments[key]
-
-    def profile(self, name: str) -> Profile:
-        if name not in self.profiles:
-            raise RegistryError(f"unknown profile {name!r}; known: {', '.join(self.profiles)}")
-        return self.profiles[name]
-
-    def table(self) -> list[dict[str, Any]]:
-        return [e.summary_row() for e in self.experiments.values()]
-
-    def role_profile(self, profile: "Profile | str", ref: str) -> Profile:
-        """The profile whose binding the role reference ``ref`` ("twin", "twin@8b-instruct") takes in a run
-        under ``profile``: that profile for a plain role; under a stand-in profile, the one its
-        ``stand_ins`` names for the referenced profile, else itself; otherwise the referenced profile."""
-        prof = self.profile(profile) if isinstance(profile, str) else profile
-        other = split_role(ref)[1]
-        if other is None:
-            return prof
-        if prof.stand_in:
-            return self.profile(prof.stand_ins.get(other, prof.name))
-        return self.profile(other)
+from .checks import (DATASETS, EXPERIMENTS_FILE, LADDER_DEFAULTS, LADDER_FIELDS, LEG_KINDS, LOAD_FORMATS,
+                     ORGANISM_ROLES, ORGANISM_VARIANTS, PROFILES_FILE, ROLES, RUNNERS, RegistryError, SHAPE_ROLES,
+                     SWEEPABLE, TIERS, TINY_ROLES, _ENGINE_KNOBS, _EXPERIMENT_FIELDS, _ID_RE, _LEG_FIELDS,
+                     _LEG_NAME_RE, _PROFILE_FIELDS, _SMOKE_FIELDS, check_knob, check_ladder, split_role,
+                     template_fields)
+from .entries import Experiment, LegTemplate, Profile, Registry, Smoke
 
 
 # --- loading -----------------------------------------------------------------------------------
@@ -588,7 +342,7 @@ def _read_yaml(path: Path) -> Any:
         raise RegistryError(f"{path}: not valid YAML ({exc})") from None
 
 
-_ANALYSES_PY = Path(__file__).resolve().parent / "analyses.py"
+_ANALYSES_PY = Path(__file__).resolve().parents[1] / "analyses" / "figures.py"
 
 
 @functools.lru_cache(maxsize=1)
