@@ -137,6 +137,27 @@ def test_bare_auto_finds_the_newest_cost_run_of_the_targets_size(tmp_path):
         acc.default_cost_run("models/shapes/8b-target", root=tmp_path)
 
 
+def test_auto_schedule_turns_speculation_off_past_the_largest_measured_batch(tmp_path):
+    """An 8B table measured at batch 1 and 4 held γ 4 up to 32 on the H200, where the twin ran at 0.80x vanilla's
+    TPOT: past the table's largest batch nothing was measured, so speculation is off there."""
+    run = _cost_run(tmp_path, [(1, 4, 1.30), (4, 4, 1.28)])
+    extra, info = Knobs(gamma=4, acceptance="alpha:0.9", gamma_schedule=f"auto:{run}").spec_config_extra(32)
+    assert extra["num_speculative_tokens_per_batch_size"] == [[1, 4, 4], [5, 32, 0]]
+    # a table reaching the server's largest batch is preferred to a newer one that stops short of it
+    root = tmp_path / "E16"
+    _cost_run(root, [(1, 4, 1.5), (16, 4, 0.9), (32, 4, 0.8)], "20260101T000000Z-far")
+    _cost_run(root, [(1, 4, 1.5), (4, 4, 1.4)], "20260102T000000Z-near")
+    assert acc.default_cost_run("models/shapes/32b-target", root=root, max_batch=32).name == "20260101T000000Z-far"
+    assert acc.default_cost_run("models/shapes/32b-target", root=root, max_batch=4).name == "20260102T000000Z-near"
+
+
+def test_a_constant_schedule_is_not_handed_to_vllm():
+    """One γ at every batch size is no schedule; vLLM would switch the target's graphs to PIECEWISE for it."""
+    extra, info = Knobs(gamma=4, gamma_schedule="1-8:4").spec_config_extra(8)
+    assert "num_speculative_tokens_per_batch_size" not in extra and extra["num_speculative_tokens"] == 4
+    assert info["gamma_schedule"] == [[1, 8, 4]] and info["gamma_schedule_constant"]
+
+
 # --------------------------------------------------------------------------- the memory plan
 def _shapes():
     from workbench.shapes import build_shapes

@@ -123,3 +123,16 @@ def test_a_leftover_is_only_what_is_new_named_like_vllms_and_unused(tmp_path):
         (root / n).write_text("x")
     with open(root / "psm_held"):
         assert shm.leftovers(before, root) == ["psm_new", "sem.mp-abc", "x-[0-1]-cpushm"]
+
+
+def test_a_live_multiprocessing_semaphore_is_not_a_leftover():
+    """glibc links a named semaphore to its ``sem.mp-*`` name after mapping it under a temporary one, so the
+    users' maps never show that name: the check goes by inode (removing it broke a concurrent engine's start)."""
+    import multiprocessing as mp
+
+    before = shm.entries()
+    lock = mp.get_context("spawn").Lock()
+    new = [n for n in shm.entries() - before if n.startswith("sem.mp-")]
+    assert new, "a spawn-context lock makes a named semaphore in /dev/shm"
+    assert not set(new) & set(shm.leftovers(before))
+    del lock

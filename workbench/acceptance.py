@@ -286,8 +286,10 @@ def schedule_table(run_dir: Path, rates_of, max_batch: int) -> list[dict[str, An
 def auto_schedule(run_dir: Path, rates_of, max_batch: int, min_gain: float = 1.0) -> tuple[list[Range], list[dict]]:
     """The γ per batch-size range that maximises predicted S; 0 (speculation off) where none beats 1.
 
-    Between two measured batch sizes the smaller one's choice holds up to the larger's midpoint,
-    past the largest measured batch its choice holds (stated in the table's ``basis``).
+    Between two measured batch sizes the smaller one's choice holds up to the larger's midpoint; past the
+    largest measured batch speculation is off: nothing was measured there, and the verify step's cost grows
+    with the batch (an 8B table measured at batch 1 and 4 held γ 4 up to 32, where the twin ran at 0.80×
+    vanilla's TPOT on the H200).
     """
     cells = schedule_table(run_dir, rates_of, max_batch)
     batches = sorted({c["batch"] for c in cells})
@@ -299,7 +301,7 @@ def auto_schedule(run_dir: Path, rates_of, max_batch: int, min_gain: float = 1.0
     ranges: list[Range] = []
     lo = 1
     for i, b in enumerate(batches):
-        hi = max_batch if i == len(batches) - 1 else max(lo, (b + batches[i + 1]) // 2)
+        hi = b if i == len(batches) - 1 else max(lo, (b + batches[i + 1]) // 2)
         hi = min(hi, max_batch)
         if lo > max_batch:
             break
@@ -309,8 +311,11 @@ def auto_schedule(run_dir: Path, rates_of, max_batch: int, min_gain: float = 1.0
         else:
             ranges.append(Range(lo, hi, g))
         lo = hi + 1
-    if lo <= max_batch:
-        ranges[-1] = Range(ranges[-1].lo, max_batch, ranges[-1].gamma)
+    if lo <= max_batch:  # past the largest measured batch: off
+        if ranges[-1].gamma == 0:
+            ranges[-1] = Range(ranges[-1].lo, max_batch, 0)
+        else:
+            ranges.append(Range(lo, max_batch, 0))
     table = [dict(c, chosen=(choice[c["batch"]]["gamma"] == c["gamma"])) for c in cells]
     if max(r.gamma for r in ranges) < 1:
         raise AcceptanceError(f"knob 'gamma_schedule': auto:{run_dir}: no γ is predicted to pay at any batch "
@@ -331,16 +336,24 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def default_cost_run(target: str | None, root: Path = RESULTS_E16) -> Path:
-    """The newest E16 run folder with cells of ``target``'s size at two or more batch sizes."""
+def default_cost_run(target: str | None, root: Path = RESULTS_E16, max_batch: int | None = None) -> Path:
+    """The newest E16 run folder with cells of ``target``'s size at two or more batch sizes that reaches
+    ``max_batch`` (the server's largest batch); where none does, the one that reaches furthest (newest first):
+    past a table's largest batch the schedule turns speculation off."""
     size = Path(str(target or "")).name.split("-")[0]
+    found: list[tuple[int, Path]] = []
     for run in sorted(root.glob("*/tables/cost_ratio.csv"), reverse=True):
         try:
             rows = _cost_rows(run.parents[1])
         except AcceptanceError:
             continue
-        if len({r["batch"] for r in rows if r["size"].split(" ")[0] == size}) >= 2:
-            return run.parents[1]
+        batches = {r["batch"] for r in rows if r["size"].split(" ")[0] == size}
+        if len(batches) >= 2:
+            if max_batch is None or max(batches) >= max_batch:
+                return run.parents[1]
+            found.append((max(batches), run.parents[1]))
+    if found:
+        return max(found, key=lambda f: f[0])[1]  # max keeps the first (newest) of equal reach
     raise AcceptanceError(f"knob 'gamma_schedule': auto found no E16 run of size {size!r} with two or more "
                           f"batch sizes under {root}; name one: auto:RUN_DIR")
 
@@ -352,7 +365,7 @@ def resolve_schedule(spec: str, gamma: int, acceptance: str, max_batch: int, tar
     if spec == "none":
         return None, None
     if spec == "auto":
-        spec = f"auto:{default_cost_run(target)}"
+        spec = f"auto:{default_cost_run(target, max_batch=max_batch)}"
     if spec.startswith("auto:"):
         def rates_of(g: int) -> list[float]:
             if acceptance == "real":
@@ -381,7 +394,12 @@ def spec_config_extra(gamma: int, acceptance: str, schedule: str, max_batch: int
     if ranges is not None:
         g = max_gamma(ranges) if schedule.startswith("auto") else gamma
         extra["num_speculative_tokens"] = g
-        extra["num_speculative_tokens_per_batch_size"] = [r.as_vllm() for r in ranges]
+        if len(ranges) == 1 and ranges[0].gamma == g:
+            # one γ at every batch size is no schedule: handing it to vLLM would only switch the target's
+            # CUDA graphs from FULL to PIECEWISE ("dynamic speculative decoding"), a slower verify step
+            info["gamma_schedule_constant"] = True
+        else:
+            extra["num_speculative_tokens_per_batch_size"] = [r.as_vllm() for r in ranges]
         info["gamma_schedule"] = [r.as_vllm() for r in ranges]
         if table is not None:
             info["gamma_schedule_table"] = table

@@ -95,8 +95,8 @@ def combination_problems(legs: Iterable[tuple[str, str, dict[str, str]]], models
         if path_kind is None:
             try:
                 path_kind = cpu_int4_path(env)
-            except ValueError as exc:
-                return [str(exc)]
+            except ValueError as exc:  # a switch of this host's setup: doctor names every one of them
+                return [f"{exc} (workbench doctor checks this host's setup)"]
         where = (f"leg(s) {', '.join(names)}: the {role} {ref}{f' ({path})' if path != ref else ''} is a "
                  f"{q[1]}-bit weight-only checkpoint ({q[0]})")
         # a run names the checkpoint by role (--model-path), a single leg by its flag (--draft, --target)

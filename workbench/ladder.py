@@ -286,8 +286,9 @@ def first_token_costs(steps: pd.DataFrame) -> pd.DataFrame:
     spec = pre[pre["kind"] == "spec"]
     for (size, batch, gamma), grp in spec.groupby(["size", "batch", "gamma"]):
         g = int(gamma)
-        loop = dec[(dec["kind"] == "spec") & (dec["size"] == size) & (dec["batch"] == batch)
-                   & (dec["gamma"] == gamma)]["draft_loop_ms"].dropna()
+        cell = dec[(dec["kind"] == "spec") & (dec["size"] == size) & (dec["batch"] == batch) & (dec["gamma"] == gamma)]
+        # rows from before the step timer marked the single-token steps have no draft_loop_ms
+        loop = cell["draft_loop_ms"].dropna() if "draft_loop_ms" in cell else pd.Series(dtype=float)
         single = float(loop.median() / (g - 1)) if len(loop) and g > 1 else float("nan")
         first = float(grp["draft_ms"].median())
         target = float(grp["target_ms"].median())

@@ -38,24 +38,26 @@ def entries(root: Path = SHM) -> set[str]:
         return set()
 
 
-def in_use(root: Path = SHM) -> set[str]:
-    """Names under ``root`` that a live process maps or holds open."""
+def in_use(root: Path = SHM) -> set[int]:
+    """Inodes under ``root`` that a live process maps or holds open.
+
+    By inode, not by name: glibc creates a named semaphore under a temporary name, maps it and links it to
+    its final name (``sem.mp-*``), so the maps of the processes using it show the temporary name, deleted;
+    the inode is the same file's."""
     prefix = str(root).rstrip("/") + "/"
-    used: set[str] = set()
+    used: set[int] = set()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             for line in (proc / "maps").read_text().splitlines():
                 parts = line.split(None, 5)
-                path = parts[5] if len(parts) == 6 else ""
-                if path.startswith(prefix):
-                    used.add(path[len(prefix):].split(" ")[0])
+                if len(parts) == 6 and parts[5].startswith(prefix):
+                    used.add(int(parts[4]))
             for fd in (proc / "fd").iterdir():
-                target = os.readlink(fd)
-                if target.startswith(prefix):
-                    used.add(target[len(prefix):].split(" ")[0])
-        except OSError:  # the process ended meanwhile, or is not ours to read
+                if os.readlink(fd).startswith(prefix):
+                    used.add(os.stat(fd).st_ino)
+        except (OSError, ValueError):  # the process ended meanwhile, or is not ours to read
             continue
     return used
 
@@ -67,15 +69,16 @@ def leftovers(before: set[str], root: Path = SHM) -> list[str]:
     if not new:
         return []
     uid = os.getuid()
-    mine = []
+    mine = {}
     for n in new:
         try:
-            if (root / n).lstat().st_uid == uid:
-                mine.append(n)
+            st = (root / n).lstat()
         except OSError:
             continue
+        if st.st_uid == uid:
+            mine[n] = st.st_ino
     used = in_use(root) if mine else set()
-    return [n for n in mine if n not in used]
+    return [n for n, ino in mine.items() if ino not in used]
 
 
 def snapshot(leg_folder: str | Path, root: Path = SHM) -> None:
