@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 
 from conftest import REPO
-from test_protocol import FAKE_LEG
+from test_run_safety import fake  # noqa: F401  (the fake leg as a fixture, watching its real parent)
 from workbench import protocol
 from workbench.groups import bracket_groups
 from workbench.metrics import PlacementError, bracketed_speedup
@@ -103,18 +103,6 @@ def test_a_bracket_on_two_devices_is_refused_and_one_device_is_paired():
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                reason="ray is not installed (pip install '.[ray]')")
-
-
-@pytest.fixture
-def fake(tmp_path, monkeypatch):
-    leg = tmp_path / "fake_leg.py"
-    leg.write_text(FAKE_LEG)
-    calls = tmp_path / "calls.txt"
-    calls.write_text("")
-    monkeypatch.setenv("FAKE_LEG_CALLS", str(calls))
-    monkeypatch.setenv("FAKE_LEG_REPO", str(REPO))
-    monkeypatch.setenv("FAKE_LEG_REAL_PARENT_WATCH", "1")
-    return [sys.executable, str(leg)], (lambda: [l for l in calls.read_text().splitlines() if l])
 
 
 def _prepare(tmp_path) -> Path:
