@@ -301,3 +301,14 @@ def test_a_run_that_cannot_fit_is_refused_before_any_leg(monkeypatch):
     assert len(problems) == 1 and problems[0].startswith("leg twin_a1: does not fit the device")
     monkeypatch.setattr(memory_plan, "device_memory_bytes", lambda: None)   # no CUDA device: nothing to plan
     assert memory_plan.memory_problems(p, models, set()) == []
+
+
+def test_bare_auto_prefers_the_faster_drafter_setup_among_tables_of_equal_reach(tmp_path):
+    """The 8B tables of 1 December (here as 32B) both reach batch 16; the newer one measured a slower setup (S 1.02 at
+    batch 1) and predicted that nothing pays at α 0.9. The table of the faster setup is the one to read."""
+    _cost_run(tmp_path, [(1, 4, 1.25), (16, 4, 0.97)], "20260101T000000Z-fast")
+    _cost_run(tmp_path, [(1, 4, 1.02), (16, 4, 0.70)], "20260102T000000Z-slow")
+    assert acc.default_cost_run("models/shapes/32b-target", root=tmp_path, max_batch=32).name == "20260101T000000Z-fast"
+    # reach still comes first: a slow table that reaches the server's batch beats a fast one that stops short
+    _cost_run(tmp_path, [(1, 4, 1.01), (32, 4, 0.70)], "20260103T000000Z-far")
+    assert acc.default_cost_run("models/shapes/32b-target", root=tmp_path, max_batch=32).name == "20260103T000000Z-far"

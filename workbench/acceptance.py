@@ -336,24 +336,35 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
+def _setup_speed(rows: list[dict[str, Any]]) -> float:
+    """How fast a table's drafter setup is: its best measured S(α = 1) at its smallest batch, over the setup
+    ``schedule_table`` would read (the one measured at the most cells)."""
+    by_setup: dict[str, list[dict]] = {}
+    for r in rows:
+        by_setup.setdefault(r["size"], []).append(r)
+    cells = max(by_setup.values(), key=lambda v: (len(v), sum(r["S1"] for r in v) / len(v)))
+    b0 = min(r["batch"] for r in cells)
+    return max(r["S1"] for r in cells if r["batch"] == b0)
+
+
 def default_cost_run(target: str | None, root: Path = RESULTS_E16, max_batch: int | None = None) -> Path:
-    """The newest E16 run folder with cells of ``target``'s size at two or more batch sizes that reaches
-    ``max_batch`` (the server's largest batch); where none does, the one that reaches furthest (newest first):
-    past a table's largest batch the schedule turns speculation off."""
+    """The E16 run folder with cells of ``target``'s size at two or more batch sizes that reaches ``max_batch``
+    (the server's largest batch), or else reaches furthest (past a table's largest batch the schedule turns
+    speculation off); among those, the one whose drafter setup is fastest at its smallest batch (an older
+    table of a slower kernel or graph mode predicts that nothing pays), then the newest."""
     size = Path(str(target or "")).name.split("-")[0]
-    found: list[tuple[int, Path]] = []
+    found: list[tuple[int, float, Path]] = []
     for run in sorted(root.glob("*/tables/cost_ratio.csv"), reverse=True):
         try:
-            rows = _cost_rows(run.parents[1])
+            rows = [r for r in _cost_rows(run.parents[1]) if r["size"].split(" ")[0] == size]
         except AcceptanceError:
             continue
-        batches = {r["batch"] for r in rows if r["size"].split(" ")[0] == size}
+        batches = {r["batch"] for r in rows}
         if len(batches) >= 2:
-            if max_batch is None or max(batches) >= max_batch:
-                return run.parents[1]
-            found.append((max(batches), run.parents[1]))
+            reach = max(batches) if max_batch is None else min(max(batches), max_batch)
+            found.append((reach, _setup_speed(rows), run.parents[1]))
     if found:
-        return max(found, key=lambda f: f[0])[1]  # max keeps the first (newest) of equal reach
+        return max(found, key=lambda f: (f[0], f[1]))[2]  # max keeps the first (newest) of equal keys
     raise AcceptanceError(f"knob 'gamma_schedule': auto found no E16 run of size {size!r} with two or more "
                           f"batch sizes under {root}; name one: auto:RUN_DIR")
 
