@@ -93,6 +93,8 @@ def _legs_plan(m: dict[str, Path], unseen: Path = UNSEEN_ROOT) -> dict[str, list
         "fp32_async_c8": [*FP32, *dq, *g6, *c8, "--async-scheduling"],
         "fp32_full_async_c8": [*FP32, *dq, *g6, *c8, "--async-scheduling", "--draft-cudagraph-mode", "full"],
         "fp32_full_all_async_c8": [*FP32, *dq, *g6, *c8, "--async-scheduling", "--draft-cudagraph-mode", "full_all"],
+        # issue 36: the sampled tokens' copy behind the drafter, as stock vLLM orders it (early_output off)
+        "fp32_async_late_c8": [*FP32, *dq, *g6, *c8, "--async-scheduling", "--no-early-output"],
         # FULL drafter graphs in bf16 (FA3) with the int4 twin: the drafts' acceptance beside piecewise graphs'
         **{f"bf16_graph_{mode}_{c}": [*BF16, *i4, *g6, "--draft-cudagraph-mode", mode, *extra]
            for mode in ("piecewise", "full", "full_all") for c, extra in (("c1", []), ("c8", c8))},
@@ -213,7 +215,7 @@ def legs(tiny_models, results_dir) -> dict[str, LegResult]:
                           "draft_cudagraph_mode", "draft_cudagraph_mode_reason", "draft_single_step_modes_ran",
                           "draft_linear_kernel", "draft_mp_kernels", "draft_linear_kernel_fallback_layers",
                           "async_scheduling", "draft_full_padded_replay", "draft_full_padded_replays_ran",
-                          "draft_full_graph_sizes")}}
+                          "draft_full_graph_sizes", "early_output_steps")}}
                for name, (r, s) in done.items()}
     if not RECHECK:
         (results_dir / "legs_summary.json").write_text(json.dumps(summary, indent=1, default=str))
@@ -520,8 +522,21 @@ def test_async_scheduling_is_on_and_exact(legs, results_dir, name, ref):
     assert r["async_scheduling"] is True, "vLLM kept async scheduling on for the draft_model leg"
     assert spec.records[0]["knobs"]["async_scheduling"] is True
     assert not diffs, f"fp32 strict with async scheduling differs from vanilla on {diffs}"
+    # early_output (on by default): every step's tokens were copied before the drafter's work
+    assert (r.get("early_output_steps") or 0) >= 1, "no step's output went ahead of the drafter"
     s = spec.summary["spec"]
     assert sum(x["spec"]["accepted"] for x in spec.records) == s["num_accepted_tokens"]  # trace = counters
+
+
+def test_early_output_off_keeps_vllms_copy_order_and_is_exact(legs, results_dir):
+    van, late, early = _ok(legs, "fp32_vanilla_c8"), _ok(legs, "fp32_async_late_c8"), _ok(legs, "fp32_async_c8")
+    diffs = [pid for pid, r in late.by_pid().items() if r["gen_ids"] != van.by_pid()[pid]["gen_ids"]]
+    _record(results_dir, "fp32_async_late_c8", {"exact": len(late.records) - len(diffs), "n": len(late.records),
+                                                "early_output_steps": late.summary["engine_report"].get(
+                                                    "early_output_steps")})
+    assert not late.summary["engine_report"].get("early_output_steps")
+    assert late.records[0]["knobs"]["early_output"] is False and early.records[0]["knobs"]["early_output"] is True
+    assert not diffs, f"fp32 strict with early_output off differs from vanilla on {diffs}"
 
 
 def _refused_with_reason(legs, results_dir: Path, leg: str, kernel: str) -> bool:

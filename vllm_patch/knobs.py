@@ -38,6 +38,7 @@ ENV_GRAPH_MODE = "VLLM_SPEC_DRAFT_CUDAGRAPH_MODE"
 ENV_LINEAR_KERNEL = "VLLM_SPEC_DRAFT_LINEAR_KERNEL"
 ENV_ASYNC = "VLLM_SPEC_ASYNC_SCHEDULING"
 ENV_LM_HEAD = "VLLM_SPEC_DRAFT_LM_HEAD"
+ENV_EARLY_OUTPUT = "VLLM_SPEC_EARLY_OUTPUT"
 ENV_REPORT_DIR = "VLLM_SPEC_REPORT_DIR"
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -194,6 +195,11 @@ SWITCHES: dict[str, Knob] = {k.name: k for k in [
          "vLLM's async scheduling for the draft_model leg (asked explicitly; the padded drafter batch "
          "stays on); vLLM's CPU platform always turns it off",
          env=ENV_ASYNC, flag="--async-scheduling", spec_only=True, applies_on_cpu=False, column="leg"),
+    # issue 36: TTFT. vLLM copies a step's sampled tokens to the host only after the drafter's work
+    Knob("early_output", bool, True, _any, "true or false",
+         "with async scheduling, copy each step's sampled tokens to the host as soon as the target has "
+         "sampled, not after the drafter's passes (a new request's first token skips the draft's prefill)",
+         env=ENV_EARLY_OUTPUT, flag="--early-output", spec_only=True, applies_on_cpu=False, column="leg"),
 ]}
 
 # --- test-only hook ---------------------------------------------------------------------------
