@@ -100,11 +100,18 @@ def _cost_run(tmp_path: Path, cells: list[tuple[int, int, float]], name: str = "
 def test_auto_schedule_picks_the_best_predicted_gamma_and_turns_speculation_off_where_nothing_pays(tmp_path):
     run = _cost_run(tmp_path, [(1, 2, 1.40), (1, 4, 1.64), (4, 2, 1.30), (4, 4, 1.35), (16, 2, 0.80),
                                (16, 4, 0.83)])
-    k = Knobs(gamma=4, acceptance="alpha:0.9", gamma_schedule=f"auto:{run}")
+    k = Knobs(gamma=4, acceptance="alpha:0.9", gamma_schedule=f"auto:{run}", draft_idle="skip")
     extra, info = k.spec_config_extra(32)
     # S(α) = E[tokens](α, γ) / (γ + 1) · S_measured(α = 1): at 0.9, γ 4 keeps 4.10 / 5 of 1.64 = 1.34 at batch 1
     # (γ 2: 2.71 / 3 · 1.40 = 1.26), γ 2 wins at batch 4 (1.17 vs 1.11), nothing pays at 16
     assert extra["num_speculative_tokens_per_batch_size"] == [[1, 2, 4], [3, 10, 2], [11, 32, 0]]
+    assert info["draft_idle"] == "skip"
+    # vLLM's own γ 0 still runs the draft's pass over the batch: off costs 1 / (1 + c) = 0.67 at c 0.5, so
+    # γ 2's 0.72 at batch 16 is the better step there, and it holds past the table
+    sync_extra, sync_info = Knobs(gamma=4, acceptance="alpha:0.9", gamma_schedule=f"auto:{run}").spec_config_extra(32)
+    assert sync_extra["num_speculative_tokens_per_batch_size"] == [[1, 2, 4], [3, 32, 2]]
+    row16 = next(r for r in sync_info["gamma_schedule_table"] if r["batch"] == 16 and r["gamma"] == 2)
+    assert row16["S_off_predicted"] == pytest.approx(1 / 1.5) and row16["chosen"]
     assert extra["num_speculative_tokens"] == 4 and len(extra["synthetic_acceptance_rates"]) == 4
     chosen = {(r["batch"], r["gamma"]): r for r in info["gamma_schedule_table"]}
     assert chosen[(1, 4)]["S_predicted"] == pytest.approx(4.0951 / 5 * 1.64) and chosen[(1, 4)]["chosen"]
@@ -141,8 +148,12 @@ def test_auto_schedule_turns_speculation_off_past_the_largest_measured_batch(tmp
     """An 8B table measured at batch 1 and 4 held γ 4 up to 32 on the H200, where the twin ran at 0.80x vanilla's
     TPOT: past the table's largest batch nothing was measured, so speculation is off there."""
     run = _cost_run(tmp_path, [(1, 4, 1.30), (4, 4, 1.28)])
-    extra, info = Knobs(gamma=4, acceptance="alpha:0.9", gamma_schedule=f"auto:{run}").spec_config_extra(32)
+    extra, info = Knobs(gamma=4, acceptance="alpha:0.9", gamma_schedule=f"auto:{run}",
+                        draft_idle="skip").spec_config_extra(32)
     assert extra["num_speculative_tokens_per_batch_size"] == [[1, 4, 4], [5, 32, 0]]
+    # with vLLM's γ 0 (the draft's pass still runs) off is no cheaper: batch 4's γ holds (a constant schedule)
+    extra, info = Knobs(gamma=4, acceptance="alpha:0.9", gamma_schedule=f"auto:{run}").spec_config_extra(32)
+    assert "num_speculative_tokens_per_batch_size" not in extra and info["gamma_schedule"] == [[1, 32, 4]]
     # a table reaching the server's largest batch is preferred to a newer one that stops short of it
     root = tmp_path / "E16"
     _cost_run(root, [(1, 4, 1.5), (16, 4, 0.9), (32, 4, 0.8)], "20260101T000000Z-far")
@@ -266,6 +277,14 @@ def test_schedule_turns_speculation_off_at_the_batch_sizes_it_names(tmp_path, ti
     assert all(r["spec"]["drafts"] > 0 for r in alone.records)
     assert batched.summary["engine_args"]["speculative_config"]["num_speculative_tokens_per_batch_size"] == [
         [1, 1, 4], [2, 64, 0]]
+    # vLLM's γ 0 still runs the draft's pass over the batch every step; draft_idle=skip runs none at a
+    # decode-only step, and the output is the same tokens
+    skip = run_leg_process(tmp_path / "b4s", *common, "--leg", "b4s", "--max-num-seqs", "4",
+                           "--draft-idle", "skip").ok()
+    assert not batched.summary["engine_report"].get("draft_idle_skips")
+    assert skip.summary["engine_report"]["draft_idle_skips"] >= 1
+    assert skip.records[0]["knobs"]["draft_idle"] == "skip"
+    assert [r["gen_ids"] for r in skip.records] == [r["gen_ids"] for r in batched.records]
 
 
 def test_serving_prediction_uses_the_cost_ladders_c_at_the_cells_batch_and_gamma(tmp_path):
@@ -280,10 +299,17 @@ def test_serving_prediction_uses_the_cost_ladders_c_at_the_cells_batch_and_gamma
     p = predicted_speedup(tmp_path, summary, 1)
     assert p["c"] == cell[0] and p["S_predicted"] == pytest.approx(4.0951 / (1 + 4 * cell[0]))
     # under a schedule γ is the schedule's at the cell's concurrency; 0 is speculation off
-    sched = dict(summary, speculative=dict(summary["speculative"], gamma_schedule=[[1, 2, 4], [3, 64, 0]]))
-    assert predicted_speedup(tmp_path, sched, 16) == {"S_predicted": 1.0, "c": None,
-                                                      "c_source": "speculation off at this batch size",
-                                                      "expected_tokens": 1.0}
+    sched = dict(summary, speculative=dict(summary["speculative"], gamma_schedule=[[1, 2, 4], [3, 64, 0]],
+                                           draft_idle="skip"))
+    assert predicted_speedup(tmp_path, sched, 16) == {
+        "S_predicted": 1.0, "c": None, "c_source": "speculation off at this batch size, no draft pass",
+        "expected_tokens": 1.0}
+    # vLLM's γ 0 (draft_idle sync): the draft's pass still runs, one draft step of c at that batch
+    sync = dict(sched, speculative=dict(sched["speculative"], draft_idle="sync"))
+    off = predicted_speedup(tmp_path, sync, 16)
+    cell16 = next((_cost_cell("32b", 16, g) for g in range(1, 9) if _cost_cell("32b", 16, g)), None)
+    if cell16 is not None:
+        assert off["S_predicted"] == pytest.approx(1 / (1 + cell16[0])) and off["S_predicted"] < 1
     assert predicted_speedup(tmp_path, dict(summary, tier="strict"), 1) == {}
 
 

@@ -42,6 +42,7 @@ class EngineState:
         self.steps = steps
         self.batch_req_ids: list[str] | None = None
         self.draft_vision_calls = 0
+        self.draft_idle_skips = 0  # decode steps at γ 0 that ran no draft pass (knob draft_idle=skip)
         self.early_output_steps = 0  # steps whose sampled tokens were copied before the drafter's work
 
     @classmethod

@@ -39,6 +39,7 @@ ENV_LINEAR_KERNEL = "VLLM_SPEC_DRAFT_LINEAR_KERNEL"
 ENV_ASYNC = "VLLM_SPEC_ASYNC_SCHEDULING"
 ENV_LM_HEAD = "VLLM_SPEC_DRAFT_LM_HEAD"
 ENV_EARLY_OUTPUT = "VLLM_SPEC_EARLY_OUTPUT"
+ENV_DRAFT_IDLE = "VLLM_SPEC_DRAFT_IDLE"
 ENV_REPORT_DIR = "VLLM_SPEC_REPORT_DIR"
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -140,6 +141,7 @@ def _any(_: Any) -> bool:
 
 DRAFT_CUDAGRAPH_MODES = ("auto", "none", "piecewise", "full", "full_all")
 DRAFT_LINEAR_KERNELS = ("auto", "machete", "marlin", "humming", "exllama", "own")
+DRAFT_IDLE = ("sync", "skip")  # a step with γ 0: the draft's pass keeps its KV cache (vLLM), or none runs
 DRAFT_LM_HEADS = ("model", "int4")  # model: as the checkpoint has it; int4: vllm_patch.draft_head
 
 
@@ -200,6 +202,13 @@ SWITCHES: dict[str, Knob] = {k.name: k for k in [
          "with async scheduling, copy each step's sampled tokens to the host as soon as the target has "
          "sampled, not after the drafter's passes (a new request's first token skips the draft's prefill)",
          env=ENV_EARLY_OUTPUT, flag="--early-output", spec_only=True, applies_on_cpu=False, column="leg"),
+    # issue 36: under a γ schedule with γ 0, vLLM still runs the draft's pass over the batch every step
+    Knob("draft_idle", str, "sync", lambda v: v in DRAFT_IDLE, "one of " + ", ".join(DRAFT_IDLE),
+         "a decode step where the γ schedule says 0: sync (vLLM's: the draft's pass over the batch still runs, "
+         "to keep its KV cache; the step costs vanilla + one draft pass) or skip (no draft pass: the step "
+         "costs what vanilla's does; the draft's KV misses those tokens, so drafts after such a stretch read "
+         "stale entries: lower real acceptance, never a different output)",
+         env=ENV_DRAFT_IDLE, flag="--draft-idle", spec_only=True, column="leg"),
 ]}
 
 # --- test-only hook ---------------------------------------------------------------------------

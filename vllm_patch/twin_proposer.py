@@ -251,6 +251,9 @@ class TwinDraftProposer(DraftModelProposer):
 
     # -- drafting ----------------------------------------------------------------------------------- #
     def propose(self, *args, **kwargs):
+        idle = self._idle_skip(kwargs)
+        if idle is not None:
+            return idle
         self._twin_calls = 0
         self._twin_loop_t0 = False
         self._twin_full_now, self._twin_first_pad = 0, None  # this propose's FULL replays (steps, first pass)
@@ -262,6 +265,22 @@ class TwinDraftProposer(DraftModelProposer):
         if self._twin_loop_t0 and self._twin_engine.steps is not None:
             self._twin_engine.steps.stamp("draft_loop_t1")  # end of the gamma-1 single-token steps
         return out
+
+    def _idle_skip(self, kwargs):
+        """Knob ``draft_idle=skip``: at a decode-only step where the γ schedule says 0, no draft pass (vLLM
+        runs one over the batch to keep the draft's KV cache); an empty draft as vLLM's own γ-0 path returns.
+        A step with prompt tokens still runs the pass, so every prompt is in the draft's cache."""
+        if self._twin is None or self._twin_engine.knobs.draft_idle != "skip":
+            return None
+        cad = kwargs.get("common_attn_metadata")
+        if kwargs.get("num_speculative_tokens", -1) != 0 or cad is None or int(cad.max_query_len) != 1:
+            return None
+        self.num_speculative_tokens = 0
+        engine = self._twin_engine
+        engine.draft_idle_skips += 1
+        if engine.report is not None and (engine.draft_idle_skips == 1 or engine.draft_idle_skips % 100 == 0):
+            engine.report.update(draft_idle_skips=engine.draft_idle_skips)
+        return torch.empty(cad.batch_size(), 0, dtype=torch.int64, device=self.device)
 
     def set_inputs_first_pass(self, target_token_ids, next_token_ids, target_positions, target_hidden_states,
                               token_indices_to_sample, cad, num_rejected_tokens_gpu):

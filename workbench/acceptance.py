@@ -28,7 +28,9 @@ leg is a cost measurement and says "synthetic α" wherever it is shown.
   has rows of the target's size (``32b`` for ``models/shapes/32b-target``) at two or more batch sizes.
 * ``auto:RUN_DIR``: from a cost-ladder run folder (E16: ``ladder_rows.jsonl`` / ``tables/cost_ratio.csv``,
   one row per batch and γ) and the leg's acceptance profile, the γ per batch size that maximises the
-  predicted speedup; 0 where no γ is predicted to pay. See :func:`auto_schedule`.
+  predicted speedup; 0 where that is predicted faster than every γ. A step at γ 0 is not free under vLLM:
+  its draft still runs one pass over the batch (knob ``draft_idle``: ``sync``, vLLM's; ``skip`` runs none).
+  See :func:`auto_schedule` and :func:`off_speedup`.
 """
 
 from __future__ import annotations
@@ -283,13 +285,30 @@ def schedule_table(run_dir: Path, rates_of, max_batch: int) -> list[dict[str, An
     return out
 
 
-def auto_schedule(run_dir: Path, rates_of, max_batch: int, min_gain: float = 1.0) -> tuple[list[Range], list[dict]]:
-    """The γ per batch-size range that maximises predicted S; 0 (speculation off) where none beats 1.
+def off_speedup(cells: list[dict[str, Any]], idle: str) -> float:
+    """Predicted S of a step at γ 0 at one batch size (``cells``: that batch's measured cells).
 
-    Between two measured batch sizes the smaller one's choice holds up to the larger's midpoint; past the
-    largest measured batch speculation is off: nothing was measured there, and the verify step's cost grows
-    with the batch (an 8B table measured at batch 1 and 4 held γ 4 up to 32, where the twin ran at 0.80×
-    vanilla's TPOT on the H200).
+    ``skip`` (knob ``draft_idle``): no draft pass runs, the step costs a vanilla step, S = 1. ``sync``
+    (vLLM's): the draft's pass over the batch still runs to keep its KV cache, so the step costs a vanilla
+    step plus about one draft step, S = 1 / (1 + c) with c of the smallest measured γ at that batch
+    (the ratio of a draft step to the verify step; the verify step of a small γ is close to vanilla's).
+    """
+    if idle == "skip":
+        return 1.0
+    c = min(cells, key=lambda r: r["gamma"])["c"]
+    return 1.0 / (1.0 + float(c))
+
+
+def auto_schedule(run_dir: Path, rates_of, max_batch: int, min_gain: float = 1.0, idle: str = "sync"
+                  ) -> tuple[list[Range], list[dict]]:
+    """The γ per batch-size range that maximises predicted S; 0 (speculation off) where that is predicted
+    faster than every γ (``off_speedup``: free only with ``draft_idle=skip``, whose threshold is ``min_gain``).
+
+    Between two measured batch sizes the smaller one's choice holds up to the larger's midpoint. Past the
+    largest measured batch nothing was measured and the verify step's cost grows with the batch (an 8B
+    table measured at batch 1 and 4 held γ 4 up to 32, where the twin ran at 0.80x vanilla's TPOT on the
+    H200): with ``skip`` speculation is off there; with ``sync`` an off step still pays a draft pass, so the
+    largest measured batch's choice holds.
     """
     cells = schedule_table(run_dir, rates_of, max_batch)
     batches = sorted({c["batch"] for c in cells})
@@ -297,11 +316,16 @@ def auto_schedule(run_dir: Path, rates_of, max_batch: int, min_gain: float = 1.0
     for b in batches:
         cand = [c for c in cells if c["batch"] == b]
         top = max(cand, key=lambda c: c["S_predicted"])
-        choice[b] = top if top["S_predicted"] > min_gain else dict(top, gamma=0, S_predicted=1.0)
+        s_off = off_speedup(cand, idle)
+        bar = min_gain if idle == "skip" else s_off
+        choice[b] = top if top["S_predicted"] > bar else dict(top, gamma=0, S_predicted=s_off)
+        for c in cand:
+            c["S_off_predicted"] = s_off
     ranges: list[Range] = []
     lo = 1
     for i, b in enumerate(batches):
-        hi = b if i == len(batches) - 1 else max(lo, (b + batches[i + 1]) // 2)
+        last = i == len(batches) - 1
+        hi = (max_batch if idle != "skip" else b) if last else max(lo, (b + batches[i + 1]) // 2)
         hi = min(hi, max_batch)
         if lo > max_batch:
             break
@@ -311,13 +335,13 @@ def auto_schedule(run_dir: Path, rates_of, max_batch: int, min_gain: float = 1.0
         else:
             ranges.append(Range(lo, hi, g))
         lo = hi + 1
-    if lo <= max_batch:  # past the largest measured batch: off
+    if lo <= max_batch:  # past the largest measured batch under skip: off
         if ranges[-1].gamma == 0:
             ranges[-1] = Range(ranges[-1].lo, max_batch, 0)
         else:
             ranges.append(Range(lo, max_batch, 0))
     table = [dict(c, chosen=(choice[c["batch"]]["gamma"] == c["gamma"])) for c in cells]
-    if max(r.gamma for r in ranges) < 1:
+    if max(r.gamma for r in ranges) < 1 or max(ch["S_predicted"] for ch in choice.values()) <= min_gain:
         raise AcceptanceError(f"knob 'gamma_schedule': auto:{run_dir}: no γ is predicted to pay at any batch "
                               f"size at this acceptance (best S {max(c['S_predicted'] for c in cells):.2f}); "
                               f"run vanilla")
@@ -369,8 +393,8 @@ def default_cost_run(target: str | None, root: Path = RESULTS_E16, max_batch: in
                           f"batch sizes under {root}; name one: auto:RUN_DIR")
 
 
-def resolve_schedule(spec: str, gamma: int, acceptance: str, max_batch: int, target: str | None = None
-                     ) -> tuple[list[Range] | None, list[dict] | None]:
+def resolve_schedule(spec: str, gamma: int, acceptance: str, max_batch: int, target: str | None = None,
+                     idle: str = "sync") -> tuple[list[Range] | None, list[dict] | None]:
     """The schedule's ranges (None: fixed γ) and, for ``auto``, the table it was chosen from."""
     spec = str(spec).strip()
     if spec == "none":
@@ -383,7 +407,7 @@ def resolve_schedule(spec: str, gamma: int, acceptance: str, max_batch: int, tar
                 raise AcceptanceError("knob 'gamma_schedule': auto needs an acceptance profile to predict "
                                       "from (knob 'acceptance': alpha:A, rates:..., length:L or from:RUN_DIR)")
             return unconditional_rates(acceptance, g) or []
-        return auto_schedule(Path(spec[5:].strip()), rates_of, max_batch)
+        return auto_schedule(Path(spec[5:].strip()), rates_of, max_batch, idle=idle)
     ranges = parse_schedule(spec)
     if max_gamma(ranges) > gamma:
         raise AcceptanceError(f"knob 'gamma_schedule': {spec!r} asks for γ {max_gamma(ranges)} above the leg's "
@@ -391,8 +415,8 @@ def resolve_schedule(spec: str, gamma: int, acceptance: str, max_batch: int, tar
     return ranges, None
 
 
-def spec_config_extra(gamma: int, acceptance: str, schedule: str, max_batch: int, target: str | None = None
-                      ) -> tuple[dict[str, Any], dict]:
+def spec_config_extra(gamma: int, acceptance: str, schedule: str, max_batch: int, target: str | None = None,
+                      idle: str = "sync") -> tuple[dict[str, Any], dict]:
     """The ``speculative_config`` fields these two knobs add, and what was resolved (for the records).
 
     With a schedule, ``num_speculative_tokens`` is the schedule's largest γ (vLLM's lookup caps every
@@ -400,7 +424,7 @@ def spec_config_extra(gamma: int, acceptance: str, schedule: str, max_batch: int
     """
     extra: dict[str, Any] = {}
     info: dict[str, Any] = {}
-    ranges, table = resolve_schedule(schedule, gamma, acceptance, max_batch, target)
+    ranges, table = resolve_schedule(schedule, gamma, acceptance, max_batch, target, idle)
     g = gamma
     if ranges is not None:
         g = max_gamma(ranges) if schedule.startswith("auto") else gamma
@@ -412,6 +436,7 @@ def spec_config_extra(gamma: int, acceptance: str, schedule: str, max_batch: int
         else:
             extra["num_speculative_tokens_per_batch_size"] = [r.as_vllm() for r in ranges]
         info["gamma_schedule"] = [r.as_vllm() for r in ranges]
+        info["draft_idle"] = idle  # what a γ-0 step costs: a draft pass (sync) or none (skip)
         if table is not None:
             info["gamma_schedule_table"] = table
             info["gamma_schedule_source"] = table[0].get("source")

@@ -5,7 +5,8 @@ unconditional per-position rates vLLM drew against (``summary.speculative``), so
 E[tokens] = 1 + Σ rates[:γ]. The cost side is the cost ladder's c = (propose / γ) / verify step at that
 batch size and γ (E16, the newest run folder with that cell for the target's size), and
 S(α, γ, c) = E[tokens] / (1 + γ c), the README's bound. Under a batch-size schedule γ is the schedule's
-at the cell's concurrency (0: speculation off, S = 1).
+at the cell's concurrency. At γ 0 (speculation off) S = 1 with knob ``draft_idle=skip``; with vLLM's
+``sync`` the draft's pass over the batch still runs, S = 1 / (1 + c).
 """
 
 from __future__ import annotations
@@ -57,15 +58,23 @@ def predicted_speedup(leg_dir: Path, summary: dict[str, Any], concurrency: int) 
     if summary.get("tier") != "synthetic" or not rates:
         return {}
     gamma = _gamma_at(info, concurrency)
-    if gamma == 0:
-        return {"S_predicted": 1.0, "c": None, "c_source": "speculation off at this batch size",
+    if gamma == 0 and info.get("draft_idle", "sync") == "skip":
+        return {"S_predicted": 1.0, "c": None, "c_source": "speculation off at this batch size, no draft pass",
                 "expected_tokens": 1.0}
     try:
         target = json.loads((leg_dir / "leg.json").read_text())["target"]
     except (OSError, ValueError, KeyError):
         return {}
     kernel = str((summary.get("knobs") or {}).get("draft_linear_kernel") or "auto")
-    cell = _cost_cell(Path(str(target)).name.split("-")[0], concurrency, gamma, kernel)
+    size = Path(str(target)).name.split("-")[0]
+    if gamma == 0:  # vLLM's: the draft's pass over the batch still runs, about one draft step
+        cell = next((c for g in range(1, 9) if (c := _cost_cell(size, concurrency, g, kernel))), None)
+        if cell is None:
+            return {}
+        return {"S_predicted": 1.0 / (1.0 + cell[0]), "c": cell[0],
+                "c_source": f"speculation off at this batch size, the draft's pass still runs; {cell[1]}",
+                "expected_tokens": 1.0}
+    cell = _cost_cell(size, concurrency, gamma, kernel)
     if cell is None:
         return {}
     c, source = cell
