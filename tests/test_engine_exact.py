@@ -144,10 +144,10 @@ def test_leg_records_state_what_the_engine_ran(legs, tiny_models):
     assert rec["mode"] == "spec" and rec["tier"] == "strict" and rec["gamma"] == 3
     assert rec["knobs"]["gamma"] == 3
     assert rec["knobs"]["relax_logtau"] == 0.0
-    assert rec["knobs"]["draft_vision"] == "own"
+    assert rec["knobs"]["draft_vision"] == "shared"  # the twin's tower is the target's: its outputs serve both
     report = spec.summary["engine_report"]
     assert report["draft_uses_mrope"] is True and report["target_uses_mrope"] is True
-    assert report["draft_vision_items_encoded"] > 0  # the draft's own vision tower ran
+    assert "draft_vision_items_encoded" not in report  # no second vision pass
     assert spec.summary["versions"]["patch_fingerprint"]
     assert spec.summary["engine_args"]["speculative_config"]["method"] == "draft_model"
 

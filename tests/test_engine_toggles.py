@@ -104,7 +104,16 @@ def test_blind_draft_stays_exact_and_skips_its_vision_tower(legs, tiny_models):
     assert blind.summary["engine_report"]["draft_vision"] == "blind"
     assert blind.summary["knobs"]["blind_mm"] is True
     assert "draft_vision_items_encoded" not in blind.summary["engine_report"]
-    assert seeing.summary["engine_report"]["draft_vision_items_encoded"] > 0
+    # the twin's tower is the target's (not quantized): it reads the target's image embeddings
+    report = seeing.summary["engine_report"]
+    assert report["draft_vision"] == "shared" and report["draft_vision_share_reason"].startswith("equal weights")
+    assert "draft_vision_items_encoded" not in report
+    # its own tower (knob off) runs, and drafts exactly what the shared embeddings drafted
+    own = legs("own_vision", *_spec(tiny_models), "--no-draft-vision-share")
+    assert own.summary["engine_report"]["draft_vision"] == "own"
+    assert own.summary["engine_report"]["draft_vision_items_encoded"] > 0
+    assert [r["gen_ids"] for r in own.records] == [r["gen_ids"] for r in vanilla.records]
+    assert [r["spec"] for r in own.records] == [r["spec"] for r in seeing.records]
     # Acceptance on image prompts, side by side.
     def image_rate(leg):
         recs = [r for r in leg.records if r["n_images"] > 0]

@@ -211,7 +211,7 @@ def legs(tiny_models, results_dir) -> dict[str, LegResult]:
                       "spec": (r.summary or {}).get("spec"),
                       "engine_report": {k: (r.summary or {}).get("engine_report", {}).get(k) for k in (
                           "attention_backend", "linear_kernels", "draft_cudagraph", "draft_cudagraph_keys",
-                          "draft_cudagraph_requested", "draft_vision", "draft_vision_items_encoded", "gpu",
+                          "draft_cudagraph_requested", "draft_vision", "draft_vision_items_encoded", "draft_vision_share_reason", "gpu",
                           "draft_cudagraph_mode", "draft_cudagraph_mode_reason", "draft_single_step_modes_ran",
                           "draft_linear_kernel", "draft_mp_kernels", "draft_linear_kernel_fallback_layers",
                           "async_scheduling", "draft_full_padded_replay", "draft_full_padded_replays_ran",

@@ -43,7 +43,9 @@ What stock 0.27.1 gets wrong for an M-RoPE draft, and what is done here:
   request (the off-by-one reported upstream) -> gathered without shift and
   scattered into the draft's layout.
 * The draft runs its own vision tower on the request's images (its encoder
-  outputs are cached beside the target's), unless ``blind_mm`` is on: then
+  outputs are cached beside the target's), unless its tower's weights equal
+  the target's (a twin's do: ``draft_vision``, knob ``draft_vision_share``),
+  when it reads the target's encoder outputs, or ``blind_mm`` is on: then
   the image placeholder positions keep the draft's embedding of the
   ``<|image_pad|>`` token and their (t, h, w) positions, and no vision tower
   of the draft runs.

@@ -40,6 +40,7 @@ ENV_ASYNC = "VLLM_SPEC_ASYNC_SCHEDULING"
 ENV_LM_HEAD = "VLLM_SPEC_DRAFT_LM_HEAD"
 ENV_EARLY_OUTPUT = "VLLM_SPEC_EARLY_OUTPUT"
 ENV_DRAFT_IDLE = "VLLM_SPEC_DRAFT_IDLE"
+ENV_VISION_SHARE = "VLLM_SPEC_DRAFT_VISION_SHARE"
 ENV_REPORT_DIR = "VLLM_SPEC_REPORT_DIR"
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -209,6 +210,11 @@ SWITCHES: dict[str, Knob] = {k.name: k for k in [
          "costs what vanilla's does; the draft's KV misses those tokens, so drafts after such a stretch read "
          "stale entries: lower real acceptance, never a different output)",
          env=ENV_DRAFT_IDLE, flag="--draft-idle", spec_only=True, column="leg"),
+    # issue 36: TTFT. A twin's vision tower is the target's (not quantized): its outputs would be the target's
+    Knob("draft_vision_share", bool, True, _any, "true or false",
+         "the draft reads the target's image embeddings where its vision tower's weights equal the target's "
+         "(checked at load; a W4A16 twin keeps the target's tower), instead of running its own tower",
+         env=ENV_VISION_SHARE, flag="--draft-vision-share", spec_only=True, column="leg"),
 ]}
 
 # --- test-only hook ---------------------------------------------------------------------------

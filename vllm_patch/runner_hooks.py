@@ -8,7 +8,8 @@ that ``engine_patches.apply`` created.
 * ``_gather_mm_embeddings``: for the drafter (the only caller that shifts) the target's tokens are
   gathered unshifted and from the draft's own encoder cache; nothing at all with ``blind_mm``.
 * ``_execute_mm_encoder``: after the target's vision tower, the draft's own runs on the same items
-  (unless ``blind_mm``); its outputs are cached beside the target's, keyed by the same hashes.
+  (unless ``blind_mm``, or the towers are equal and shared: ``draft_vision``); its outputs are cached
+  beside the target's, keyed by the same hashes.
 * ``_get_encoder_output_from_cache``: reads the draft's cache while the drafter gathers.
 * ``_update_states``: frees the draft's cached encoder outputs with the target's.
 * ``_sample``: tells the relaxed gate which requests the verified rows belong to.
@@ -67,6 +68,8 @@ def install(state: EngineState) -> None:
         # reads the target's tokens unshifted.
         if knobs.blind_mm:
             return None
+        if drafter._twin.get("share_vision"):  # the target's encoder outputs, from its own cache
+            return orig_gather(self, scheduler_output, 0)
         self._twin_read_draft_cache = True
         try:
             return orig_gather(self, scheduler_output, 0)
@@ -76,7 +79,8 @@ def install(state: EngineState) -> None:
     def _execute_mm_encoder(self, scheduler_output):
         outputs = orig_encoder(self, scheduler_output)
         drafter = _twin_drafter(self)
-        if drafter is None or not drafter.supports_mm_inputs or knobs.blind_mm:
+        if (drafter is None or not drafter.supports_mm_inputs or knobs.blind_mm
+                or drafter._twin.get("share_vision")):
             return outputs
         mm_hashes, mm_kwargs, _ = self._batch_mm_inputs_from_scheduler(scheduler_output)
         keep = [i for i, (modality, _) in enumerate(mm_kwargs) if modality != "prompt_embeds"]

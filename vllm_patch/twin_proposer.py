@@ -23,6 +23,7 @@ from vllm.v1.spec_decode.draft_model import DraftModelProposer
 
 from . import draft_graphs
 from . import draft_head
+from . import draft_vision
 from . import draft_kernels
 from . import engine_state
 
@@ -145,10 +146,23 @@ class TwinDraftProposer(DraftModelProposer):
             self._twin_engine.report.update(**draft_head.install(self.model, self._twin_kernel[0]))
         else:
             self._twin_engine.report.update(draft_lm_head="model", draft_lm_head_applies=True)
+        self._share_vision(target_model)
         if self._twin_graph_mode in ("full", "full_all"):
             # The outer FULL wrapper replays whole passes (single-token steps; first passes too under
             # full_all); under a PIECEWISE dispatch it passes through to the piecewise-compiled model.
             self.model = draft_graphs.make_graph_wrapper(self.model, self.vllm_config)
+
+    def _share_vision(self, target_model) -> None:
+        """Knob ``draft_vision_share``: the target's encoder outputs serve the draft where the towers are equal."""
+        knobs = self._twin_engine.knobs
+        if not self.supports_mm_inputs or knobs.blind_mm:
+            return
+        if not knobs.draft_vision_share:
+            self._twin_engine.report.update(draft_vision="own", draft_vision_share_reason="knob off")
+            return
+        share, why = draft_vision.same_vision(target_model, self.model)
+        self._twin["share_vision"] = share
+        self._twin_engine.report.update(draft_vision="shared" if share else "own", draft_vision_share_reason=why)
 
     # -- CUDA graphs -------------------------------------------------------------------------------- #
     def initialize_cudagraph_keys(self, cudagraph_mode: CUDAGraphMode) -> None:
