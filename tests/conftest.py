@@ -14,6 +14,11 @@ REPO = Path(__file__).resolve().parents[1]
 TINY_PROMPTS = REPO / "data" / "tiny" / "prompts.jsonl"
 
 
+# The suite runs runs side by side on purpose (pytest-xdist), and other suites may share the host: a run
+# here looks for no other run (workbench.hostruns), except in tests/test_shared_host.py, which turns it on.
+os.environ.setdefault("WORKBENCH_SHARED_HOST_CHECK", "0")
+
+
 def shared_data_dir() -> Path:
     return Path(os.environ.get("WORKBENCH_SHARED_DATA", REPO.parent / "shared" / "data"))
 
@@ -22,7 +27,8 @@ def shared_data_dir() -> Path:
 # `make test` (pytest-xdist, one module per worker at a time: --dist loadfile) does not end with one worker
 # alone on a long module; the other modules follow in their usual order. Order within a module is kept.
 SLOW_MODULES = ("test_tensor_parallel.py", "test_serving.py", "test_experiments_smoke.py", "test_cli_run.py",
-                "test_organism_profile.py", "test_serve.py", "test_serving_synthetic.py", "test_leg_stream.py")
+                "test_organism_profile.py", "test_serve.py", "test_serving_synthetic.py", "test_leg_stream.py",
+                "test_shared_host.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

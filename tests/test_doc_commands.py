@@ -56,7 +56,9 @@ RUN_BY: dict[tuple[str, str], list[str]] = {
         "tests/test_cli.py::test_list_shows_every_experiment", "tests/test_cli.py::test_show_and_legs",
         "tests/test_cli_run.py::test_workbench_run_e1_tiny_makes_a_complete_run_folder_without_a_browser",
         "tests/test_cli_run.py::test_kill_9_of_workbench_run_leaves_no_leg_and_the_resume_runs_alone",
-        "tests/test_export.py::test_export_run_regenerates_from_records"],
+        "tests/test_export.py::test_export_run_regenerates_from_records",
+        "tests/test_export.py::test_workbench_export_png_svg_as_documented",
+        "tests/test_ray_engine.py::test_workbench_run_e2_tiny_through_ray_is_complete_exact_and_on_one_placement_per_bracket"],
     ("docs/experiments.md", "workbench run E17 --profile tiny --smoke"): [
         "tests/test_serving.py::test_spec_counters_equal_the_per_request_trace",
         "tests/test_serving_synthetic.py::test_one_server_per_leg_swept_over_the_concurrencies"],

@@ -139,3 +139,16 @@ def test_notebook_and_export_write_one_file_per_table(tmp_path):
     run_tables = analyses.RunTables(load_run(rdir))
     speedup = pd.read_csv(rdir / "tables" / "speedup.csv")
     assert speedup["speedup"].tolist() == pytest.approx(run_tables["speedup"]["speedup"].tolist())
+
+
+def test_workbench_export_png_svg_as_documented(tmp_path, capsys):
+    """docs/experiments.md: `workbench export results/E1/<run id> --formats png,svg`, as written."""
+    need_browser()
+    from workbench import cli
+
+    rdir = write_run(tmp_path, legs=LADDER_LEGS[:3], n_prompts=3)
+    assert cli.main(["export", str(rdir), "--formats", "png,svg"]) == 0, capsys.readouterr().err
+    figs = rdir / "figures"
+    assert png_size(figs / "speedup_distribution.png")[0] > 0
+    ET.parse(figs / "speedup_distribution.svg")  # a whole SVG document
+    assert not list(figs.glob("*.html"))  # only the formats asked for

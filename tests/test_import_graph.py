@@ -45,10 +45,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("analyses", ("workbench.analyses", "workbench.analyses.*")),
     ("export", ("workbench.export",)),
     # preflight, the run folder, legs as processes (the runner table)
-    ("protocol", ("workbench.runners", "workbench.preparing", "workbench.legrun", "workbench.ray_executor", "workbench.execution",
+    ("protocol", ("workbench.runners", "workbench.hostruns", "workbench.preparing", "workbench.legrun", "workbench.ray_executor", "workbench.execution",
                   "workbench.protocol")),
     # what people call: the command line, the explorer, the demo, the doctor
-    ("front", ("workbench.cli", "workbench.widgets", "workbench.widgets.*", "workbench.demo", "workbench.doctor", "workbench.datasets.cli",
+    ("front", ("workbench.cli", "workbench.notebook_params", "workbench.widgets", "workbench.widgets.*", "workbench.demo", "workbench.doctor", "workbench.datasets.cli",
                "workbench.datasets.__main__")),
 ]
 

@@ -4,7 +4,7 @@
     workbench show E4                                one experiment in full, with its planned legs
     workbench legs E1 --profile tiny [-p gamma=4]    dry run: the legs a run would execute
     workbench run E11 --profile tiny -p gamma=4 [--smoke|--full] [--results results/] [--resume RUN_DIR]
-                                          [--formats png,html]
+                                          [--formats png,html] [--allow-shared-host]
     workbench export RUN_DIR [--formats png,svg,pdf,html]   tables + figures recomputed from the records
     workbench data fetch|verify ...                  prompt data sets
     workbench doctor [--json]                        what this host can run, and what to do about the rest
@@ -210,9 +210,14 @@ def cmd_run(args) -> int:
         cfg = _read_run_json(rdir, "--resume")
         if args.experiment.upper() != cfg["experiment"]:
             raise CliError(f"--resume {rdir}: that run is {cfg['experiment']}, not {args.experiment}")
+        protocol.require_host(cfg["experiment"], run_dir=rdir, allow_shared_host=args.allow_shared_host,
+                              executor=args.executor)  # another run on this host's GPUs (workbench.hostruns)
         rdir = protocol.prepare_run(cfg["experiment"], args.profile, args.param or None, smoke,
                                     run_dir=rdir, model_paths=model_paths, dataset_sources=sources)
     else:
+        # another run on this host's GPUs: refused before a run folder is made (workbench.hostruns)
+        protocol.require_host(args.experiment, args.profile, args.param, smoke, None, args.allow_shared_host,
+                              args.executor)
         # under Ray each bracket gets vanilla legs of its own, so that brackets can run on different GPUs
         rdir = protocol.prepare_run(args.experiment, args.profile, args.param, smoke, args.results,
                                     model_paths=model_paths, dataset_sources=sources,
@@ -221,7 +226,8 @@ def cmd_run(args) -> int:
     print(f"run folder: {rdir}", flush=True)
     # The legs run here, as children of this process: they stop when it stops, however it stops.
     statuses = protocol.execute(rdir, stop_on_failure=args.stop_on_failure, leg_timeout=args.leg_timeout,
-                                executor=args.executor, address=args.address, gpus=args.gpus)
+                                executor=args.executor, address=args.address, gpus=args.gpus,
+                                allow_shared_host=args.allow_shared_host)
     failed = [k for k, v in statuses.items() if v != "complete"]
     rc = 0
     try:
@@ -324,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, default=None, metavar="N",
                    help="with --executor ray and no --address: the local instance's GPUs (default: this host's; "
                         "on a CPU host logical GPUs, to rehearse groups side by side)")
+    p.add_argument("--allow-shared-host", action="store_true",
+                   help="run even where another run is active on this host's GPUs (refused by default on a GPU, a "
+                        "warning on a CPU); the run is marked as disturbed either way")
     p.add_argument("--no-notebook", action="store_true", help="run legs + tables without the notebook")
     p.add_argument("--formats", "--figure-formats", dest="formats", default="png,html", metavar="FMT,...",
                    help="figure formats for <run>/figures: png, svg, pdf, html (default png,html; "

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from workbench import hostruns
 from workbench.legrun import (RunInterrupted, RunOptions, _fmt_s, clean_shm, failure_line, finish_run, leg_env,
                               run_leg, signals_as_exceptions, signum_of)
 from workbench.planning import PlannedLeg
@@ -44,20 +45,24 @@ EXECUTORS = ("local", "ray")
 def execute(run_dir: str | Path, stop_on_failure: bool = False, leg_timeout: float | None = None,
             python: str = sys.executable, log: Callable[[str], None] | None = None,
             only: Iterable[str] | None = None, runner: list[str] | None = None, executor: str = "local",
-            address: str | None = None, gpus: int | None = None) -> dict[str, str]:
+            address: str | None = None, gpus: int | None = None, allow_shared_host: bool = False) -> dict[str, str]:
     """Run every planned leg that is not complete yet; returns {leg name: status}.
 
     Finished legs are skipped, so calling this again resumes. A failed or interrupted leg is moved under
     attempts/ and rerun; its finished prompts are reused when its engine settings match. The run folder
     is locked while this runs; a second writer is refused with the holder's PID and start time.
     ``executor="ray"``: the bracket groups run as Ray tasks (``workbench.ray_executor``; docs/ray.md).
+    Another run active on this host (``workbench.hostruns``) is a warning on a CPU and a refusal on a GPU
+    it may share, unless ``allow_shared_host``; either way protocol.json records it (``shared_host``).
     """
     if executor not in EXECUTORS:
         raise ProtocolError(f"unknown executor {executor!r}; executors: {', '.join(EXECUTORS)}")
     if executor == "ray":
         from workbench.ray_executor import require_ray
         require_ray()  # before the lock: a host without ray is told how to get it, nothing is touched
-    opts = RunOptions(stop_on_failure, leg_timeout, python, runner, executor, address, gpus)
+    if leg_timeout is not None and not 0 < float(leg_timeout) < float("inf"):
+        raise ProtocolError(f"leg_timeout must be a finite number of seconds above 0, got {leg_timeout!r}")
+    opts = RunOptions(stop_on_failure, leg_timeout, python, runner, executor, address, gpus, allow_shared_host)
     rdir = Path(run_dir)
     if not (rdir / RUN_JSON).is_file():
         raise ProtocolError(f"{rdir} is not a prepared run folder ({RUN_JSON} missing)")
@@ -94,6 +99,7 @@ def _execute_locked(rdir, cfg, legs, wanted, lock, opts: RunOptions, log):
         raise ProtocolError(f"leg {prev.get('leg')} of an earlier run of {rdir} is still running as PID "
                             f"{prev['pid']} (started {prev.get('started')}); it would skew this run's timing. "
                             f"Stop it first (kill -- -{prev['pid']}) or wait for it")
+    beside = shared_host_check(rdir, cfg, opts.executor, opts.allow_shared_host, log)  # a refusal raises here
     (rdir / LEGS).mkdir(exist_ok=True)
     shm_removed = clean_shm(rdir)  # what a leg killed with -9 (its run with it) left in /dev/shm
     statuses = {l.name: leg_status(rdir / LEGS / l.name) for l in legs}
@@ -125,7 +131,11 @@ def _execute_locked(rdir, cfg, legs, wanted, lock, opts: RunOptions, log):
         history.append(found)
     state = {"state": "running", "started": _now(), "pid": os.getpid(), "legs": statuses, "history": history,
              "leg_process": None, "executor": {"name": opts.executor}}
+    if old_state.get("shared_host"):  # the legs of an earlier attempt ran beside them
+        state["shared_host"] = list(old_state["shared_host"])
+    hostruns.note_seen(state, beside, None)
     write_json_atomic(rdir / STATE_JSON, state)
+    registration = hostruns.Registration(rdir, cfg).add()  # the other runs of the host see this one
     emit(f"{cfg['experiment']} {cfg['run_id']}: {len(legs)} legs, {len(legs) - len(todo)} already complete, "
          f"{len(todo)} to run" + (f", {len(damaged)} damaged ({', '.join(damaged)}: records unreadable, run "
                                   f"again)" if damaged else "")
@@ -146,6 +156,35 @@ def _execute_locked(rdir, cfg, legs, wanted, lock, opts: RunOptions, log):
         if sig is not None:
             raise RunInterrupted(sig, rdir) from None
         raise
+    finally:
+        registration.remove()
+
+
+def shared_host_check(rdir: Path, cfg: dict[str, Any], executor: str, allow: bool,
+                      log: Callable[[str], None] | None = None) -> list[hostruns.OtherRun]:
+    """The other runs active on this host (``workbench.hostruns``): a ProtocolError when this run may share
+    a GPU with one of them and ``allow`` is False; else a warning naming each (stderr, or ``log``)."""
+    found = hostruns.others(rdir)
+    if not found:
+        return []
+    from workbench import placement
+
+    refusal, lines = hostruns.decide(found, cfg.get("device"), placement.capture(executor), allow)
+    if refusal:
+        raise ProtocolError(f"{rdir} not started: {refusal}")
+    for line in lines:
+        (log or (lambda s: print(s, file=sys.stderr, flush=True)))(line)
+    return found
+
+
+def _note_beside(rdir: Path, state: dict[str, Any], leg: str, emit: Callable[[str], None]) -> None:
+    """Before and after each leg: a run that started meanwhile on this host is recorded against the leg."""
+    new = hostruns.note_seen(state, hostruns.others(rdir), leg)
+    for o in new:
+        emit(f"warning: another run started on this host; the timings of both runs are disturbed: "
+             f"{hostruns.describe(o)}")
+    if state.get("shared_host"):
+        write_json_atomic(rdir / STATE_JSON, state)
 
 
 
@@ -182,6 +221,7 @@ def _run_legs(rdir, cfg, legs, todo, statuses, state, opts: RunOptions, emit):
                                     "started": _now()}
             write_json_atomic(rdir / STATE_JSON, state)
 
+        _note_beside(rdir, state, leg.name, emit)
         try:
             status, dt = run_leg(rdir, cfg, leg, where, env, opts, started)
         except BaseException as exc:
@@ -194,6 +234,7 @@ def _run_legs(rdir, cfg, legs, todo, statuses, state, opts: RunOptions, emit):
         durations.append(dt)
         statuses[leg.name] = status
         state.update(legs=statuses, leg_process=None)
+        _note_beside(rdir, state, leg.name, emit)
         write_json_atomic(rdir / STATE_JSON, state)
         left = len(todo) - i - 1
         eta = (sum(durations) / len(durations)) * left

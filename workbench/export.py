@@ -31,7 +31,7 @@ from typing import Any
 
 from . import analyses
 from .results import Run, load_run
-from .runfolder import RUN_JSON, partial_state, read_json, write_json_atomic
+from .runfolder import RUN_JSON, disturbed_state, partial_state, read_json, write_json_atomic
 
 STATIC_FORMATS = ("png", "svg", "pdf")
 FORMATS = STATIC_FORMATS + ("html",)
@@ -216,6 +216,7 @@ def record_figures(run_dir: str | Path, written: Mapping[str, list[Path]]) -> No
     else:
         summary.pop("figures_not_written", None)
     summary.update(partial_state(run_dir, summary.get("legs") or {}))
+    summary.update(disturbed_state(run_dir))
     write_json_atomic(path, summary)
 
 

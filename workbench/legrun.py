@@ -47,6 +47,7 @@ class RunOptions:
     executor: str = "local"
     address: str | None = None
     gpus: int | None = None
+    allow_shared_host: bool = False
 
 
 

@@ -485,6 +485,18 @@ def partial_state(run_dir: str | Path, legs: dict[str, str]) -> dict[str, Any]:
     return {"partial": bool(reasons), "partial_reason": "; ".join(reasons) or None}
 
 
+def disturbed_state(run_dir: str | Path) -> dict[str, Any]:
+    """``{"disturbed": bool, "disturbed_by": [...]}``: another run was active on the host while legs of this
+    one ran (protocol.json ``shared_host``, ``workbench.hostruns``), so its timings are not clean."""
+    try:
+        seen = (read_json(Path(run_dir) / STATE_JSON) or {}).get("shared_host") or []
+    except (OSError, ValueError, AttributeError):
+        seen = []
+    by = [f"{e.get('run_dir') or e.get('command') or 'a vLLM process'} (PID {e.get('pid')}"
+          + (f"; legs {', '.join(e['legs'])}" if e.get("legs") else "") + ")" for e in seen if isinstance(e, dict)]
+    return {"disturbed": bool(by), "disturbed_by": by}
+
+
 def _read_lock(fd: int) -> dict[str, Any] | None:
     try:
         raw = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()

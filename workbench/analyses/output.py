@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from ..results import load_run
-from ..runfolder import partial_state, write_text_atomic
+from ..runfolder import disturbed_state, partial_state, write_text_atomic
 from .base import SUMMARY_JSON
 from .figures import draw
 from .runtables import RunTables
@@ -59,6 +59,8 @@ def summary(tables: RunTables, figures: Iterable[str] = ()) -> dict[str, Any]:
     out["n_failed"] = sum(s == "failed" for s in out["legs"].values())
     # a run with a failed or missing leg says so whether or not a figure applies (record_figures repeats it)
     out.update(partial_state(run.path, out["legs"]))
+    # another run on the host while legs ran: the timings are marked, not silently mixed with clean ones
+    out.update(disturbed_state(run.path))
     for name, df in tables.available().items():
         if TABLES[name].in_summary:
             out[name] = _json_rows(df)
