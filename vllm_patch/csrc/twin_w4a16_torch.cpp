@@ -1,6 +1,7 @@
 // torch binding of the W4A16 decode kernel: checks, parameters, and the dispatch to one instance.
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
 #include "twin_w4a16_api.h"
@@ -51,7 +52,7 @@ void w4a16_mm(const torch::Tensor& x, const torch::Tensor& qw, const torch::Tens
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(splits),
                   static_cast<unsigned>(token_blocks));
   const c10::cuda::CUDAGuard guard(x.device());
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int gs = static_cast<int>(group / 32);
 #define TWIN_W4_DISPATCH(R_, NT_, GS_, HZ_)                                  \
   if (r == R_ && nt == NT_ && gs == GS_ && has_z == HZ_) {                  \
