@@ -636,7 +636,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-sweep", action="store_true", help="time only the heuristic config of twin-gemv")
     ap.add_argument("--kernels", default=",".join(KERNEL_ORDER))
     ap.add_argument("--cuda-sweep", action="store_true",
-                    help="own-cuda: also time R = 1, 2, 4 row tiles per warp at 2, 4, 8 CTAs per SM")
+                    help="own-cuda: also time R = 1, 2, 4 row tiles per warp at 1, 2, 3, 6 CTAs per SM")
     ap.add_argument("--out-root", type=Path, default=REPO / "results" / "int4-gemm")
     ap.add_argument("--dry-run", action="store_true", help="CPU: shapes and the reference path only")
     args = ap.parse_args(argv)
@@ -656,7 +656,7 @@ def main(argv=None) -> int:
     wanted = set(args.kernels.split(","))
     kernels: list[Kernel] = [k for k in (Cublas(), Tinygemm(), Ours(), OwnCuda()) if k.name in wanted]
     if args.cuda_sweep and "own-cuda" in wanted:
-        kernels += [OwnCuda(r, w) for r in (1, 2, 4) for w in (2.0, 4.0, 8.0) if (r, w) != (2, 4.0)]
+        kernels += [OwnCuda(r, w) for r in (1, 2, 4) for w in (1.0, 2.0, 3.0, 6.0)]
     vk, skipped = vllm_kernels() if {"machete", "marlin", "humming"} & wanted else ([], {})
     kernels += [k for k in vk if k.name in wanted]
     if "gemlite" in wanted:

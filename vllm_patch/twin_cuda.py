@@ -61,15 +61,20 @@ def ring_depth(r: int) -> int:
     return 8 if r == 1 else 4
 
 
-def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int = 2, waves: float = 4.0) -> Plan:
-    """Split-K so that about ``waves * sms`` CTAs of 4 warps run; splits start on a group and a ring."""
+def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = None, waves: float = 2.0) -> Plan:
+    """About ``waves * sms`` CTAs of 4 warps (launch bounds guarantee 2 resident per SM): one wave, no tail
+    of CTAs that stream alone. ``r`` None: 2 row tiles a warp where the row blocks fit that, else 4 (the
+    32B gate_up: 400 CTAs of 2 would leave a tail). Split-K fills the wave where N is small; splits start
+    on a group and a ring."""
     nt = 1 if m <= 8 else 2
-    ring = ring_depth(r)
     c = k // layout.CHUNK
     t = -(-n // layout.TILE)
-    row_blocks = -(-t // (WARPS * r))
     token_blocks = -(-m // (8 * nt))
-    want = max(1, round(waves * sms / (row_blocks * token_blocks)))
+    if r is None:
+        r = 2 if -(-t // (WARPS * 2)) * token_blocks <= waves * sms else 4
+    ring = ring_depth(r)
+    row_blocks = -(-t // (WARPS * r))
+    want = max(1, int(waves * sms // (row_blocks * token_blocks)))
     cps = -(-c // want)
     cps = -(-cps // ring) * ring  # a multiple of the ring (and so of group 128's two chunks)
     if cps >= c:
@@ -80,7 +85,7 @@ def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int = 2, waves: 
 
 def sweep_plans(n: int, k: int, m: int, group: int, sms: int = 132) -> list[Plan]:
     """Alternatives the benchmark times beside ``plan``'s default."""
-    out = [plan(n, k, m, group, sms, r=r, waves=w) for r in (1, 2, 4) for w in (2.0, 4.0, 8.0)]
+    out = [plan(n, k, m, group, sms, r=r, waves=w) for r in (1, 2, 4) for w in (1.0, 2.0, 3.0, 6.0)]
     return list(dict.fromkeys(out))
 
 
