@@ -17,6 +17,9 @@ in rotating order) and the effective bandwidth, for
 - ``tinygemm``: ``torch._weight_int4pack_mm`` (bf16, group-wise only);
 - ``twin-gemv``: ``vllm_patch.twin_gemv_kernel`` (heuristic config); with the
   sweep (default) also its alternative configs, in ``sweep.csv``;
+- ``own-cuda``: ``vllm_patch.twin_cuda`` (CUDA C++, tensor cores; built with the host's ``nvcc`` at
+  first use), its default launch plan; ``--cuda-sweep`` adds its other row tiles per warp and CTA
+  targets as ``own-cuda[r<R>-w<waves>]`` rows;
 - ``gemlite``: GemLite's Triton W4A16 kernels (``pip install gemlite``; its GEMV
   / RevSplit-K / split-K choice and autotuning), on the same weights in its
   ``(W_q - zeros) * scales`` form (skipped, with the reason, where it is not installed).
@@ -63,7 +66,7 @@ from workbench.shapes import SHAPES  # noqa: E402
 
 GEMMS = ("qkv", "o", "gate_up", "down")
 WORKING_SET = 256 << 20  # bytes per GEMM's rotating copies: well above the 50-60 MB L2
-KERNEL_ORDER = ("cublas-bf16", "machete", "marlin", "humming", "tinygemm", "twin-gemv", "gemlite")
+KERNEL_ORDER = ("cublas-bf16", "machete", "marlin", "humming", "tinygemm", "twin-gemv", "own-cuda", "gemlite")
 CHECK_TOLERANCE = 2e-2  # max |y - ref| / max |ref|: bf16 output rounding is ~4e-3
 
 
@@ -158,6 +161,35 @@ class Ours(Kernel):
     def run(self, state, x):
         qw, s, z, gi = state
         return tk.w4a16_mm(x, qw, s, z, gi, cfg=self.cfg)
+
+
+class OwnCuda(Kernel):
+    """``vllm_patch.twin_cuda``: the CUDA C++ kernel on its own repacked layout (``twin_cuda_layout``)."""
+
+    name = "own-cuda"
+
+    def __init__(self, r=None, waves=None):
+        self.r, self.waves = r, waves
+        if r is not None:
+            self.name = f"own-cuda[r{r}-w{waves:g}]"
+
+    def prepare(self, packed, scales, zeros, group, dense_bf16):
+        from vllm_patch import twin_cuda, twin_cuda_layout
+
+        twin_cuda.counters(packed.device)  # before any graph capture
+        twin_cuda.extension()  # built once (minutes), outside the timed region
+        st = twin_cuda_layout.repack(packed, scales, zeros, group)
+        if self.r is not None:
+            n, k = st["n"], st["k"]
+            sms = twin_cuda.sm_count(packed.device)
+            st["plans"] = {m: twin_cuda.plan(n, k, m, group, sms, r=self.r, waves=self.waves) for m in range(1, 17)}
+        return st
+
+    def run(self, state, x):
+        from vllm_patch import twin_cuda
+
+        p = state.get("plans", {}).get(x.shape[0])
+        return twin_cuda.w4a16_mm(x, state, p)
 
 
 class Tinygemm(Kernel):
@@ -579,6 +611,11 @@ def dry_run(sizes, group, symmetric) -> int:
             zz = zz if isinstance(zz, float) else zz.repeat_interleave(group, dim=1)
             assert torch.equal((q - zz) * scales.to(torch.float32).repeat_interleave(group, dim=1), w), (size, g)
             note += " == gemlite's (W_q - zeros) * scales"
+            from vllm_patch import twin_cuda_layout
+
+            assert torch.equal(twin_cuda_layout.kernel_weight(twin_cuda_layout.repack(packed, scales, zeros, group)),
+                               w), (size, g)
+            note += " == own-cuda's reads"
             if dequantize_packed is not None:
                 wt = scalar_types.uint4b8 if symmetric else scalar_types.uint4
                 assert torch.equal(dequantize_packed(packed, scales, zeros, None, wt, group, torch.float32), w)
@@ -598,6 +635,8 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="verify every kernel against the dequantized reference")
     ap.add_argument("--no-sweep", action="store_true", help="time only the heuristic config of twin-gemv")
     ap.add_argument("--kernels", default=",".join(KERNEL_ORDER))
+    ap.add_argument("--cuda-sweep", action="store_true",
+                    help="own-cuda: also time R = 1, 2, 4 row tiles per warp at 1, 2, 3, 6 CTAs per SM")
     ap.add_argument("--out-root", type=Path, default=REPO / "results" / "int4-gemm")
     ap.add_argument("--dry-run", action="store_true", help="CPU: shapes and the reference path only")
     args = ap.parse_args(argv)
@@ -615,14 +654,16 @@ def main(argv=None) -> int:
     import triton
 
     wanted = set(args.kernels.split(","))
-    kernels: list[Kernel] = [k for k in (Cublas(), Tinygemm(), Ours()) if k.name in wanted]
+    kernels: list[Kernel] = [k for k in (Cublas(), Tinygemm(), Ours(), OwnCuda()) if k.name in wanted]
+    if args.cuda_sweep and "own-cuda" in wanted:
+        kernels += [OwnCuda(r, w) for r in (1, 2, 4) for w in (1.0, 2.0, 3.0, 6.0)]
     vk, skipped = vllm_kernels() if {"machete", "marlin", "humming"} & wanted else ([], {})
     kernels += [k for k in vk if k.name in wanted]
     if "gemlite" in wanted:
         gk, why = gemlite_kernel()
         kernels += gk
         skipped.update(why)
-    kernels.sort(key=lambda k: KERNEL_ORDER.index(k.name))
+    kernels.sort(key=lambda k: KERNEL_ORDER.index(k.name.split("[")[0]))
     for name, why in skipped.items():
         print(f"{name}: skipped ({why})")
 

@@ -30,6 +30,10 @@ ALLOWED_MEMOS = {
     ("twin_gemv.py", "_CLASS"): "the kernel class, built on first access (module __getattr__)",
     ("twin_gemv_kernel.py", "_SM_COUNT"): "multiprocessor count per CUDA device",
     ("twin_gemv_kernel.py", "_COUNTERS"): "the split-K kernels' counter workspace per device, allocated once",
+    ("twin_cuda.py", "_CLASS"): "the kernel class, built on first access (module __getattr__)",
+    ("twin_cuda.py", "_EXT"): "the compiled CUDA extension, built or loaded once per process",
+    ("twin_cuda.py", "_SMS"): "multiprocessor count per CUDA device",
+    ("twin_cuda.py", "_COUNTERS"): "the split-K counter workspace per device, allocated once",
 }
 
 MUTATORS = {"append", "extend", "insert", "update", "setdefault", "pop", "popitem", "clear", "remove",

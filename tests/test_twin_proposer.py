@@ -229,8 +229,9 @@ def test_linear_kernel_resolution_never_machete_for_auto_on_cuda():
     # every named vLLM class exists in vLLM 0.27.1
     from vllm.model_executor.kernels import linear
 
+    assert dk.resolve("own-cuda", on_cuda=True)[0] == "TwinCudaLinearKernel"
     for value, name in dk.KERNEL_CLASSES.items():
-        if value != "own":
+        if value not in ("own", "own-cuda"):
             assert hasattr(linear, name), name
 
 

@@ -12,7 +12,9 @@ through to vLLM's own order; :func:`report` counts such layers.
 ``auto``: on CUDA, Marlin first (never Machete for the twin); on CPU, today's behaviour (vLLM's
 CPU list with the plugin's int4 fallback at its head, see ``cpu_int4``). The CUDA-only values on
 a CPU host are accepted and recorded as having no effect (``draft_linear_kernel_applies: false``).
-``own`` is ``TwinGemvLinearKernel`` of ``vllm_patch.twin_gemv`` (imported only when asked for).
+``own`` is ``TwinGemvLinearKernel`` of ``vllm_patch.twin_gemv`` (Triton), ``own-cuda``
+``TwinCudaLinearKernel`` of ``vllm_patch.twin_cuda`` (CUDA C++, built at first use); each is imported
+only when asked for. ``own-cuda`` is a separate choice until the H200 measures it against ``own``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ KERNEL_CLASSES = {
     "humming": "HummingLinearKernel",
     "exllama": "ExllamaLinearKernel",
     "own": "TwinGemvLinearKernel",
+    "own-cuda": "TwinCudaLinearKernel",  # measured against "own" (issue 37): one of the two stays
 }
 AUTO_ON_CUDA = "marlin"
 
@@ -61,6 +64,10 @@ def kernel_class(name: str):
         from .twin_gemv import TwinGemvLinearKernel
 
         return TwinGemvLinearKernel
+    if name == KERNEL_CLASSES["own-cuda"]:
+        from .twin_cuda import TwinCudaLinearKernel
+
+        return TwinCudaLinearKernel
     from vllm.model_executor.kernels import linear
 
     cls = getattr(linear, name, None)

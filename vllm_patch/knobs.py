@@ -141,16 +141,18 @@ def _any(_: Any) -> bool:
 
 
 DRAFT_CUDAGRAPH_MODES = ("auto", "none", "piecewise", "full", "full_all")
-DRAFT_LINEAR_KERNELS = ("auto", "machete", "marlin", "humming", "exllama", "own")
+DRAFT_LINEAR_KERNELS = ("auto", "machete", "marlin", "humming", "exllama", "own", "own-cuda")
+OWN_KERNEL_MODULES = {"own": "twin_gemv", "own-cuda": "twin_cuda"}
 DRAFT_IDLE = ("sync", "skip")  # a step with γ 0: the draft's pass keeps its KV cache (vLLM), or none runs
 DRAFT_LM_HEADS = ("model", "int4")  # model: as the checkpoint has it; int4: vllm_patch.draft_head
 
 
-def own_kernel_available() -> bool:
-    """Whether the project's own int4 GEMV module (``vllm_patch.twin_gemv``) exists in this install."""
+def own_kernel_available(value: str = "own") -> bool:
+    """Whether the module of the project's own int4 kernel ``value`` (``own``: ``vllm_patch.twin_gemv``,
+    ``own-cuda``: ``vllm_patch.twin_cuda``) exists in this install."""
     import importlib.util
 
-    return importlib.util.find_spec(f"{__package__}.twin_gemv") is not None
+    return importlib.util.find_spec(f"{__package__}.{OWN_KERNEL_MODULES[value]}") is not None
 
 
 def check_combination(values: Mapping[str, Any], where: str = "") -> None:
@@ -183,11 +185,13 @@ SWITCHES: dict[str, Knob] = {k.name: k for k in [
          column="leg"),
     # 'own' is refused (naming the knob) where the module with TwinGemvLinearKernel is absent
     Knob("draft_linear_kernel", str, "auto",
-         lambda v: v in DRAFT_LINEAR_KERNELS and (v != "own" or own_kernel_available()),
+         lambda v: v in DRAFT_LINEAR_KERNELS and (v not in OWN_KERNEL_MODULES or (
+             own_kernel_available() if v == "own" else own_kernel_available(v))),
          "one of " + ", ".join(DRAFT_LINEAR_KERNELS) + " ('own' needs vllm_patch.twin_gemv with "
          "TwinGemvLinearKernel; this install must have it)",
          "W4A16 kernel of the draft's linear layers (the target's are vLLM's choice); auto: Marlin "
-         "first on CUDA, vLLM's CPU kernels on CPU; own: vllm_patch.twin_gemv",
+         "first on CUDA, vLLM's CPU kernels on CPU; own: vllm_patch.twin_gemv (Triton); own-cuda: "
+         "vllm_patch.twin_cuda (CUDA C++, being measured against own; one of the two stays)",
          env=ENV_LINEAR_KERNEL, flag="--draft-linear-kernel", spec_only=True, applies_on_cpu=False,
          column="leg"),
     Knob("draft_lm_head", str, "model", lambda v: v in DRAFT_LM_HEADS, "one of " + ", ".join(DRAFT_LM_HEADS),

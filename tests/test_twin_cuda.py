@@ -1,0 +1,122 @@
+"""The CUDA W4A16 decode kernel on a CPU: its layout and math, emulated with the kernel's own index math
+against the dequantized checkpoint; its source compiled for sm_90a where nvcc is on PATH."""
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from vllm_patch import twin_cuda
+from vllm_patch import twin_cuda_layout as L
+
+
+def checkpoint(n, k, group, symmetric, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    packed = torch.randint(-2**31, 2**31 - 1, (n, k // 8), dtype=torch.int32, generator=gen)
+    scales = (torch.rand(n, k // group, generator=gen) * 0.01 + 0.001).to(torch.bfloat16)
+    zeros = None if symmetric else torch.randint(-2**31, 2**31 - 1, (-(-n // 8), k // group), dtype=torch.int32,
+                                                 generator=gen)
+    return packed, scales, zeros
+
+
+def reference(packed, scales, zeros, group):
+    """fp32 [N, K] dequantized from the checkpoint tensors (natural order, independent of the repack)."""
+    n, k8 = packed.shape
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
+    q = ((packed.unsqueeze(-1) >> shifts) & 0xF).reshape(n, 8 * k8).float()
+    if zeros is None:
+        z = torch.full((n, k8 * 8 // group), 8.0)
+    else:
+        z = ((zeros.unsqueeze(1) >> shifts.view(1, 8, 1)) & 0xF).reshape(-1, zeros.shape[1])[:n].float()
+    return (q - z.repeat_interleave(group, 1)) * scales.float().repeat_interleave(group, 1)
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("n,k", [(48, 256), (40, 384), (8, 128), (21, 512)])
+def test_kernel_index_math_reads_the_checkpoint_weight(n, k, group, symmetric):
+    if k % group:
+        pytest.skip("group does not divide K")
+    packed, scales, zeros = checkpoint(n, k, group, symmetric, seed=n + k + group)
+    st = L.repack(packed, scales, zeros, group)
+    t = -(-n // 16)
+    assert st["qw"].shape == (t, k // 64, 32, 4) and st["sc"].shape == (t, k // group, 8)
+    assert (st["zp"] is None) == symmetric
+    ref = reference(packed, scales, zeros, group)
+    assert torch.equal(L.kernel_weight(st), ref)  # exact: every nibble, scale and zero point where read
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("group", [32, 128])
+def test_emulated_accumulation_matches_the_dequantized_product(group, symmetric):
+    n, k = 56, 512
+    packed, scales, zeros = checkpoint(n, k, group, symmetric, seed=7)
+    st = L.repack(packed, scales, zeros, group)
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    ref = x.float() @ reference(packed, scales, zeros, group).t()
+    got = L.emulate_mm(x, st)
+    assert ((got - ref).abs().max() / ref.abs().max()) < 1e-5  # the 128 offsets cancel to fp32 rounding
+
+
+def test_padding_rows_are_zero_and_tiles_are_contiguous_along_k():
+    packed, scales, zeros = checkpoint(20, 128, 64, False, seed=3)
+    st = L.repack(packed, scales, zeros, 64)
+    sc_pad = st["sc"][1].view(torch.int16).view(-1, 8, 2)[:, 4:, 1]  # rows 16 + 8 + 4.. are past N = 20
+    assert torch.equal(sc_pad, torch.zeros_like(sc_pad))
+    # tile 0's first chunk, lane 0, step 0, nibble 0 is W[0, 0]; nibble 1 is W[8, 0]; nibble 4 is W[0, 1]
+    q = L.unpack_cols(packed)
+    v = int(st["qw"][0, 0, 0, 0]) & 0xFFFFFFFF
+    assert [(v >> (4 * j)) & 15 for j in (0, 1, 4, 2)] == [int(q[0, 0]), int(q[8, 0]), int(q[0, 1]), int(q[0, 2])]
+
+
+def test_shapes_the_kernel_does_not_take_are_refused():
+    packed, scales, zeros = checkpoint(16, 96, 32, True)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        L.repack(packed, scales, zeros, 32)
+    packed, scales, zeros = checkpoint(16, 256, 256, True)
+    with pytest.raises(ValueError, match="group size"):
+        L.repack(packed, scales, zeros, 256)
+
+
+def test_launch_plan_covers_k_in_whole_groups_and_rings():
+    for n, k, m in ((10240, 5120, 1), (5120, 8192, 4), (51200, 5120, 16), (5120, 25600, 1), (40, 128, 33)):
+        for group in L.GROUPS:
+            plan = twin_cuda.plan(n, k, m, group, sms=132)
+            c = k // 64
+            assert plan.cps % max(1, group // 64) == 0 and plan.cps % plan.ring == 0 or plan.cps >= c
+            assert plan.splits == -(-c // plan.cps) and plan.splits * plan.cps >= c
+            assert plan.nt == (1 if m <= 8 else 2) and plan.grid[2] == -(-m // (8 * plan.nt))
+            assert plan.grid[0] * 4 * plan.r * 16 >= n
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None,
+                    reason="nvcc not on PATH (CI has none): the CPU emulation tests above cover the layout and "
+                           "the math; the GPU host compiles the source at first use")
+def test_cuda_source_compiles_for_sm90a_without_spills(tmp_path):
+    info = twin_cuda.compile_check(tmp_path, arch="sm_90a")
+    assert len(info) == len(twin_cuda.INSTANCES)
+    for name, r in info.items():
+        assert r["spill_bytes"] == 0 or r["regs"] >= 250, (name, r)  # only the widest tiles may spill
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (and nvcc to build the extension)")
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_cuda_kernel_matches_the_dequantized_reference(group, symmetric):
+    dev = torch.device("cuda")
+    for n, k in ((40, 256), (1000, 1024), (5120, 8192)):
+        packed, scales, zeros = checkpoint(n, k, group, symmetric, seed=n)
+        ref_w = reference(packed, scales, zeros, group).to(dev)
+        st = L.repack(packed.to(dev), scales.to(dev), None if zeros is None else zeros.to(dev), group)
+        for m in (1, 3, 8, 9, 16, 33):
+            x = torch.randn(m, k, device=dev).to(torch.bfloat16)
+            ref = x.float() @ ref_w.t()
+            for r in (1, 2, 4):
+                for waves in (1.0, 4.0, 16.0):  # one split and several
+                    p = twin_cuda.plan(n, k, m, group, twin_cuda.sm_count(dev), r=r, waves=waves)
+                    y = twin_cuda.w4a16_mm(x, st, p).float()
+                    err = float((y - ref).abs().max() / ref.abs().max())
+                    assert err < 8e-3, (n, k, m, r, p, err)  # bf16 output rounding
+                    assert torch.equal(y, twin_cuda.w4a16_mm(x, st, p).float())  # deterministic split-K
+    assert int(twin_cuda.counters(dev).abs().sum()) == 0  # every call leaves the counters zero

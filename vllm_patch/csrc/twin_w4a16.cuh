@@ -1,0 +1,288 @@
+// W4A16 decode GEMM for the int4 twin: y[M, N] = x[M, K] @ dequant(W)[N, K]^T, bf16 in and out,
+// fp32 accumulation, on the tensor cores (mma.sync m16n8k16 bf16, SM 8.0+; built for sm_90a).
+//
+// Layout (written by vllm_patch/twin_cuda_layout.py, which also emulates this file's index math):
+//   qw [T][C][32][4] int32   T = ceil(N / 16) row tiles, C = K / 64 chunks, 32 lanes, 4 k16 steps.
+//     Lane l (g = l / 4, t = l % 4), step i (sb = i / 2, ii = i % 2): k0 = 64 c + 32 sb + 8 t + 4 ii.
+//     Nibble j = p + 4 h (bits 4j..4j+3) holds W[16 tile + g + 8 (p & 1)][k0 + 2 (p >> 1) + h]:
+//     (v >> 4p) & 0x000F000F are the two nibbles of A-fragment register p (row g or g + 8).
+//     A warp's 16-byte loads of one (tile, chunk) are 512 contiguous bytes; a tile is contiguous.
+//   sc [T][NG][8] uint32     bf16 scales of rows g (low half) and g + 8 (high half), NG = K / group.
+//   zp [T][NG][8] uint8      zero points: z[g] | z[g + 8] << 4 (absent for uint4b8: zero point 8).
+//   B operand: the 16 k of step i are k0(t) + 0..3 over t = 0..3, so thread t reads x[token][k0 .. k0 + 3]:
+//   one 16-byte load of x per 32-k sub-block serves two steps; a group (32, 64, 128, ...) is whole steps.
+//
+// Dequant: lop3 (v & 0x000F000F) | 0x43004300 is the bf16 pair (128 + q_lo, 128 + q_hi), exact; a second
+// MMA per step with A_z = -(128 + z) of the row (bf16 0xC300 | z, exact) adds -(128 + z) sum_k x into the
+// same fp32 accumulator, so P = sum_k (q - z) x per group, and acc += s P at the group's end.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "twin_w4a16_api.h"
+
+namespace twin_w4 {
+
+
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t bf16_pair(uint32_t v) {  // (v & 0x000F000F) | 0x43004300
+  uint32_t d;
+  asm("lop3.b32 %0, %1, 0x000F000F, 0x43004300, 0xEA;\n" : "=r"(d) : "r"(v));
+  return d;
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// mma_bf16 with a zero accumulator in.
+__device__ __forceinline__ void mma_bf16_zero(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                              uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %10, %10, %10};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// One k16 step i of a chunk for R tiles and NT token tiles of 8: P += A_z B + A B, where A holds
+// 128 + q and A_z the row's -(128 + z) (bf16, exact): P sums (q - z) x over the group. FIRST: the
+// group's first step, whose A_z MMA starts from zero.
+template <int R, int NT, bool FIRST>
+__device__ __forceinline__ void step(int i, const uint4 (&w)[R], const uint4 (&xv)[NT][2], float (&P)[R][NT][4],
+                                     const uint32_t (&az)[R][4]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const uint32_t v = word(w[r], i);
+    const uint32_t a0 = bf16_pair(v), a1 = bf16_pair(v >> 4), a2 = bf16_pair(v >> 8), a3 = bf16_pair(v >> 12);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const uint4& xq = xv[nt][i >> 1];
+      const uint32_t b0 = (i & 1) ? xq.z : xq.x, b1 = (i & 1) ? xq.w : xq.y;
+      if (FIRST)
+        mma_bf16_zero(P[r][nt], az[r][0], az[r][1], az[r][2], az[r][3], b0, b1);
+      else
+        mma_bf16(P[r][nt], az[r][0], az[r][1], az[r][2], az[r][3], b0, b1);
+      mma_bf16(P[r][nt], a0, a1, a2, a3, b0, b1);
+    }
+  }
+}
+
+// End of a group: acc += s * P per row (s: bf16 scales of rows g and g + 8).
+template <int R, int NT>
+__device__ __forceinline__ void fold(float (&acc)[R][NT][4], const float (&P)[R][NT][4], const uint32_t (&s)[R]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float s0 = __uint_as_float(s[r] << 16), s1 = __uint_as_float(s[r] & 0xFFFF0000u);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[r][nt][c] = fmaf(c < 2 ? s0 : s1, P[r][nt][c], acc[r][nt][c]);
+  }
+}
+
+// Scales (raw bf16 pairs) and zero points of groups grp .. grp + E - 1 (clamped) for the warp's tiles.
+template <int R, int E, bool HAS_Z>
+__device__ __forceinline__ void load_meta(const Params& p, const int (&tiles)[R], int grp, int g,
+                                          uint32_t (&s)[R][E], uint32_t (&z)[R][E]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const size_t at = ((size_t)tiles[r] * p.NG + min(grp + e, p.NG - 1)) * 8 + g;
+      s[r][e] = __ldg(static_cast<const uint32_t*>(p.sc) + at);
+      z[r][e] = HAS_Z ? (uint32_t)__ldg(static_cast<const uint8_t*>(p.zp) + at) : 0u;
+    }
+}
+
+// A_z fragment (rows g, g + 8, g, g + 8): bf16 pairs -(128 + z) = 0xC300 | z (uint4b8: z = 8).
+template <bool HAS_Z>
+__device__ __forceinline__ void zero_words(uint32_t zb, uint32_t (&az)[4]) {
+  if (HAS_Z) {
+    az[0] = az[2] = (zb & 15u) * 0x10001u + 0xC300C300u;
+    az[1] = az[3] = (zb >> 4) * 0x10001u + 0xC300C300u;
+  } else {
+    az[0] = az[1] = az[2] = az[3] = 0xC308C308u;
+  }
+}
+
+// The CTA's partial sums: bf16 to y (S == 1), else fp32 to the workspace, and the last CTA of the row
+// block to arrive adds the S partials in split order (deterministic) and resets its counter.
+template <int R, int NT>
+__device__ __forceinline__ void epilogue(const Params& p, const float (&acc)[R][NT][4], int tile0, bool active,
+                                         int m0, int g, int t) {
+  if (active) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int row = 16 * (tile0 + r) + g + 8 * (c >> 1), tok = m0 + 8 * nt + 2 * t + (c & 1);
+          if (row < p.N && tok < p.M) {
+            if (p.S == 1)
+              static_cast<__nv_bfloat16*>(p.y)[(size_t)tok * p.ldy + row] = __float2bfloat16_rn(acc[r][nt][c]);
+            else
+              p.ws[((size_t)blockIdx.y * p.M + tok) * p.N + row] = acc[r][nt][c];
+          }
+        }
+  }
+  if (p.S == 1) return;
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* cnt = p.counters + blockIdx.z * gridDim.x + blockIdx.x;
+    last = atomicAdd(cnt, 1) == p.S - 1;
+    if (last) *cnt = 0;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int row0 = blockIdx.x * kWarps * R * 16, rows = min(kWarps * R * 16, p.N - row0);
+  const int toks = min(8 * NT, p.M - m0);
+  for (int e = threadIdx.x; e < rows * toks; e += blockDim.x) {
+    const int row = row0 + e % rows, tok = m0 + e / rows;
+    float sum = 0.0f;
+    for (int sp = 0; sp < p.S; ++sp) sum += __ldcg(p.ws + ((size_t)sp * p.M + tok) * p.N + row);
+    static_cast<__nv_bfloat16*>(p.y)[(size_t)tok * p.ldy + row] = __float2bfloat16_rn(sum);
+  }
+}
+
+template <int R, int GS>
+__host__ __device__ constexpr int ring_depth() {  // chunks per ring: even, a multiple of the span
+  return R == 1 ? 8 : 4;
+}
+
+// R: row tiles of 16 per warp; NT: token tiles of 8 (M <= 8: 1, else 2; gridDim.z covers more);
+// GS: group / 32 (1, 2, 4); HAS_Z: zero points (uint4), else uint4b8. Every group boundary sits at a
+// static step of the unrolled ring (splits start on a group, the ring is a multiple of the span).
+template <int R, int NT, int GS, bool HAS_Z>
+__global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
+  constexpr int RD = ring_depth<R, GS>();
+  constexpr int E = GS == 1 ? 2 : 1;     // groups whose meta a span needs
+  constexpr int SPAN = GS == 4 ? 2 : 1;  // chunks per span
+  static_assert(RD % 2 == 0 && RD % SPAN == 0, "ring depth");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int tile0 = (blockIdx.x * kWarps + warp) * R;
+  const int c_begin = blockIdx.y * p.cps, nck = min(p.cps, p.C - c_begin);
+  const int m0 = blockIdx.z * 8 * NT;
+  const bool active = tile0 < p.T && nck > 0;
+  float acc[R][NT][4];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[r][nt][c] = 0.0f;
+
+  if (active) {
+    int tiles[R];
+    const uint4* wp[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      tiles[r] = min(tile0 + r, p.T - 1);
+      wp[r] = static_cast<const uint4*>(p.qw) + ((size_t)tiles[r] * p.C + c_begin) * 32 + lane;
+    }
+    const uint4* xp[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int tok = min(m0 + g + 8 * nt, p.M - 1);
+      xp[nt] = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.x) + (size_t)tok * p.ldx + (size_t)c_begin * 64 + 8 * t);
+    }
+    uint4 buf[RD][R];
+#pragma unroll
+    for (int d = 0; d < RD; ++d)
+      if (d < nck)
+#pragma unroll
+        for (int r = 0; r < R; ++r) buf[d][r] = ld_stream(wp[r] + d * 32);
+    uint4 xv[2][NT][2];  // x of chunks of even / odd ring slots
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      xv[0][nt][0] = __ldg(xp[nt]);
+      xv[0][nt][1] = __ldg(xp[nt] + 4);
+    }
+    int grp = c_begin * 2 / GS;
+    uint32_t s_cur[R][E], z_cur[R][E], s_nxt[R][E], z_nxt[R][E], az[R][E][4];
+    load_meta<R, E, HAS_Z>(p, tiles, grp, g, s_cur, z_cur);
+    load_meta<R, E, HAS_Z>(p, tiles, grp + E, g, s_nxt, z_nxt);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int e = 0; e < E; ++e) zero_words<HAS_Z>(z_cur[r][e], az[r][e]);
+    float P[R][NT][4];
+    for (int c0 = 0; c0 < nck; c0 += RD) {
+#pragma unroll
+      for (int d = 0; d < RD; ++d) {
+        const int c = c0 + d;
+        if (c < nck) {
+          const int cn = min(c + 1, nck - 1);  // x of the next chunk, one chunk ahead
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            xv[(d + 1) & 1][nt][0] = __ldg(xp[nt] + 8 * cn);
+            xv[(d + 1) & 1][nt][1] = __ldg(xp[nt] + 8 * cn + 4);
+          }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int e = GS == 1 ? i >> 1 : 0;
+            uint32_t az1[R][4];
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+              for (int q = 0; q < 4; ++q) az1[r][q] = az[r][e][q];
+            const bool first = GS == 1 ? (i & 1) == 0 : GS == 2 ? i == 0 : (i == 0 && (d & 1) == 0);
+            const bool last = GS == 1 ? (i & 1) == 1 : GS == 2 ? i == 3 : (i == 3 && (d & 1) == 1);
+            if (first)
+              step<R, NT, true>(i, buf[d], xv[d & 1], P, az1);
+            else
+              step<R, NT, false>(i, buf[d], xv[d & 1], P, az1);
+            if (last) {
+              uint32_t s1[R];
+#pragma unroll
+              for (int r = 0; r < R; ++r) s1[r] = s_cur[r][e];
+              fold<R, NT>(acc, P, s1);
+            }
+          }
+          if (c + RD < nck)
+#pragma unroll
+            for (int r = 0; r < R; ++r) buf[d][r] = ld_stream(wp[r] + (c + RD) * 32);
+          if (d % SPAN == SPAN - 1) {  // the span's groups are folded: next span's meta
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+              for (int e = 0; e < E; ++e) {
+                s_cur[r][e] = s_nxt[r][e];
+                zero_words<HAS_Z>(z_nxt[r][e], az[r][e]);
+              }
+            grp += E;
+            load_meta<R, E, HAS_Z>(p, tiles, grp + E, g, s_nxt, z_nxt);
+          }
+        }
+      }
+    }
+  }
+  epilogue<R, NT>(p, acc, tile0, active, m0, g, t);
+}
+
+template <int R, int NT, int GS, bool HAS_Z>
+void launch(const Params& p, dim3 grid, cudaStream_t stream) {
+  w4a16_decode<R, NT, GS, HAS_Z><<<grid, kWarps * 32, 0, stream>>>(p);
+}
+
+#define TWIN_W4_INSTANTIATE(R, NT, GS, HZ) template void launch<R, NT, GS, HZ>(const Params&, dim3, cudaStream_t);
+
+}  // namespace twin_w4

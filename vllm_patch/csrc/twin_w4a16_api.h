@@ -1,0 +1,34 @@
+// Host-side interface of the W4A16 decode kernel (twin_w4a16.cuh): parameters and the launch template.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace twin_w4 {
+
+struct Params {
+  const void* qw;   // [T][C][32][4] int32 (uint4 loads)
+  const void* sc;   // [T][NG][8] bf16 pairs
+  const void* zp;   // [T][NG][8] uint8, or null (uint4b8)
+  const void* x;    // [M][ldx] bf16
+  void* y;          // [M][ldy] bf16
+  float* ws;        // [S][M][N] fp32 split-K partials (S > 1)
+  int* counters;    // arrival counters, one per (row block, token block), left zero
+  int M, N, T, C, NG;
+  int cps;          // chunks per split (a multiple of the ring and the group's chunks, or all of K)
+  int S;            // splits (gridDim.y)
+  int ldx, ldy;     // row strides of x and y, elements
+};
+
+constexpr int kWarps = 4;  // warps per CTA: each its own R row tiles, all on the CTA's k range
+
+template <int R, int NT, int GS, bool HAS_Z>
+void launch(const Params& p, dim3 grid, cudaStream_t stream);
+
+// Every instance: R in {1, 2, 4} row tiles a warp, NT in {1, 2} token tiles of 8, GS = group / 32.
+#define TWIN_W4_FOR_EACH_R_NT(X, GS, HZ) \
+  X(1, 1, GS, HZ) X(2, 1, GS, HZ) X(4, 1, GS, HZ) X(1, 2, GS, HZ) X(2, 2, GS, HZ) X(4, 2, GS, HZ)
+#define TWIN_W4_FOR_EACH_GS(X, HZ) \
+  TWIN_W4_FOR_EACH_R_NT(X, 1, HZ) TWIN_W4_FOR_EACH_R_NT(X, 2, HZ) TWIN_W4_FOR_EACH_R_NT(X, 4, HZ)
+#define TWIN_W4_FOR_EACH(X) TWIN_W4_FOR_EACH_GS(X, false) TWIN_W4_FOR_EACH_GS(X, true)
+
+}  // namespace twin_w4

@@ -1,0 +1,72 @@
+// torch binding of the W4A16 decode kernel: checks, parameters, and the dispatch to one instance.
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
+
+#include "twin_w4a16_api.h"
+
+namespace {
+
+void w4a16_mm(const torch::Tensor& x, const torch::Tensor& qw, const torch::Tensor& sc,
+              const c10::optional<torch::Tensor>& zp, torch::Tensor& y, torch::Tensor& ws, torch::Tensor& counters,
+              int64_t n, int64_t group, int64_t r, int64_t nt, int64_t cps) {
+  TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1, "x: bf16 [M, K]");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 && x.stride(0) % 8 == 0, "x rows 16-byte aligned");
+  TORCH_CHECK(qw.scalar_type() == at::kInt && qw.dim() == 4 && qw.is_contiguous(), "qw: int32 [T, C, 32, 4]");
+  TORCH_CHECK(sc.scalar_type() == at::kInt && sc.dim() == 3 && sc.is_contiguous(), "sc: int32 [T, G, 8]");
+  TORCH_CHECK(y.scalar_type() == at::kBFloat16 && y.dim() == 2 && y.stride(1) == 1, "y: bf16 [M, N]");
+  const int64_t m = x.size(0), k = x.size(1), t = qw.size(0), c = qw.size(1);
+  TORCH_CHECK(k == 64 * c && t == (n + 15) / 16 && y.size(0) == m && y.size(1) == n, "shapes");
+  TORCH_CHECK(group == 32 || group == 64 || group == 128, "group 32, 64 or 128");
+  TORCH_CHECK(sc.size(0) == t && sc.size(1) == k / group, "scales [T, K / group, 8]");
+  const bool has_z = zp.has_value();
+  if (has_z) TORCH_CHECK(zp->scalar_type() == at::kByte && zp->sizes() == sc.sizes() && zp->is_contiguous(), "zp");
+  TORCH_CHECK(r == 1 || r == 2 || r == 4, "r in 1, 2, 4");
+  TORCH_CHECK(nt == 1 || nt == 2, "nt in 1, 2");
+  if (m == 0) return;
+  const int64_t splits = (c + cps - 1) / cps;
+  const int64_t row_blocks = (t + twin_w4::kWarps * r - 1) / (twin_w4::kWarps * r);
+  const int64_t token_blocks = (m + 8 * nt - 1) / (8 * nt);
+  if (splits > 1) {
+    TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.numel() >= splits * m * n, "workspace");
+    TORCH_CHECK(counters.scalar_type() == at::kInt && counters.numel() >= row_blocks * token_blocks, "counters");
+  }
+  twin_w4::Params p{};
+  p.qw = qw.data_ptr();
+  p.sc = sc.data_ptr();
+  p.zp = has_z ? zp->data_ptr() : nullptr;
+  p.x = x.data_ptr();
+  p.y = y.data_ptr();
+  p.ws = splits > 1 ? ws.data_ptr<float>() : nullptr;
+  p.counters = splits > 1 ? counters.data_ptr<int>() : nullptr;
+  p.M = static_cast<int>(m);
+  p.N = static_cast<int>(n);
+  p.T = static_cast<int>(t);
+  p.C = static_cast<int>(c);
+  p.NG = static_cast<int>(k / group);
+  p.cps = static_cast<int>(cps);
+  p.S = static_cast<int>(splits);
+  p.ldx = static_cast<int>(x.stride(0));
+  p.ldy = static_cast<int>(y.stride(0));
+  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(splits),
+                  static_cast<unsigned>(token_blocks));
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int gs = static_cast<int>(group / 32);
+#define TWIN_W4_DISPATCH(R_, NT_, GS_, HZ_)                                  \
+  if (r == R_ && nt == NT_ && gs == GS_ && has_z == HZ_) {                  \
+    twin_w4::launch<R_, NT_, GS_, HZ_>(p, grid, stream);                    \
+    C10_CUDA_KERNEL_LAUNCH_CHECK();                                          \
+    return;                                                                  \
+  }
+  TWIN_W4_FOR_EACH(TWIN_W4_DISPATCH)
+#undef TWIN_W4_DISPATCH
+  TORCH_CHECK(false, "no kernel instance for r=", r, " nt=", nt, " group=", group);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("w4a16_mm", &w4a16_mm, "W4A16 decode GEMM (bf16): y = x @ dequant(W)^T");
+}

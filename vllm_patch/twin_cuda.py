@@ -1,0 +1,333 @@
+"""The twin's CUDA C++ W4A16 decode GEMM (``csrc/twin_w4a16*.cu*``): build, launch plan, custom op, vLLM class.
+
+``draft_linear_kernel=own-cuda`` (``TwinCudaLinearKernel``) while it is measured against the Triton
+kernel of ``twin_gemv`` (``own``); issue 37 keeps one own kernel in the end, the faster one.
+
+The kernel: ``y [M, N] = x [M, K] @ dequant(W)^T`` for compressed-tensors ``pack-quantized`` int4
+(``uint4`` with zero points, or symmetric ``uint4b8``), groups 32 / 64 / 128, bf16 activations and
+output, fp32 accumulation, any M (tiles of 8 or 16 tokens), on the tensor cores (``mma.sync``
+m16n8k16; SM 8.0+, built for ``sm_90a`` on Hopper). Each warp streams R row tiles of 16 along its K
+range with 16-byte loads, several chunks in flight; split-K where N is small, the last CTA of a row
+block adding the partials in split order (deterministic). The layout, the repack and a CPU
+emulation of the kernel's index math are in ``twin_cuda_layout``.
+
+Built at first use with ``torch.utils.cpp_extension.load`` (cached under torch's extensions folder,
+``~/.cache/torch_extensions``), with the host's ``nvcc``. Importing this module needs neither CUDA,
+nvcc nor vLLM.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import twin_cuda_layout as layout
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = ("twin_w4a16_torch.cpp", "twin_w4a16_zp.cu", "twin_w4a16_sym.cu")
+WARPS = 4  # kWarps of twin_w4a16_api.h
+KERNEL_NAME = "TwinCudaLinearKernel"
+OP_NAMESPACE = "twin_spec"
+OP_NAME = "w4a16_cuda_mm"
+MIN_CAPABILITY = 80  # mma.sync m16n8k16 bf16
+# (R, NT, group / 32, zero points): every instance the extension has (TWIN_W4_FOR_EACH)
+INSTANCES = tuple((r, nt, gs, z) for z in (False, True) for gs in (1, 2, 4) for nt in (1, 2) for r in (1, 2, 4))
+
+
+# ---------------------------------------------------------------- launch plan
+
+@dataclass(frozen=True)
+class Plan:
+    r: int  # row tiles of 16 per warp
+    nt: int  # token tiles of 8 per CTA (1: M <= 8)
+    ring: int  # chunks of 64 K per warp's load ring
+    cps: int  # chunks per split
+    splits: int
+    grid: tuple[int, int, int]
+
+    @property
+    def tag(self) -> str:
+        return f"r{self.r}-nt{self.nt}-s{self.splits}"
+
+
+def ring_depth(r: int) -> int:
+    """``ring_depth`` of twin_w4a16.cuh."""
+    return 8 if r == 1 else 4
+
+
+def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = None, waves: float = 2.0) -> Plan:
+    """About ``waves * sms`` CTAs of 4 warps (launch bounds guarantee 2 resident per SM): one wave, no tail
+    of CTAs that stream alone. ``r`` None: 2 row tiles a warp where the row blocks fit that, else 4 (the
+    32B gate_up: 400 CTAs of 2 would leave a tail). Split-K fills the wave where N is small; splits start
+    on a group and a ring."""
+    nt = 1 if m <= 8 else 2
+    c = k // layout.CHUNK
+    t = -(-n // layout.TILE)
+    token_blocks = -(-m // (8 * nt))
+    if r is None:
+        r = 2 if -(-t // (WARPS * 2)) * token_blocks <= waves * sms else 4
+    ring = ring_depth(r)
+    row_blocks = -(-t // (WARPS * r))
+    want = max(1, int(waves * sms // (row_blocks * token_blocks)))
+    cps = -(-c // want)
+    cps = -(-cps // ring) * ring  # a multiple of the ring (and so of group 128's two chunks)
+    if cps >= c:
+        cps = c
+    splits = -(-c // cps)
+    return Plan(r=r, nt=nt, ring=ring, cps=cps, splits=splits, grid=(row_blocks, splits, token_blocks))
+
+
+def sweep_plans(n: int, k: int, m: int, group: int, sms: int = 132) -> list[Plan]:
+    """Alternatives the benchmark times beside ``plan``'s default."""
+    out = [plan(n, k, m, group, sms, r=r, waves=w) for r in (1, 2, 4) for w in (1.0, 2.0, 3.0, 6.0)]
+    return list(dict.fromkeys(out))
+
+
+# ---------------------------------------------------------------- build and launch
+
+_EXT = None
+
+
+def unavailable_reason() -> str | None:
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    major, minor = torch.cuda.get_device_capability()
+    if 10 * major + minor < MIN_CAPABILITY:
+        return f"compute capability {major}.{minor} < {MIN_CAPABILITY / 10:.1f}"
+    if shutil.which("nvcc") is None and not os.environ.get("CUDA_HOME"):
+        return "nvcc is not on PATH (the extension is built at first use)"
+    return None
+
+
+def extension():
+    """The compiled extension (built once, then loaded from torch's extension cache)."""
+    global _EXT
+    if _EXT is None:
+        from torch.utils.cpp_extension import load
+
+        saved = os.environ.get("TORCH_CUDA_ARCH_LIST")
+        if torch.cuda.is_available() and saved is None:
+            major, minor = torch.cuda.get_device_capability()
+            os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}" + ("a" if (major, minor) == (9, 0) else "")
+        try:
+            _EXT = load(name="twin_w4a16", sources=[str(CSRC / s) for s in SOURCES],
+                        extra_include_paths=[str(CSRC)], extra_cflags=["-O3", "-std=c++17"],
+                        extra_cuda_cflags=["-O3", "-std=c++17", "-lineinfo"], verbose=False)
+        finally:
+            if saved is None:
+                os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+    return _EXT
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+COUNTER_SLOTS = 1 << 16
+
+
+def counters(device) -> torch.Tensor:
+    """Arrival counters of the split-K reduction (zero between calls); create before CUDA-graph capture."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device not in _COUNTERS:
+        _COUNTERS[device] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
+    return _COUNTERS[device]
+
+
+_SMS: dict[int, int] = {}
+
+
+def sm_count(device: torch.device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SMS[idx]
+
+
+def w4a16_mm(x: torch.Tensor, st: dict, p: Plan | None = None) -> torch.Tensor:
+    """``x [M, K]`` bf16 -> ``[M, N]`` bf16 with the tensors of ``twin_cuda_layout.repack`` (on the GPU)."""
+    if x.dim() != 2 or x.shape[1] != st["k"]:
+        raise ValueError(f"x {tuple(x.shape)} is not [M, {st['k']}]")
+    if x.dtype != torch.bfloat16:
+        raise ValueError(f"x is {x.dtype}; the kernel takes bf16")
+    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+        x = x.contiguous()
+    m, n = x.shape[0], st["n"]
+    y = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
+    if m == 0:
+        return y
+    p = p or plan(n, st["k"], m, st["group"], sm_count(x.device))
+    if p.nt != (1 if m <= 8 else 2):
+        p = plan(n, st["k"], m, st["group"], sm_count(x.device), r=p.r)
+    if p.grid[0] * p.grid[2] > COUNTER_SLOTS:
+        raise ValueError(f"{p.grid[0] * p.grid[2]} row x token blocks > {COUNTER_SLOTS} counters")
+    ws = torch.empty(p.splits * m * n if p.splits > 1 else 0, dtype=torch.float32, device=x.device)
+    extension().w4a16_mm(x, st["qw"], st["sc"], st["zp"], y, ws, counters(x.device), n, st["group"], p.r, p.nt,
+                         p.cps)
+    return y
+
+
+# ---------------------------------------------------------------- custom op (opaque to torch.compile)
+
+def _op_impl(x: torch.Tensor, qw: torch.Tensor, sc: torch.Tensor, zp: torch.Tensor | None, n: int,
+             group: int) -> torch.Tensor:
+    return w4a16_mm(x, {"qw": qw, "sc": sc, "zp": zp, "n": n, "k": x.shape[1], "group": group})
+
+
+def _register_op():
+    ns = getattr(torch.ops, OP_NAMESPACE, None)
+    if ns is not None and hasattr(ns, OP_NAME):
+        return getattr(ns, OP_NAME)
+    op = torch.library.custom_op(
+        f"{OP_NAMESPACE}::{OP_NAME}", mutates_args=(),
+        schema="(Tensor x, Tensor qw, Tensor sc, Tensor? zp, int n, int group) -> Tensor")(_op_impl)
+
+    @op.register_fake
+    def _(x, qw, sc, zp, n, group):
+        return x.new_empty((x.shape[0], n))
+
+    return op
+
+
+w4a16_cuda_op = _register_op()
+
+
+def twin_linear(x: torch.Tensor, st: dict, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [..., K] -> [..., N]`` through the custom op (any leading shape)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    y = w4a16_cuda_op(x2, st["qw"], st["sc"], st["zp"], st["n"], st["group"])
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], st["n"])
+
+
+# ---------------------------------------------------------------- static compile check (no GPU)
+
+_PTXAS = re.compile(r"Compiling entry function '(\S+)' for '(\w+)'.*?Used (\d+) registers", re.S)
+_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_MANGLED = re.compile(r"w4a16_decodeILi(\d)ELi(\d)ELi(\d)ELb(\d)E")
+
+
+def instance_name(r: int, nt: int, gs: int, z: bool) -> str:
+    return f"r{r}-nt{nt}-g{32 * gs}-{'zp' if z else 'sym'}"
+
+
+def compile_cubin(out_dir: Path, arch: str = "sm_90a", nvcc: str = "nvcc") -> tuple[Path, dict]:
+    """Every instance compiled by ``nvcc`` (no torch headers) to one cubin; ``{instance: ptxas facts}``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    src = out_dir / "twin_w4a16_all.cu"
+    src.write_text('#include "twin_w4a16.cuh"\nnamespace twin_w4 {\nTWIN_W4_FOR_EACH(TWIN_W4_INSTANTIATE)\n}\n')
+    cubin = out_dir / f"twin_w4a16_{arch}.cubin"
+    res = subprocess.run([nvcc, "-O3", "-std=c++17", f"-arch={arch}", "-cubin", "-Xptxas", "-v", "-I", str(CSRC),
+                          "-o", str(cubin), str(src)], capture_output=True, text=True)
+    if res.returncode:
+        raise RuntimeError(f"nvcc failed:\n{res.stderr[-4000:]}")
+    info = {}
+    blocks = res.stderr.split("Compiling entry function")[1:]
+    for b in blocks:
+        m = _MANGLED.search(b)
+        regs = re.search(r"Used (\d+) registers", b)
+        spill = _SPILL.search(b)
+        stack = re.search(r"(\d+) bytes stack frame", b)
+        smem = re.search(r"(\d+) bytes smem", b)
+        if not m or not regs:
+            continue
+        r, nt, gs, z = (int(v) for v in m.groups())
+        info[instance_name(r, nt, gs, bool(z))] = {
+            "regs": int(regs.group(1)), "spill_bytes": int(spill.group(1)) + int(spill.group(2)) if spill else 0,
+            "stack_bytes": int(stack.group(1)) if stack else 0, "smem_bytes": int(smem.group(1)) if smem else 0}
+    return cubin, info
+
+
+def compile_check(out_dir: Path, arch: str = "sm_90a") -> dict:
+    """``compile_cubin``'s per-instance registers / spills / stack / shared memory."""
+    return compile_cubin(out_dir, arch)[1]
+
+
+# ---------------------------------------------------------------- the vLLM kernel class
+
+def check_config(c) -> tuple[bool, str | None]:
+    """``can_implement``'s shape/type rules without the device checks (testable anywhere)."""
+    from vllm.scalar_type import scalar_types
+
+    if c.weight_type not in (scalar_types.uint4, scalar_types.uint4b8):
+        return False, f"weight type {c.weight_type} is not uint4 (zero points) or uint4b8"
+    if (c.weight_type == scalar_types.uint4) != bool(c.zero_points):
+        return False, f"weight type {c.weight_type} with zero_points={c.zero_points} is not supported"
+    if c.has_g_idx:
+        return False, "act-order (g_idx) is not supported"
+    if c.act_type != torch.bfloat16 or (c.out_type is not None and c.out_type != torch.bfloat16):
+        return False, f"activations {c.act_type} / output {c.out_type}: the CUDA kernel takes bf16"
+    k, n = c.partition_weight_shape
+    if c.group_size not in layout.GROUPS:
+        return False, f"group size {c.group_size} is not one of {layout.GROUPS}"
+    if k % layout.CHUNK or k % c.group_size:
+        return False, f"input size per partition {k} is not a multiple of {layout.CHUNK} and the group size"
+    return True, None
+
+
+def _build_class():
+    from vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel import MPLinearKernel
+    from vllm.model_executor.utils import replace_parameter
+    from vllm.platforms import current_platform
+
+    class TwinCudaLinearKernel(MPLinearKernel):
+        """CUDA C++ W4A16 decode GEMM (tensor cores, split-K) for the int4 twin; measured against ``own``."""
+
+        @classmethod
+        def get_min_capability(cls) -> int:
+            return MIN_CAPABILITY
+
+        @classmethod
+        def can_implement(cls, c) -> tuple[bool, str | None]:
+            if not current_platform.is_cuda():
+                return False, f"{KERNEL_NAME} needs CUDA"
+            reason = unavailable_reason()
+            if reason:
+                return False, f"{KERNEL_NAME}: {reason}"
+            return check_config(c)
+
+        def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+            c = self.config
+            w_q, w_s, w_zp, _ = self._get_weight_params(layer)
+            k, n = c.partition_weight_shape
+            if tuple(w_q.shape) != (n, k // 8):
+                raise ValueError(f"{KERNEL_NAME}: packed weight {tuple(w_q.shape)} is not [out={n}, in/8={k // 8}]")
+            st = layout.repack(w_q.data, w_s.data, w_zp.data if c.zero_points else None, c.group_size)
+            replace_parameter(layer, self.w_q_name, st["qw"])
+            replace_parameter(layer, self.w_s_name, st["sc"])
+            if st["zp"] is not None:
+                replace_parameter(layer, self.w_zp_name, st["zp"])
+            layer.twin_cuda_shape = (n, k, c.group_size)
+            if st["qw"].is_cuda:
+                counters(st["qw"].device)  # before graph capture
+                extension()  # built (or loaded) now, not inside the first forward
+
+        def apply_weights(self, layer: torch.nn.Module, x: torch.Tensor,
+                          bias: torch.Tensor | None = None) -> torch.Tensor:
+            w_q, w_s, w_zp, _ = self._get_weight_params(layer)
+            n, k, group = layer.twin_cuda_shape
+            st = {"qw": w_q, "sc": w_s, "zp": w_zp if self.config.zero_points else None, "n": n, "k": k,
+                  "group": group}
+            return twin_linear(x, st, bias)
+
+    TwinCudaLinearKernel.__qualname__ = KERNEL_NAME
+    return TwinCudaLinearKernel
+
+
+_CLASS = None
+
+
+def __getattr__(name: str):
+    global _CLASS
+    if name == KERNEL_NAME:
+        if _CLASS is None:
+            _CLASS = _build_class()
+        return _CLASS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
