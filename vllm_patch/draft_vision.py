@@ -55,3 +55,17 @@ def same_vision(target_model, draft_model) -> tuple[bool, str]:
         if not torch.equal(a, b):
             return False, f"{name}: different values"
     return True, f"equal weights ({len(tt)} tensors)"
+
+
+def share(proposer, target_model) -> None:
+    """At the twin proposer's load: mark the drafter to read the target's encoder outputs where the towers
+    are equal (knob ``draft_vision_share``), and say so in the report (``draft_vision``, and why)."""
+    knobs, report = proposer._twin_engine.knobs, proposer._twin_engine.report
+    if not proposer.supports_mm_inputs or knobs.blind_mm:
+        return
+    if not knobs.draft_vision_share:
+        report.update(draft_vision="own", draft_vision_share_reason="knob off")
+        return
+    same, why = same_vision(target_model, proposer.model)
+    proposer._twin["share_vision"] = same
+    report.update(draft_vision="shared" if same else "own", draft_vision_share_reason=why)

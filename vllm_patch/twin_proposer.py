@@ -21,11 +21,8 @@ import torch
 from vllm.config import CUDAGraphMode
 from vllm.v1.spec_decode.draft_model import DraftModelProposer
 
-from . import draft_graphs
-from . import draft_head
-from . import draft_vision
-from . import draft_kernels
-from . import engine_state
+from . import draft_graphs, draft_head, draft_idle, draft_kernels, draft_vision, engine_state
+
 
 class TwinDraftProposer(DraftModelProposer):
     """vLLM's draft_model proposer for an M-RoPE twin (see the module docstring)."""
@@ -146,23 +143,11 @@ class TwinDraftProposer(DraftModelProposer):
             self._twin_engine.report.update(**draft_head.install(self.model, self._twin_kernel[0]))
         else:
             self._twin_engine.report.update(draft_lm_head="model", draft_lm_head_applies=True)
-        self._share_vision(target_model)
+        draft_vision.share(self, target_model)
         if self._twin_graph_mode in ("full", "full_all"):
             # The outer FULL wrapper replays whole passes (single-token steps; first passes too under
             # full_all); under a PIECEWISE dispatch it passes through to the piecewise-compiled model.
             self.model = draft_graphs.make_graph_wrapper(self.model, self.vllm_config)
-
-    def _share_vision(self, target_model) -> None:
-        """Knob ``draft_vision_share``: the target's encoder outputs serve the draft where the towers are equal."""
-        knobs = self._twin_engine.knobs
-        if not self.supports_mm_inputs or knobs.blind_mm:
-            return
-        if not knobs.draft_vision_share:
-            self._twin_engine.report.update(draft_vision="own", draft_vision_share_reason="knob off")
-            return
-        share, why = draft_vision.same_vision(target_model, self.model)
-        self._twin["share_vision"] = share
-        self._twin_engine.report.update(draft_vision="shared" if share else "own", draft_vision_share_reason=why)
 
     # -- CUDA graphs -------------------------------------------------------------------------------- #
     def initialize_cudagraph_keys(self, cudagraph_mode: CUDAGraphMode) -> None:
@@ -265,7 +250,7 @@ class TwinDraftProposer(DraftModelProposer):
 
     # -- drafting ----------------------------------------------------------------------------------- #
     def propose(self, *args, **kwargs):
-        idle = self._idle_skip(kwargs)
+        idle = draft_idle.empty_draft(self, kwargs)
         if idle is not None:
             return idle
         self._twin_calls = 0
@@ -279,22 +264,6 @@ class TwinDraftProposer(DraftModelProposer):
         if self._twin_loop_t0 and self._twin_engine.steps is not None:
             self._twin_engine.steps.stamp("draft_loop_t1")  # end of the gamma-1 single-token steps
         return out
-
-    def _idle_skip(self, kwargs):
-        """Knob ``draft_idle=skip``: at a decode-only step where the γ schedule says 0, no draft pass (vLLM
-        runs one over the batch to keep the draft's KV cache); an empty draft as vLLM's own γ-0 path returns.
-        A step with prompt tokens still runs the pass, so every prompt is in the draft's cache."""
-        if self._twin is None or self._twin_engine.knobs.draft_idle != "skip":
-            return None
-        cad = kwargs.get("common_attn_metadata")
-        if kwargs.get("num_speculative_tokens", -1) != 0 or cad is None or int(cad.max_query_len) != 1:
-            return None
-        self.num_speculative_tokens = 0
-        engine = self._twin_engine
-        engine.draft_idle_skips += 1
-        if engine.report is not None and (engine.draft_idle_skips == 1 or engine.draft_idle_skips % 100 == 0):
-            engine.report.update(draft_idle_skips=engine.draft_idle_skips)
-        return torch.empty(cad.batch_size(), 0, dtype=torch.int64, device=self.device)
 
     def set_inputs_first_pass(self, target_token_ids, next_token_ids, target_positions, target_hidden_states,
                               token_indices_to_sample, cad, num_rejected_tokens_gpu):
