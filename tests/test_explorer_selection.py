@@ -137,3 +137,65 @@ def test_a_leg_whose_records_disagree_with_its_summary_marks_the_run_damaged(roo
     records.write_text("".join(records.read_text().splitlines(keepends=True)[:-1]))   # a line lost
     row = list_runs(root, "E6").iloc[0]
     assert row["n_damaged"] == 1 and "· damaged  [" in run_label(row)
+
+
+def test_experiments_in_natural_order_the_page_opens_on_the_newest_run(root):
+    from workbench.widgets import Explorer
+
+    write_run(root, experiment="E18", run_id="20260102T030700Z-0018", legs=ONE_GAMMA, n_prompts=3, trace=False)
+    write_run(root, experiment="E6", run_id="20260102T030800Z-0106", legs=DRAFTERS, n_prompts=3)
+    ex = Explorer(root)
+    assert [v for _, v in ex.experiment_dd.options] == ["E1", "E2", "E6", "E18"]      # not E1, E18, E2, E6
+    assert ex.experiment_dd.value == "E6" and ex.pre.run.run_id == "20260102T030800Z-0106"   # the newest run
+    ex.experiment_dd.value = "E18"
+    assert ex.pre.run.run_id == "20260102T030700Z-0018"
+    ex.experiment_dd.value = "E6"                       # an experiment opens on its newest run
+    assert ex.pre.run.run_id == "20260102T030800Z-0106"
+    from workbench.widgets.picker import experiment_key
+    assert sorted(["cost-ladder", "E10", "E9", "E101", "E1", "explorer_bench"], key=experiment_key) == \
+        ["E1", "E9", "E10", "E101", "cost-ladder", "explorer_bench"]
+
+
+def _tau_marker_x(ex) -> set[float]:
+    return {round(float(t.x[0]), 6) for t in ex.figs["acceptance_vs_tau"].data
+            if (t.meta or {}).get("role") == "marker" and t.visible is not False}
+
+
+def test_a_run_switch_keeps_tau_and_the_gamma_the_user_picked(root):
+    from workbench.widgets import Explorer
+
+    ex = Explorer(root, "E2")
+    ex.relax_slider.value = 0.4
+    ex.gamma_slider.value = 2
+    ex.experiment_dd.value = "E1"                 # no trace: the τ control is hidden, its value kept
+    assert ex.relax_slider.layout.display == "none" and ex.relax_slider.value == 0.4
+    assert "x = 0.40" in ex.readout.value
+    ex.experiment_dd.value = "E6"                 # a trace again: τ shows at 0.40, the figures drawn at it
+    assert ex.relax_slider.layout.display is None and not ex.relax_slider.disabled
+    assert _tau_marker_x(ex) == {0.4} and "x = 0.40" in ex.readout.value
+    assert ex.gamma_slider.value == 6             # E6's only gamma
+    ex.experiment_dd.value = "E2"                 # back: the gamma the user picked, not E6's
+    assert ex.gamma_slider.value == 2 and _tau_marker_x(ex) == {0.4}
+    shown = {t.meta.get("gamma") for t in ex.figs["per_position_acceptance"].data if t.visible is not False}
+    assert shown == {2}
+
+
+def test_the_tau_plot_shows_the_tie_notes_of_the_gamma_shown():
+    from pathlib import Path
+
+    from workbench.results import load_run
+    from workbench.widgets import Explorer
+
+    e2 = Path(__file__).resolve().parents[1] / "results" / "E2" / "20261205T025758Z-b2b8e909"
+    if not e2.is_dir():
+        pytest.skip(f"the committed E2 run folder {e2.name} is not in this checkout")
+    ex = Explorer(run=load_run(e2))
+    fw = ex.figs["acceptance_vs_tau"]
+
+    def shown_notes():
+        return [a.name.partition(":")[2] for a in fw.layout.annotations if a.visible is not False]
+
+    assert len(fw.layout.annotations) == 3 and ex.gamma_slider.value == 4
+    assert shown_notes() == ["strict_g4"]         # one tie note: the curve shown, not every gamma's
+    ex.gamma_slider.value = 2
+    assert shown_notes() == ["strict_g2"]

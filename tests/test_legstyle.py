@@ -98,3 +98,15 @@ def test_serving_legs_of_one_setting_pool_and_drawn_acceptance_reads_apart():
     assert st["twin_a1_c1"].color == st["twin_a1_c4"].color
     assert "synthetic α = 0.9" in st["twin_a0.9_c1"].label
     assert len({st[l].color for l in ("twin_a1_c1", "twin_a0.9_c1", "text_c1")}) == 3
+
+
+def test_a_drawn_acceptance_as_the_knob_states_it_names_the_leg():
+    import pandas as pd
+
+    from workbench.plots.legstyle import drawn_alpha
+
+    assert drawn_alpha("alpha:0.9") == 0.9 and drawn_alpha("synthetic α (alpha:0.75)") == 0.75
+    assert drawn_alpha("real") is None and drawn_alpha(None) is None and drawn_alpha(1.0) == 1.0
+    st = LegStyles.from_frame(pd.DataFrame({"leg": ["vanilla_1", "twin_a0.9_auto"], "tier": ["vanilla", "synthetic"],
+                                            "gamma": [None, 4], "acceptance": ["real", "alpha:0.9"]}))
+    assert st["twin_a0.9_auto"].label == "synthetic α = 0.9"

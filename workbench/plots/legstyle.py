@@ -20,6 +20,7 @@ the same colour in every view of the run.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -64,7 +65,17 @@ def _key(row: Mapping[str, Any]) -> tuple:
     tier = str(row.get("tier"))
     x = (_num(row.get("relax_logtau")) or 0.0) if tier == "relaxed" else 0.0
     return (drafter_label(row.get("draft")), tier, round(x, 4), bool(_num(row.get("blind_mm")) or False),
-            _num(row.get("acceptance")))
+            drawn_alpha(row.get("acceptance")))
+
+
+def drawn_alpha(acceptance: Any) -> float | None:
+    """The drawn acceptance α of a leg: a number, or the ``acceptance`` knob ``alpha:A`` (as run.json and the
+    serving table state it: ``"alpha:0.9"``, ``"synthetic α (alpha:0.9)"``); None for real acceptance."""
+    f = _num(acceptance)
+    if f is not None or not isinstance(acceptance, str):
+        return f
+    m = re.search(r"alpha:\s*([0-9.eE+-]+)", acceptance)
+    return _num(m[1]) if m else None
 
 
 def _keys(spec: list[dict[str, Any]]) -> dict[str, tuple]:
@@ -96,8 +107,8 @@ def _series_label(key: tuple, vary: set[str]) -> str:
         parts.append(draft)
     if tier == "relaxed":
         parts.append(f"relaxed x = {x:.2g}" if x else "relaxed")
-    elif "tier" in vary or not parts:
-        parts.append(tier)
+    elif "tier" in vary or not (parts or (tier == "synthetic" and alpha is not None)):
+        parts.append(tier)   # (a drawn α says "synthetic" itself)
     if blind:
         parts.append("blind-MM")
     if alpha is not None:
@@ -199,7 +210,9 @@ def run_leg_frame(legs: pd.DataFrame, config: Mapping[str, Any]) -> pd.DataFrame
                "gamma": pick(r.get("gamma"), knobs.get("gamma"), p.get("gamma")),
                "relax_logtau": pick(r.get("relax_logtau"), knobs.get("relax_logtau"), p.get("relax_logtau")),
                "blind_mm": pick(r.get("blind_mm"), knobs.get("blind_mm"), p.get("blind_mm")),
-               "draft": pick(p.get("draft"), r.get("draft"))}
+               "draft": pick(p.get("draft"), r.get("draft")),
+               "acceptance": pick(r.get("acceptance"), knobs.get("acceptance"))}
         if row["tier"] is not None:
             rows.append(row)
-    return pd.DataFrame(rows, columns=["leg", "leg_index", "tier", "gamma", "relax_logtau", "blind_mm", "draft"])
+    return pd.DataFrame(rows, columns=["leg", "leg_index", "tier", "gamma", "relax_logtau", "blind_mm", "draft",
+                                       "acceptance"])

@@ -44,7 +44,7 @@ from .. import analyses, metrics, plots
 from ..results import Run, list_runs, load_run
 from .divergence import _has_divergence_pairs, divergence_viewer
 from .edits import _apply_patches, _edit_to_match, replace_figure
-from .picker import experiment_options, picker_options
+from .picker import default_experiment, experiment_options, picker_options, sorted_experiments
 from .readout import _ladder_readout_html, legs_readout_html, legs_readout_table
 
 X_MAX = float(analyses.RELAX_GRID[-1])
@@ -131,6 +131,7 @@ class Explorer:
         self.bins = bins
         self.pre: _Precomputed | None = None
         self._quiet = False
+        self._wanted_gamma: int | None = None   # the gamma the user last picked: kept where a run has it
 
         self.experiment_dd = W.Dropdown(description="experiment", options=[])
         self.experiment_dd.add_class("wb-experiment")
@@ -187,7 +188,7 @@ class Explorer:
             if runs.empty:
                 raise FileNotFoundError(f"no run folders under {self.results_root}")
             self._runs = runs
-            exps = sorted(runs["experiment"].unique())
+            exps = sorted_experiments(runs)
             if experiment is not None and experiment not in exps:
                 raise ValueError(f"experiment {experiment!r} has no runs under {self.results_root} (found {exps})")
             self._quiet = True
@@ -195,7 +196,7 @@ class Explorer:
             self._quiet = False
             self._pending_run_id = run_id
             self.experiment_dd.value = None
-            self.experiment_dd.value = experiment or exps[-1]
+            self.experiment_dd.value = experiment or default_experiment(runs)
 
     def __getattr__(self, name: str) -> Any:
         # fig_speedup, fig_pos, ...: the figure widget of the view with that box
@@ -300,14 +301,18 @@ class Explorer:
         self._show_numbers()
 
     def _set_sliders(self, pre: _Precomputed) -> None:
-        """The sliders of the run: its gammas (hidden where it has one or none), relax_logtau where it has a trace."""
+        """The sliders of the run: its gammas (hidden where it has one or none), relax_logtau where it has a trace.
+
+        A run switch keeps what the user chose: relax_logtau keeps its value (hidden on a run without a trace, it
+        comes back at that value; every figure and the readout are drawn at it), the gamma the user last picked
+        is shown where the run has it, else the run's largest.
+        """
         # Only our own handler is detached: the slider keeps its internal value<->index sync.
         self.gamma_slider.unobserve(self._gamma_moved, "value")
         if pre.gammas:
-            previous = self.gamma_slider.value
+            wanted = self._wanted_gamma
             self.gamma_slider.options = pre.gammas
-            # Keep the gamma in view across runs; otherwise start at the largest.
-            self.gamma_slider.value = previous if previous in pre.gammas else pre.gammas[-1]
+            self.gamma_slider.value = wanted if wanted in pre.gammas else pre.gammas[-1]
             self.gamma_slider.disabled = False
         else:
             self.gamma_slider.options = [0]
@@ -375,12 +380,7 @@ class Explorer:
                     patches = ()
                 _apply_patches(fw, self._metas[name], patches)
             if view.by_gamma and "gamma" in moved:
-                with fw.batch_update():
-                    for trace, meta in zip(fw.data, self._metas[name]):
-                        if "gamma" in meta and meta.get("role") not in view.always_shown:
-                            visible = meta["gamma"] == gamma
-                            if trace.visible is not visible:
-                                trace.visible = visible
+                _show_gamma(fw, self._metas[name], view.always_shown, gamma)
 
     def _show_readout(self, gamma: Any = None, x: float | None = None) -> None:
         """The table beside the sliders: every spec leg's measured acceptance and speedup and the acceptance its
@@ -408,6 +408,7 @@ class Explorer:
         return _ladder_readout_html(self.pre.tables.get("cost_ratio") if self.pre is not None else None, gamma)
 
     def _gamma_moved(self, change: dict) -> None:
+        self._wanted_gamma = _gamma(change["new"])
         self.on_gamma(change["new"])
 
     _replace = staticmethod(replace_figure)
@@ -453,6 +454,24 @@ class Explorer:
             return
         self._move(["relax_logtau"], x=x)
         self._show_readout(x=x)
+
+
+def _show_gamma(fw: go.FigureWidget, metas: list[dict], always_shown: Iterable[str], gamma: int | None) -> None:
+    """Show the traces of one gamma (those whose meta has a gamma, but for the roles in ``always_shown``) and the
+    annotations that belong to a leg of that gamma (named ``"<what>:<leg>"``, as the τ plot's tie notes are)."""
+    leg_gamma = {m["leg"]: m["gamma"] for m in metas if m.get("leg") is not None and m.get("gamma") is not None}
+    with fw.batch_update():
+        for trace, meta in zip(fw.data, metas):
+            if "gamma" in meta and meta.get("role") not in always_shown:
+                visible = meta["gamma"] == gamma
+                if trace.visible is not visible:
+                    trace.visible = visible
+        for note in fw.layout.annotations:
+            leg = str(note.name or "").partition(":")[2]
+            if leg in leg_gamma:
+                visible = leg_gamma[leg] == gamma
+                if (note.visible is not False) is not visible:
+                    note.visible = visible
 
 
 def _empty(title: str) -> go.Figure:

@@ -46,11 +46,36 @@ def picker_options(runs: pd.DataFrame) -> list[tuple[str, str]]:
     return [(run_label(r), str(r["path"])) for r in runs.to_dict("records")]
 
 
+def experiment_key(name: Any) -> tuple:
+    """Natural order of experiment folders: the catalogue's E1, E2, ..., E18 by number, then the other folders
+    (``cost-ladder``, ``cuda-verify``, ...) by name; numbers inside a name compare as numbers."""
+    s = str(name)
+    parts = tuple((0, int(p), "") if p.isdigit() else (1, 0, p.lower()) for p in re.split(r"(\d+)", s) if p)
+    return (re.fullmatch(r"E\d+", s) is None, parts)
+
+
+def sorted_experiments(runs: pd.DataFrame) -> list[str]:
+    """The experiments with runs, in natural order (``experiment_key``)."""
+    return sorted((str(e) for e in runs["experiment"].unique()), key=experiment_key)
+
+
+def default_experiment(runs: pd.DataFrame) -> str:
+    """The experiment the explorer opens on: the one with the newest run (run ids start with their UTC
+    stamp), so a researcher who has just made a run sees it; the last in natural order where no run id says
+    when it was made."""
+    exps = sorted_experiments(runs)
+    stamped = [(run_when(r), str(r), str(e)) for e, r in zip(runs["experiment"], runs["run_id"]) if run_when(r)]
+    if not stamped:
+        return exps[-1]
+    newest = max(w for w, _, _ in stamped)
+    return max((e for w, _, e in stamped if w == newest), key=experiment_key)
+
+
 def experiment_options(runs: pd.DataFrame) -> list[tuple[str, str]]:
-    """(label, experiment) of each experiment with runs, sorted: ``"E6: Drafter families"`` where its newest
-    run names a title."""
+    """(label, experiment) of each experiment with runs, in natural order (E1, E2, ..., E18, then other
+    folders): ``"E6: Drafter families"`` where its newest run names a title."""
     out = []
-    for exp in sorted(runs["experiment"].unique()):
+    for exp in sorted_experiments(runs):
         titles = [t for t in runs.loc[runs["experiment"] == exp, "title"] if _known(t)] if "title" in runs else []
         out.append((f"{exp}: {titles[-1]}" if titles else str(exp), str(exp)))
     return out
