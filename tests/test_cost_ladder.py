@@ -50,7 +50,7 @@ def test_registry_declares_the_cost_experiment_and_its_profiles():
     e = reg.experiment("E16")
     assert e.runner == "ladder" and e.title == "GPU cost ladder"
     assert e.profiles == ["8b-shape", "32b-shape"] and e.sweep == {"gamma": [2, 4, 6]}
-    assert e.ladder == {"batches": [1, 4, 16], "repeats": 3, "prompt_len": 128, "eager": True}
+    assert e.ladder == {"batches": [1, 4, 16, 32], "repeats": 3, "prompt_len": 128, "eager": True}
     assert set(e.analyses) == {"step_cost_vs_batch", "c_by_graphs", "speedup_curves"} <= set(analyses.ANALYSES)
     for size in ("8b", "32b"):
         prof = reg.profile(f"{size}-shape")
@@ -60,9 +60,9 @@ def test_registry_declares_the_cost_experiment_and_its_profiles():
 
     full = planning.plan("E16", "32b-shape")
     assert [l.name for l in full.legs] == ["vanilla", "forced_g2", "forced_g4", "forced_g6"]
-    assert full.ladder == {"batches": [1, 4, 16], "repeats": 3, "prompt_len": 128, "eager": True, "size": "32b"}
+    assert full.ladder == {"batches": [1, 4, 16, 32], "repeats": 3, "prompt_len": 128, "eager": True, "size": "32b"}
     assert all(l.knobs["relax_logtau"] >= 1e9 and l.tier == "relaxed" for l in full.legs if l.kind == "spec")
-    assert all(l.knobs["max_num_seqs"] == 16 for l in full.legs)
+    assert all(l.knobs["max_num_seqs"] == 32 for l in full.legs)  # the largest batch
     cfg = full.config()
     assert cfg["runner"] == "ladder" and cfg["load_format"] == "dummy" and cfg["device"] == "gpu"
 
