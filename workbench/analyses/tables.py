@@ -359,6 +359,15 @@ def _serving_speedup(t: RunTables) -> pd.DataFrame:
     return _serving(t, 1)
 
 
+def _serving_overtake(t: RunTables) -> pd.DataFrame:
+    from workbench.serving_overtake import overtake_table
+
+    speedups = _serving_speedup(t)
+    out = overtake_table(t.run.path, speedups)
+    t.need(not out.empty, "synthetic serving legs of the twin (fixed γ) and of another drafter")
+    return out
+
+
 def _serving_requests(t: RunTables) -> pd.DataFrame:
     return _serving(t, 2)
 
@@ -404,6 +413,9 @@ TABLES: dict[str, Table] = {t.name: t for t in [
           "and request throughput, acceptance from the server counters and the per-request sums (serving.leg_table)"),
     Table("serving_speedup", _serving_speedup, "serving legs (E17): per spec leg, median over the bracketing "
           "vanilla legs of its concurrency of the TPOT speedup and throughput ratio, IQR (serving.paired_speedups)"),
+    Table("serving_overtake", _serving_overtake, "serving legs at synthetic acceptance (E18): per concurrency, "
+          "the twin (fixed γ) beside another drafter: measured TPOT ratios, the draft cost c = (E / S - 1) / γ each "
+          "implies, and the conditional α per position at which the twin overtakes (serving_overtake)"),
     Table("serving_requests", _serving_requests, "serving legs (E17): one row per request (serving.request_table)",
           in_summary=False),
 ]}
