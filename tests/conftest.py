@@ -26,14 +26,39 @@ def shared_data_dir() -> Path:
 # The modules that take longest (minutes each on a 2-core CPU host), longest first. They run first so that
 # `make test` (pytest-xdist, one module per worker at a time: --dist loadfile) does not end with one worker
 # alone on a long module; the other modules follow in their usual order. Order within a module is kept.
-SLOW_MODULES = ("test_tensor_parallel.py", "test_serving.py", "test_experiments_smoke.py", "test_cli_run.py",
-                "test_organism_profile.py", "test_serve.py", "test_serving_synthetic.py", "test_leg_stream.py",
+# The longest engine work is split over several modules (tensor parallelism, serving, the smoke runs) so
+# that the two workers share it; the tensor-parallel modules (three processes a leg) alternate with others.
+SLOW_MODULES = ("test_tensor_parallel.py", "test_serving.py", "test_experiments_smoke.py",
+                "test_tensor_parallel_legs.py", "test_experiments_smoke_e9_e15.py", "test_serving_load.py",
+                "test_tensor_parallel_ladder.py", "test_cli_run.py", "test_serving_synthetic.py",
+                "test_ray_engine.py", "test_organism_profile.py", "test_serve.py", "test_leg_stream.py",
                 "test_shared_host.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
     rank = {name: i for i, name in enumerate(SLOW_MODULES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_MODULES)))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, but a worker is handed its next module only when the last test of its current one
+    is all it has left (xdist's own rule: two left). A worker that starts a long module's second-to-last test
+    would otherwise hold the next long module in its queue while the other worker runs out of work."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class OneAhead(LoadFileScheduling):
+        def _reschedule(self, node):
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work[node]) <= 1:
+                self._assign_work_unit(node)
+
+    return OneAhead(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -73,7 +73,7 @@ RUN_BY: dict[tuple[str, str], list[str]] = {
         "tests/test_experiments_smoke.py::test_experiment_smoke"],
     ("docs/tensor-parallel.md", "workbench run E1 --profile tiny -p tensor_parallel_size=2"): [
         "tests/test_tensor_parallel.py::test_e1_at_tp2_is_exact_and_accepts_what_tp1_accepts",
-        "tests/test_tensor_parallel.py::test_int4_twin_on_sharded_weights"],
+        "tests/test_tensor_parallel_legs.py::test_int4_twin_on_sharded_weights"],
 }
 
 

@@ -2,8 +2,8 @@
 
 One E17 smoke run (vanilla, strict, relaxed, vanilla; each one server driven at concurrency 2, the run's one
 cell, images included, float32 so that
-strict must equal vanilla), killed while its second leg's server is up and then resumed; and a bounded
-load test (192 requests at concurrency 16 against the twin drafting, strict, and a vanilla server).
+strict must equal vanilla), killed while its second leg's server is up and then resumed. The bounded load
+test is tests/test_serving_load.py's.
 """
 
 from __future__ import annotations
@@ -18,25 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY_PROMPTS
+from conftest import REPO
+from serving_checks import alive as _alive, records as _records
 
 pytestmark = pytest.mark.vllm
 
 SPEC_LEGS = ("strict_g6", "relaxed_g6")
 VANILLA_LEGS = ("vanilla_1", "vanilla_2")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.is_file() and stat.read_text().split()[2] == "Z")
-
-
-def _records(leg: Path) -> list[dict]:
-    return [json.loads(line) for line in (leg / "records.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -151,59 +139,6 @@ def test_serving_tables_pair_each_spec_leg_with_its_vanilla_brackets(e17):
     assert (t["n_pairs"] == 2).all()
     assert set(t["vanilla_before"]) == {"vanilla_1"} and set(t["vanilla_after"]) == {"vanilla_2"}
     assert (e17["run"] / "figures" / "serving_latency.html").is_file()
-
-
-# --------------------------------------------------------------------------- bounded load test
-def _load_prompts(path: Path, n: int) -> Path:
-    base = [json.loads(line) for line in TINY_PROMPTS.read_text().splitlines()]
-    with path.open("w") as f:
-        for i in range(n):
-            p = dict(base[i % len(base)])
-            p["pid"] = f"{p['pid']}-r{i:03d}"
-            p["images"] = [str((TINY_PROMPTS.parent / im).resolve()) for im in p["images"]]
-            f.write(json.dumps(p) + "\n")
-    return path
-
-
-def test_bounded_load_strict_twin_at_concurrency_16(tmp_path, tiny_models):
-    """192 requests (images included) at concurrency 16, strict twin vs a vanilla server: every request
-    answered, every output equal, counters = the per-request trace, the server's memory flat after warm-up."""
-    from workbench.knobs import Knobs
-    from workbench.leg import LegConfig
-
-    prompts = _load_prompts(tmp_path / "load.jsonl", 192)
-    summaries = {}
-    for name, draft, knobs in (("vanilla", None, Knobs()),
-                               ("strict", str(tiny_models["twin-dequant"]), Knobs(gamma=4))):  # float32: see e17
-        out = tmp_path / name
-        out.mkdir()
-        cfg = LegConfig(target=str(tiny_models["target"]), prompts=str(prompts), out=str(out), max_tokens=12,
-                        draft=draft, knobs=knobs, max_model_len=1024, max_num_seqs=16, dtype="float32",
-                        ignore_eos=True, leg=f"load_{name}", cpu_threads=2)
-        (out / "leg.json").write_text(json.dumps(cfg.to_dict()))
-        proc = subprocess.run([sys.executable, "-m", "workbench.serve_leg", "--config", str(out / "leg.json")],
-                              cwd=REPO, capture_output=True, text=True, timeout=1200)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        summaries[name] = json.loads((out / "summary.json").read_text())
-        assert not _alive(json.loads((out / "server.json").read_text())["pid"])
-    for s in summaries.values():
-        assert s["completed"] == s["n_requests"] == 192
-    van = sorted(_records(tmp_path / "vanilla"), key=lambda r: r["request_index"])
-    spec = sorted(_records(tmp_path / "strict"), key=lambda r: r["request_index"])
-    assert [r["generated_text"] for r in spec] == [r["generated_text"] for r in van]
-    assert all(r["output_tokens"] == 12 for r in spec)
-    c = summaries["strict"]["spec"]
-    assert sum(r["spec"]["accepted"] for r in spec) == c["num_accepted_tokens"] > 0
-    assert sum(r["spec"]["drafts"] for r in spec) == c["num_drafts"]
-    # memory: after the first quarter of the load, the server's resident memory stays within 10 % (and 100 MiB).
-    # Measured here: flat for the first ~60 % of the load, then +4.5 % (184 MiB of 4096) by its end; one run of
-    # three went past 5 %. Not yet explained (a candidate: the trace's per-step buffers, held until the flush).
-    rss = summaries["strict"]["server"]["rss_mb"]
-    assert len(rss) >= 8, rss
-    t_end = rss[-1][0]
-    warm = [mb for t, mb in rss if t >= t_end / 4]
-    growth = max(warm) - warm[0]
-    assert growth <= max(0.10 * warm[0], 100.0), f"server memory grew {growth:.0f} MiB under load: {rss}"
 
 
 def test_serving_ladder_plans_under_the_shape_profiles_with_random_weights():

@@ -4,7 +4,10 @@ its multiprocess executor, one worker process per rank), every switch still exac
 The engine tests run the tiny models (4 attention heads, 2 key/value heads) at tensor_parallel_size 2 on
 this 2-core host, beside the same legs at 1, in float32 with the dequantized twin where exactness is
 asserted (vLLM's CPU int4 kernel has no float32 path on AVX-512 hosts), and in bfloat16 with the int4
-twin for the int4 path (the plugin's fallback on AVX2 hosts, vLLM's kernel on AVX-512 ones).
+twin for the int4 path (the plugin's fallback on AVX2 hosts, vLLM's kernel on AVX-512 ones). This module:
+`workbench run E1` at TP 2 and 1 and the blind draft against that run's TP 2 vanilla leg, then the sizes a
+host or model refuses; tests/test_tensor_parallel_legs.py: the relaxed gate and the int4 twin;
+tests/test_tensor_parallel_ladder.py: the cost ladder. (Three modules, so that two test workers share them.)
 """
 
 from __future__ import annotations
@@ -18,17 +21,94 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, TINY_PROMPTS, run_leg_process
+from tp_legs import FP32, gen, needs_two_cores, tp2_report, tp_legs, trace_equals_counters  # noqa: F401 (fixture)
 from workbench.parallel import head_counts, tp_problems
 
-FP32 = ["--max-tokens", "32", "--ignore-eos", "--dtype", "float32", "--max-model-len", "1024", "--n", "4"]
-BF16 = ["--max-tokens", "32", "--ignore-eos", "--dtype", "bfloat16", "--max-model-len", "1024", "--n", "4"]
+# The E1 runs' workload: the blind legs' too, so that the E1 run's TP 2 vanilla leg is their reference.
+E1_WORKLOAD = ["n=4", "max_tokens=32"]
+FP32_RUN = [a for a in FP32 if a != "--ignore-eos"]  # a run's legs stop at EOS
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0))
+# --------------------------------------------------------------------------- engines at TP 2 (CPU)
 
 
-needs_two_cores = pytest.mark.skipif(_cores() < 2, reason="tensor_parallel_size 2 needs 2 CPU cores")
+@pytest.fixture(scope="module")
+def e1_runs(tmp_path_factory, tiny_models):
+    """`workbench run E1 --profile tiny` in float32 with the dequantized twin, at tensor_parallel_size 2 and 1,
+    4 prompts of 32 tokens (the blind legs' workload)."""
+    from workbench.results import load_run
+
+    runs = {}
+    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    for tp in (2, 1):
+        root = tmp_path_factory.mktemp(f"e1_tp{tp}")
+        res = subprocess.run([sys.executable, "-m", "workbench.cli", "run", "E1", "--profile", "tiny",
+                              "-p", f"tensor_parallel_size={tp}", "-p", "dtype=float32",
+                              *[a for p in E1_WORKLOAD for a in ("-p", p)],
+                              "--model-path", f"twin={tiny_models['twin-dequant']}", "--no-notebook",
+                              "--results", str(root)], cwd=REPO, capture_output=True, text=True, timeout=1200)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        (rdir,) = list((root / "E1").iterdir())
+        runs[tp] = load_run(rdir)
+    # the TP 2 legs' communicator pairs (4 MiB each), which vLLM leaves even when a leg ends normally
+    SHM_LEFT[:] = sorted(n for n in set(os.listdir("/dev/shm")) - shm_before if "cpushm" in n) if shm_before else []
+    return runs
+
+
+SHM_LEFT: list[str] = []
+
+
+def _run_gen(run, leg: str) -> dict[str, list[int]]:
+    return {r.pid: [int(t) for t in r.gen_ids] for r in run.leg_records(leg).itertuples()}
+
+
+@needs_two_cores
+@pytest.mark.vllm
+def test_tp2_legs_leave_nothing_in_dev_shm(e1_runs):
+    """#38: /dev/shm holds no more vLLM CPU communicator entries after the TP 2 run than before it."""
+    assert SHM_LEFT == []
+
+
+@needs_two_cores
+@pytest.mark.vllm
+def test_e1_at_tp2_is_exact_and_accepts_what_tp1_accepts(e1_runs):
+    from workbench.exactness import classify
+
+    two, one = e1_runs[2], e1_runs[1]
+    assert json.loads((two.path / "env.json").read_text())["tensor_parallel_sizes"] == [2]
+    gens = {tp: {leg: _run_gen(run, leg) for leg in run.legs_order} for tp, run in e1_runs.items()}
+    spec = next(leg for leg in two.legs_order if leg.startswith("strict"))
+    # strict, float32: equal token for token to the TP 2 vanilla legs and to the TP 1 vanilla leg
+    for ref in [g for g in two.legs_order if g.startswith("vanilla")]:
+        v = classify(gens[2][ref], gens[2][spec], "float32", None)
+        assert v.ok and v.n_exact == v.n, f"TP 2 strict vs TP 2 {ref}: {v.describe()}"
+    v = classify(gens[1]["vanilla_1"], gens[2][spec], "float32", None)
+    assert v.ok and v.n_exact == v.n, f"TP 2 strict vs TP 1 vanilla: {v.describe()}"
+    # acceptance: the same drafts accepted as at TP 1 (float32; reductions in another order)
+    a2 = two.legs.set_index("leg").loc[spec, "spec_num_accepted_tokens"]
+    a1 = one.legs.set_index("leg").loc[spec, "spec_num_accepted_tokens"]
+    assert a2 == a1, (a2, a1)
+    # one engine report, naming TP 2 and both workers; the leg table states it
+    summary = json.loads((two.path / "legs" / spec / "summary.json").read_text())
+    assert summary["engine_report"]["tensor_parallel_size"] == 2 and summary["engine_report"]["tp_ranks"] == 2
+    assert summary["engine_args"]["tensor_parallel_size"] == 2
+    assert set(two.legs["tensor_parallel_size"]) == {2} and set(one.legs["tensor_parallel_size"]) == {1}
+
+
+@needs_two_cores
+@pytest.mark.vllm
+def test_blind_draft_at_tp2_is_exact_and_traced(tp_legs, tiny_models, e1_runs):
+    args = [*FP32_RUN, "--draft", tiny_models["twin-dequant"], "--gamma", "3", "--blind-mm", "--max-num-seqs", "2"]
+    two = tp_legs("blind_tp2", *args, "--tensor-parallel-size", "2")
+    one = tp_legs("blind_tp1", *args)
+    report = tp2_report(two)
+    assert report["draft_vision"] == "blind"
+    # strict: exact, blind or not (the reference: the E1 run's TP 2 vanilla leg, same prompts, tokens, dtype)
+    van = e1_runs[2]
+    assert van.legs.set_index("leg").loc["vanilla_1", "tensor_parallel_size"] == 2
+    assert gen(two) == _run_gen(van, "vanilla_1")
+    assert two.summary["spec"]["num_accepted_tokens"] == one.summary["spec"]["num_accepted_tokens"]
+    trace_equals_counters(two)
 
 
 # --------------------------------------------------------------------------- sizes a model and host allow
@@ -145,181 +225,3 @@ def test_vanilla_brackets_follow_the_tensor_parallel_size():
     p = planning.plan("E1", "tiny", ["tensor_parallel_size=2"])
     assert [(l.kind, l.knobs["tensor_parallel_size"]) for l in p.legs] == [
         ("vanilla", 2), ("spec", 2), ("vanilla", 2)]
-
-
-# --------------------------------------------------------------------------- engines at TP 2 (CPU)
-
-
-@pytest.fixture(scope="module")
-def tp_legs(tmp_path_factory, tiny_models):
-    cache = {}
-
-    def get(name, *args):
-        if name not in cache:
-            out = tmp_path_factory.mktemp(name)
-            cache[name] = run_leg_process(out, "--target", tiny_models["target"], "--prompts", TINY_PROMPTS,
-                                          *args, timeout=900).ok()
-        return cache[name]
-
-    return get
-
-
-def _gen(leg) -> dict[str, list[int]]:
-    return {pid: r["gen_ids"] for pid, r in leg.by_pid().items()}
-
-
-def _trace_equals_counters(leg) -> None:
-    recs = leg.by_pid().values()
-    spec = leg.summary["spec"]
-    assert sum(r["spec"]["accepted"] for r in recs) == spec["num_accepted_tokens"]
-    assert sum(r["spec"]["draft_tokens"] for r in recs) == spec["num_draft_tokens"]
-    assert sum(r["spec"]["drafts"] for r in recs) == spec["num_drafts"]
-
-
-def _tp2_report(leg) -> dict:
-    report = leg.summary["engine_report"]
-    assert report["tensor_parallel_size"] == 2 and report["tp_ranks"] == 2, report
-    assert len(set(report["rank_pids"])) == 2
-    assert all(r["knobs"]["tensor_parallel_size"] == 2 for r in leg.by_pid().values())  # every record states it
-    return report
-
-
-@pytest.fixture(scope="module")
-def e1_runs(tmp_path_factory, tiny_models):
-    """`workbench run E1 --profile tiny` in float32 with the dequantized twin, at tensor_parallel_size 2 and 1."""
-    from workbench.results import load_run
-
-    runs = {}
-    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    for tp in (2, 1):
-        root = tmp_path_factory.mktemp(f"e1_tp{tp}")
-        res = subprocess.run([sys.executable, "-m", "workbench.cli", "run", "E1", "--profile", "tiny",
-                              "-p", f"tensor_parallel_size={tp}", "-p", "dtype=float32",
-                              "--model-path", f"twin={tiny_models['twin-dequant']}", "--no-notebook",
-                              "--results", str(root)], cwd=REPO, capture_output=True, text=True, timeout=1200)
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-        (rdir,) = list((root / "E1").iterdir())
-        runs[tp] = load_run(rdir)
-    # the TP 2 legs' communicator pairs (4 MiB each), which vLLM leaves even when a leg ends normally
-    SHM_LEFT[:] = sorted(n for n in set(os.listdir("/dev/shm")) - shm_before if "cpushm" in n) if shm_before else []
-    return runs
-
-
-SHM_LEFT: list[str] = []
-
-
-@needs_two_cores
-@pytest.mark.vllm
-def test_tp2_legs_leave_nothing_in_dev_shm(e1_runs):
-    """#38: /dev/shm holds no more vLLM CPU communicator entries after the TP 2 run than before it."""
-    assert SHM_LEFT == []
-
-
-@needs_two_cores
-@pytest.mark.vllm
-def test_e1_at_tp2_is_exact_and_accepts_what_tp1_accepts(e1_runs):
-    from workbench.exactness import classify
-
-    two, one = e1_runs[2], e1_runs[1]
-    assert json.loads((two.path / "env.json").read_text())["tensor_parallel_sizes"] == [2]
-    gen = {tp: {leg: {r.pid: list(r.gen_ids) for r in run.leg_records(leg).itertuples()}
-                for leg in run.legs_order} for tp, run in e1_runs.items()}
-    spec = next(leg for leg in two.legs_order if leg.startswith("strict"))
-    # strict, float32: equal token for token to the TP 2 vanilla legs and to the TP 1 vanilla leg
-    for ref in [g for g in two.legs_order if g.startswith("vanilla")]:
-        v = classify(gen[2][ref], gen[2][spec], "float32", None)
-        assert v.ok and v.n_exact == v.n, f"TP 2 strict vs TP 2 {ref}: {v.describe()}"
-    v = classify(gen[1]["vanilla_1"], gen[2][spec], "float32", None)
-    assert v.ok and v.n_exact == v.n, f"TP 2 strict vs TP 1 vanilla: {v.describe()}"
-    # acceptance: the same drafts accepted as at TP 1 (float32; reductions in another order)
-    a2 = two.legs.set_index("leg").loc[spec, "spec_num_accepted_tokens"]
-    a1 = one.legs.set_index("leg").loc[spec, "spec_num_accepted_tokens"]
-    assert a2 == a1, (a2, a1)
-    # one engine report, naming TP 2 and both workers; the leg table states it
-    summary = json.loads((two.path / "legs" / spec / "summary.json").read_text())
-    assert summary["engine_report"]["tensor_parallel_size"] == 2 and summary["engine_report"]["tp_ranks"] == 2
-    assert summary["engine_args"]["tensor_parallel_size"] == 2
-    assert set(two.legs["tensor_parallel_size"]) == {2} and set(one.legs["tensor_parallel_size"]) == {1}
-
-
-@needs_two_cores
-@pytest.mark.vllm
-def test_relaxed_gate_at_tp2_decides_as_at_tp1(tp_legs, tiny_models):
-    args = [*FP32, "--draft", tiny_models["twin-dequant"], "--gamma", "4", "--relax-logtau", "1.0"]
-    two = tp_legs("relaxed_tp2", *args, "--tensor-parallel-size", "2")
-    one = tp_legs("relaxed_tp1", *args)
-    _tp2_report(two)
-    assert two.summary["engine_report"]["relaxed_gate"] == 1.0
-    assert _gen(two) == _gen(one)  # the same tokens accepted beyond the argmax, at the same positions
-    assert two.summary["spec"]["num_accepted_tokens"] == one.summary["spec"]["num_accepted_tokens"]
-    _trace_equals_counters(two)
-    # the relaxed gate really relaxed something (else this compares two strict legs)
-    assert sum(sum(1 for s in r["trace"]["steps"] for m in s["margins"][: s["accepted"]] if m > 0)
-               for r in two.by_pid().values()) > 0
-
-
-@needs_two_cores
-@pytest.mark.vllm
-def test_blind_draft_at_tp2_is_exact_and_traced(tp_legs, tiny_models):
-    args = [*FP32, "--draft", tiny_models["twin-dequant"], "--gamma", "3", "--blind-mm", "--max-num-seqs", "2"]
-    two = tp_legs("blind_tp2", *args, "--tensor-parallel-size", "2")
-    one = tp_legs("blind_tp1", *args)
-    van = tp_legs("vanilla_fp32_tp2", *FP32, "--tensor-parallel-size", "2")
-    report = _tp2_report(two)
-    assert report["draft_vision"] == "blind"
-    assert _gen(two) == _gen(van)  # strict: exact, blind or not
-    assert two.summary["spec"]["num_accepted_tokens"] == one.summary["spec"]["num_accepted_tokens"]
-    _trace_equals_counters(two)
-
-
-@needs_two_cores
-@pytest.mark.vllm
-def test_int4_twin_on_sharded_weights(tp_legs, tiny_models):
-    """The real int4 twin at TP 2 in bfloat16: the int4 path this CPU has (the plugin's fallback on AVX2,
-    vLLM's kernel on AVX-512) on each rank's shard, divergences from TP 2 vanilla only near-ties."""
-    from workbench.exactness import classify
-    from workbench.teacher import TeacherForcer
-
-    two = tp_legs("int4_tp2", *BF16, "--draft", tiny_models["twin-int4"], "--gamma", "3",
-                  "--tensor-parallel-size", "2")
-    one = tp_legs("int4_tp1", *BF16, "--draft", tiny_models["twin-int4"], "--gamma", "3")
-    van = tp_legs("vanilla_bf16_tp2", *BF16, "--tensor-parallel-size", "2")
-    report = _tp2_report(two)
-    assert report["int4_path"] == one.summary["engine_report"]["int4_path"] is not None
-    _trace_equals_counters(two)
-    from workbench.prompts import load_prompts
-
-    prompts = {p.pid: p for p in load_prompts(TINY_PROMPTS)}
-    teacher = TeacherForcer(str(tiny_models["target"]), dtype="float32")
-    verdict = classify(_gen(van), _gen(two), "bfloat16",
-                       lambda pid, prefix: teacher.top2_gap(prompts[pid], list(prefix)))
-    print(f"\nbf16 int4 twin at TP 2 ({report['int4_path']}): {verdict.describe()}")
-    verdict.check()
-    a2 = two.summary["spec"]["acceptance_rate"]
-    a1 = one.summary["spec"]["acceptance_rate"]
-    assert abs(a2 - a1) <= 0.1, (a2, a1)  # bf16 sums in another order: close, not necessarily equal
-
-
-@needs_two_cores
-@pytest.mark.vllm
-def test_cost_ladder_at_tp2_times_rank_0(tmp_path):
-    """The ladder's rows come from rank 0's step timer (the workers are other processes), one row set per
-    cell, and its engine report is the workers', naming TP 2."""
-    out = tmp_path / "ladder"
-    res = subprocess.run([sys.executable, "benchmarks/cost_ladder.py", "--sizes", "tiny", "--gammas", "2",
-                          "--batches", "1", "--repeats", "1", "--tokens", "8", "--tensor-parallel-size", "2",
-                          "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    steps = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
-    walls = [json.loads(x) for x in (out / "walls.jsonl").read_text().splitlines()]
-    assert {s["tensor_parallel_size"] for s in steps} == {2}
-    spec = [s for s in steps if s["kind"] == "spec" and not s["prefill"]]
-    assert spec and all(s["draft_ms"] is not None for s in spec)
-    # one timed generate per cell, and each step once (not once per rank): 8 tokens, gamma 2, alpha = 1
-    cells = [w for w in walls if "wall_s" in w and w["kind"] == "spec"]
-    assert len(cells) == 2  # graphs on and off (eager) at batch 1
-    for w in cells:
-        n = sum(1 for s in spec if s["draft_graphs"] == w["draft_graphs"])
-        assert 1 <= n <= 8, n
-    reports = [w["engine_report"] for w in walls if "engine_report" in w]
-    assert all(r["tensor_parallel_size"] == 2 and r["tp_ranks"] == 2 for r in reports), reports
