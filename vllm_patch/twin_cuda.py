@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from . import twin_cuda_layout as layout
+from . import twin_gemv_kernel as _gemv_kernel
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("twin_w4a16_torch.cpp", "twin_w4a16_zp.cu", "twin_w4a16_sym.cu")
@@ -125,18 +126,10 @@ def extension():
     return _EXT
 
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-COUNTER_SLOTS = 1 << 16
-
-
-def counters(device) -> torch.Tensor:
-    """Arrival counters of the split-K reduction (zero between calls); create before CUDA-graph capture."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    if device not in _COUNTERS:
-        _COUNTERS[device] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
-    return _COUNTERS[device]
+# the split-K arrival counters: the Triton kernel's buffer (one zeroed int32 buffer a device, every call of
+# either kernel leaves it zero, calls on one stream run one after another), made before CUDA-graph capture
+COUNTER_SLOTS = _gemv_kernel.COUNTER_SLOTS
+counters = _gemv_kernel.counters
 
 
 _SMS: dict[int, int] = {}
@@ -272,53 +265,32 @@ def check_config(c) -> tuple[bool, str | None]:
     return True, None
 
 
+def _load(kernel, layer, w_q, w_s, w_zp, replace_parameter) -> None:
+    c = kernel.config
+    k, n = c.partition_weight_shape
+    st = layout.repack(w_q.data, w_s.data, None if w_zp is None else w_zp.data, c.group_size)
+    replace_parameter(layer, kernel.w_q_name, st["qw"])
+    replace_parameter(layer, kernel.w_s_name, st["sc"])
+    if st["zp"] is not None:
+        replace_parameter(layer, kernel.w_zp_name, st["zp"])
+    layer.twin_cuda_shape = (n, k, c.group_size)
+    if st["qw"].is_cuda:
+        counters(st["qw"].device)  # before graph capture
+        extension()  # built (or loaded) now, not inside the first forward
+
+
+def _apply(kernel, layer, x, bias):
+    w_q, w_s, w_zp, _ = kernel._get_weight_params(layer)
+    n, k, group = layer.twin_cuda_shape
+    st = {"qw": w_q, "sc": w_s, "zp": w_zp if kernel.config.zero_points else None, "n": n, "k": k, "group": group}
+    return twin_linear(x, st, bias)
+
+
 def _build_class():
-    from vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel import MPLinearKernel
-    from vllm.model_executor.utils import replace_parameter
-    from vllm.platforms import current_platform
+    """CUDA C++ W4A16 decode GEMM (tensor cores, split-K) for the int4 twin; measured against ``own``."""
+    from .mp_kernel import build
 
-    class TwinCudaLinearKernel(MPLinearKernel):
-        """CUDA C++ W4A16 decode GEMM (tensor cores, split-K) for the int4 twin; measured against ``own``."""
-
-        @classmethod
-        def get_min_capability(cls) -> int:
-            return MIN_CAPABILITY
-
-        @classmethod
-        def can_implement(cls, c) -> tuple[bool, str | None]:
-            if not current_platform.is_cuda():
-                return False, f"{KERNEL_NAME} needs CUDA"
-            reason = unavailable_reason()
-            if reason:
-                return False, f"{KERNEL_NAME}: {reason}"
-            return check_config(c)
-
-        def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-            c = self.config
-            w_q, w_s, w_zp, _ = self._get_weight_params(layer)
-            k, n = c.partition_weight_shape
-            if tuple(w_q.shape) != (n, k // 8):
-                raise ValueError(f"{KERNEL_NAME}: packed weight {tuple(w_q.shape)} is not [out={n}, in/8={k // 8}]")
-            st = layout.repack(w_q.data, w_s.data, w_zp.data if c.zero_points else None, c.group_size)
-            replace_parameter(layer, self.w_q_name, st["qw"])
-            replace_parameter(layer, self.w_s_name, st["sc"])
-            if st["zp"] is not None:
-                replace_parameter(layer, self.w_zp_name, st["zp"])
-            layer.twin_cuda_shape = (n, k, c.group_size)
-            if st["qw"].is_cuda:
-                counters(st["qw"].device)  # before graph capture
-                extension()  # built (or loaded) now, not inside the first forward
-
-        def apply_weights(self, layer: torch.nn.Module, x: torch.Tensor,
-                          bias: torch.Tensor | None = None) -> torch.Tensor:
-            w_q, w_s, w_zp, _ = self._get_weight_params(layer)
-            n, k, group = layer.twin_cuda_shape
-            st = {"qw": w_q, "sc": w_s, "zp": w_zp if self.config.zero_points else None, "n": n, "k": k,
-                  "group": group}
-            return twin_linear(x, st, bias)
-
-    TwinCudaLinearKernel.__qualname__ = KERNEL_NAME
-    return TwinCudaLinearKernel
+    return build(KERNEL_NAME, MIN_CAPABILITY, unavailable_reason, check_config, _load, _apply)
 
 
 _CLASS = None

@@ -216,52 +216,30 @@ def check_config(c) -> tuple[bool, str | None]:
     return True, None
 
 
+def _load(kernel, layer, w_q, w_s, w_zp, replace_parameter) -> None:
+    qweight, scales, zeros, group_ints = repack(w_q.data, w_s.data, None if w_zp is None else w_zp.data,
+                                                kernel.config.group_size)
+    replace_parameter(layer, kernel.w_q_name, qweight)
+    replace_parameter(layer, kernel.w_s_name, scales)
+    if zeros is not None:
+        replace_parameter(layer, kernel.w_zp_name, zeros)
+    kernel.group_ints = group_ints
+    layer.twin_gemv_group_ints = group_ints
+    if qweight.is_cuda:
+        _k.counters(qweight.device)  # the fused split-K's counters exist before graph capture
+
+
+def _apply(kernel, layer, x, bias):
+    w_q, w_s, w_zp, _ = kernel._get_weight_params(layer)
+    zeros = w_zp if kernel.config.zero_points else None
+    return twin_linear(x, w_q, w_s, zeros, kernel.group_ints, bias)
+
+
 def _build_class():
-    from vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel import MPLinearKernel
-    from vllm.model_executor.utils import replace_parameter
-    from vllm.platforms import current_platform
+    """Split-K Triton W4A16 GEMV (M <= 2) / tensor-core GEMM (larger M; prefill too) for the int4 twin."""
+    from .mp_kernel import build
 
-    class TwinGemvLinearKernel(MPLinearKernel):
-        """Split-K Triton W4A16 GEMV (M <= 2) / tensor-core GEMM (larger M; prefill too) for the int4 twin."""
-
-        @classmethod
-        def get_min_capability(cls) -> int:
-            return MIN_CAPABILITY
-
-        @classmethod
-        def can_implement(cls, c) -> tuple[bool, str | None]:
-            if not current_platform.is_cuda():
-                return False, "TwinGemvLinearKernel needs CUDA"
-            reason = unavailable_reason()
-            if reason:
-                return False, f"TwinGemvLinearKernel: {reason}"
-            return check_config(c)
-
-        def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-            c = self.config
-            w_q, w_s, w_zp, _ = self._get_weight_params(layer)
-            k, n = c.partition_weight_shape
-            if tuple(w_q.shape) != (n, k // 8):
-                raise ValueError(f"{KERNEL_NAME}: packed weight {tuple(w_q.shape)} is not [out={n}, in/8={k // 8}]")
-            qweight, scales, zeros, group_ints = repack(
-                w_q.data, w_s.data, w_zp.data if c.zero_points else None, c.group_size)
-            replace_parameter(layer, self.w_q_name, qweight)
-            replace_parameter(layer, self.w_s_name, scales)
-            if zeros is not None:
-                replace_parameter(layer, self.w_zp_name, zeros)
-            self.group_ints = group_ints
-            layer.twin_gemv_group_ints = group_ints
-            if qweight.is_cuda:
-                _k.counters(qweight.device)  # the fused split-K's counters exist before graph capture
-
-        def apply_weights(self, layer: torch.nn.Module, x: torch.Tensor,
-                          bias: torch.Tensor | None = None) -> torch.Tensor:
-            w_q, w_s, w_zp, _ = self._get_weight_params(layer)
-            zeros = w_zp if self.config.zero_points else None
-            return twin_linear(x, w_q, w_s, zeros, self.group_ints, bias)
-
-    TwinGemvLinearKernel.__qualname__ = KERNEL_NAME
-    return TwinGemvLinearKernel
+    return build(KERNEL_NAME, MIN_CAPABILITY, unavailable_reason, check_config, _load, _apply)
 
 
 _CLASS = None
