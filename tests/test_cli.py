@@ -29,6 +29,13 @@ def test_show_and_legs(capsys):
     assert "strict_g3" in out and "strict_g8" not in out
 
 
+def test_legs_table_shows_a_serving_servers_max_num_seqs():
+    from workbench.planning import plan
+
+    rows = plan("E18", "tiny", overrides={"legs": "twin_a1", "concurrencies": "1/4/16"}).table()
+    assert {r["max_num_seqs"] for r in rows} == {16}  # the server takes the largest client concurrency
+
+
 @pytest.mark.parametrize("argv, message", [
     (["show", "E42"], "unknown experiment 'E42'"),
     (["legs", "E1", "--profile", "huge"], "unknown profile 'huge'"),

@@ -28,6 +28,14 @@ ENGINE_SHAPE = ("max_num_seqs", "max_tokens", "max_model_len", "n", "dtype", "gp
 
 # --- planning ----------------------------------------------------------------------------------
 
+
+def _server_seqs(knobs: dict[str, Any]):
+    """A serving leg's server takes the largest client concurrency as its ``max_num_seqs`` (runners.leg_config)."""
+    from workbench.knobs import parse_concurrencies
+
+    concs = parse_concurrencies(knobs.get("concurrencies"))
+    return max(concs) if concs else knobs.get("max_num_seqs")
+
 @dataclass
 class PlannedLeg:
     index: int
@@ -83,7 +91,7 @@ class Plan:
                          "draft": l.draft or "", "gamma": l.knobs.get("gamma"),
                          "relax_logtau": l.knobs.get("relax_logtau"), "blind_mm": l.knobs.get("blind_mm"),
                          "draft_cudagraph": l.knobs.get("draft_cudagraph"),
-                         "max_num_seqs": l.knobs.get("max_num_seqs"), "max_tokens": l.knobs.get("max_tokens"),
+                         "max_num_seqs": _server_seqs(l.knobs), "max_tokens": l.knobs.get("max_tokens"),
                          "n": l.knobs.get("n"), "notes": "; ".join(f"{k}: {v}" for k, v in l.notes.items())})
         return rows
 
