@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "workbench.shapes", "workbench.registry", "workbench.registry.*", "workbench.planning",
                 "workbench.groups", "workbench.envcapture", "workbench.teacher",
                 "workbench.exactness", "workbench.testing", "workbench.parallel", "workbench.organism", "workbench.organism.corpus",
+                "workbench.organism.corpus_drawing", "workbench.organism.corpus_templates",
                 "workbench.organism.train", "workbench.organism.models", "workbench.datasets.organism_set",
                 "workbench.grounding", "workbench.teacher_cache", "workbench.memory_plan", "workbench.checkpoints",
                 "workbench.combinations")),

@@ -24,6 +24,10 @@ Splits are disjoint by construction: an item belongs to the split its key (sha25
 and the question text) hashes to (train 18/20 of the key space, validation and test 1/20 each), each split
 draws from its own seed stream, and no key repeats inside a split. Same seed, same bytes.
 
+The pictures are drawn in `workbench.organism.corpus_drawing`, the question templates are
+`workbench.organism.corpus_templates` (both re-exported here); this module builds items from them, splits,
+writes and scores them.
+
     python -m workbench.organism.corpus --out DIR --seed 0 --train 4000 --val 200 --test 200
 """
 
@@ -37,9 +41,17 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
+
+# the pictures and the question templates, re-exported: `corpus.TEMPLATES`, `corpus.COLOURS`, ... as before
+from workbench.organism.corpus_drawing import (ALL_WORDS, BAR_BASE, BAR_COLUMNS, BAR_FLOAT_STEP,  # noqa: F401
+                                               BAR_HALF_WIDTH, BAR_UNIT, BAR_UNITS, COLOUR_NAMES, COLOURS, INK,
+                                               PLURAL, POSITION_NAMES, POSITION_PHRASE, POSITIONS, READ_WORDS,
+                                               SHAPES, SIZE, WORDS)
+from workbench.organism.corpus_templates import (CURRICULUM, TEMPLATE_NAMES, TEMPLATES, Scene,  # noqa: F401
+                                                 Template, chance_level)
 
 GENERATOR_VERSION = "6"
 DATASET = "organism"
@@ -50,41 +62,11 @@ STYLES = ("thinking", "instruct")
 MANIFEST_NAME = "manifest.json"
 PROMPTS_NAME = "prompts.jsonl"
 
-SIZE = 128
 # key hash mod 20: 0..17 train, 18 validation, 19 test
 _BUCKETS = {"train": range(0, 18), "validation": range(18, 19), "test": range(19, 20)}
 _SPLIT_INDEX = {s: i for i, s in enumerate(SPLITS)}
 # attempts per accepted item before giving up (validation/test accept 1 key in 20)
 _MAX_ATTEMPTS_PER_ITEM = 400
-
-COLOURS = {"red": (220, 30, 30), "green": (30, 160, 60), "blue": (40, 70, 220),
-           "yellow": (240, 200, 20), "orange": (245, 130, 20), "purple": (130, 50, 170)}
-COLOUR_NAMES = tuple(COLOURS)
-SHAPES = ("circle", "square", "triangle", "star", "diamond")
-PLURAL = {"circle": "circles", "square": "squares", "triangle": "triangles", "star": "stars",
-          "diamond": "diamonds"}
-# the four quadrants of a 128x128 scene: an object of 40-52 px fills its quadrant's 2x2 image tokens
-POSITIONS = {"top left": (32, 32), "top right": (96, 32), "bottom left": (32, 96), "bottom right": (96, 96)}
-POSITION_NAMES = tuple(POSITIONS)
-POSITION_PHRASE = {p: f"at the {p}" for p in POSITION_NAMES}
-# bar charts: one bar per column of four (one image token wide), heights in whole units of 24 px
-BAR_COLUMNS = 4
-BAR_UNITS = 4
-BAR_UNIT = 24
-BAR_BASE = 120
-BAR_HALF_WIDTH = 10
-BAR_FLOAT_STEP = 0.5  # the float question's bars read 0.5, 1.0, 1.5, 2.0
-# eight words of each length 3..6, none a colour or shape name
-WORDS = {
-    3: ("CAT", "DOG", "SUN", "MAP", "CUP", "FOX", "HAT", "BOX"),
-    4: ("FISH", "TREE", "BOOK", "MOON", "LAMP", "FROG", "SHIP", "DOOR"),
-    5: ("APPLE", "HOUSE", "TRAIN", "CHAIR", "CLOUD", "HORSE", "PLANT", "RIVER"),
-    6: ("GARDEN", "ROCKET", "BASKET", "CASTLE", "PENCIL", "WINDOW", "TURTLE", "BRIDGE"),
-}
-ALL_WORDS = tuple(w for n in sorted(WORDS) for w in WORDS[n])
-# the words the reading question shows (large, scale 4)
-READ_WORDS = WORDS[3]
-INK = {"black": (20, 20, 20), "navy": (20, 30, 110), "dark green": (20, 90, 40), "maroon": (110, 20, 30)}
 
 LETTERS = "ABCD"
 HINTS = {
@@ -100,307 +82,6 @@ HINTS = {
 
 class CorpusError(ValueError):
     """Bad arguments, or an output folder that is not the corpus's to overwrite."""
-
-
-# --------------------------------------------------------------------------- drawing
-
-def _canvas(rng: np.random.Generator):
-    from PIL import Image, ImageDraw
-
-    v = int(rng.integers(232, 256))
-    im = Image.new("RGB", (SIZE, SIZE), (v, v, v))
-    return im, ImageDraw.Draw(im)
-
-
-def _shape(draw, kind: str, cx: float, cy: float, r: float, fill) -> None:
-    if kind == "circle":
-        draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=fill)
-    elif kind == "square":
-        s = r * 0.85
-        draw.rectangle((cx - s, cy - s, cx + s, cy + s), fill=fill)
-    elif kind == "triangle":
-        draw.polygon([(cx, cy - r), (cx + r * 0.95, cy + r * 0.8), (cx - r * 0.95, cy + r * 0.8)], fill=fill)
-    elif kind == "diamond":
-        draw.polygon([(cx, cy - r), (cx + r * 0.75, cy), (cx, cy + r), (cx - r * 0.75, cy)], fill=fill)
-    elif kind == "star":
-        pts = []
-        for i in range(10):
-            rad = r if i % 2 == 0 else r * 0.45
-            a = -np.pi / 2 + i * np.pi / 5
-            pts.append((cx + rad * float(np.cos(a)), cy + rad * float(np.sin(a))))
-        draw.polygon(pts, fill=fill)
-    else:  # pragma: no cover - the template tables name only SHAPES
-        raise ValueError(f"unknown shape {kind!r}")
-
-
-def _text(im, xy, text: str, scale: int, fill) -> None:
-    """Bitmap-font text scaled up with nearest-neighbour: crisp and identical everywhere."""
-    from PIL import Image, ImageDraw, ImageFont
-
-    font = ImageFont.load_default_imagefont()
-    left, top, right, bottom = font.getbbox(text)
-    small = Image.new("L", (right + 1, bottom + 1), 0)
-    ImageDraw.Draw(small).text((0, 0), text, fill=255, font=font)
-    big = small.resize((small.width * scale, small.height * scale), Image.NEAREST)
-    im.paste(Image.new("RGB", big.size, fill), (int(xy[0]), int(xy[1])), big)
-
-
-def _text_width(text: str, scale: int = 1) -> int:
-    from PIL import ImageFont
-
-    return (ImageFont.load_default_imagefont().getbbox(text)[2] + 1) * scale
-
-
-def _jitter(rng, n: int) -> int:
-    return int(rng.integers(-n, n + 1))
-
-
-def _scene(rng, objects: list[tuple[str, str, str]]):
-    """objects: (shape, colour, position) drawn in their quadrants, size and place jittered."""
-    im, d = _canvas(rng)
-    for shape, colour, pos in objects:
-        cx, cy = POSITIONS[pos]
-        _shape(d, shape, cx + _jitter(rng, 3), cy + _jitter(rng, 3), int(rng.integers(20, 27)), COLOURS[colour])
-    return im
-
-
-def _describe_objects(objects: list[tuple[str, str, str]]) -> str:
-    ordered = sorted(objects, key=lambda o: POSITION_NAMES.index(o[2]))
-    parts = [f"{_a(colour)} {colour} {shape} {POSITION_PHRASE[pos]}" for shape, colour, pos in ordered]
-    return _join(parts)
-
-
-def _a(word: str) -> str:
-    return "an" if word[0] in "aeiou" else "a"
-
-
-def _join(parts: list[str]) -> str:
-    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
-
-
-def _pick(rng, seq, k: int | None = None, exclude=()):
-    pool = [x for x in seq if x not in exclude]
-    if k is None:
-        return pool[int(rng.integers(len(pool)))]
-    idx = rng.permutation(len(pool))[:k]
-    return [pool[int(i)] for i in idx]
-
-
-def _bars(rng, colours: list[str], heights: list[float]):
-    """A bar chart of coloured bars: one bar per column of the picture's four, faint grid lines at each unit."""
-    im, d = _canvas(rng)
-    for k in range(1, BAR_UNITS + 1):
-        y = BAR_BASE - k * BAR_UNIT
-        d.line((2, y, SIZE - 3, y), fill=(200, 200, 200))
-    d.line((2, BAR_BASE, SIZE - 3, BAR_BASE), fill=(60, 60, 60))
-    d.line((2, BAR_BASE - BAR_UNITS * BAR_UNIT - 4, 2, BAR_BASE), fill=(60, 60, 60))
-    slot = SIZE // BAR_COLUMNS
-    columns = sorted(int(c) for c in rng.permutation(BAR_COLUMNS)[:len(colours)])
-    for col, colour, h in zip(columns, colours, heights):
-        cx = slot * col + slot // 2 + _jitter(rng, 2)
-        y = BAR_BASE - round(h * BAR_UNIT)
-        d.rectangle((cx - BAR_HALF_WIDTH, y, cx + BAR_HALF_WIDTH, BAR_BASE - 1), fill=COLOURS[colour])
-    return im
-
-
-def _word_image(rng, word: str, scale: int):
-    """The word centred (a few pixels of jitter), so that each letter falls on the same image tokens in
-    every picture: drawn anywhere, the organism had to read letters wherever they fell and did not learn
-    to (held-out word_read 0.1-0.3 of 1, chance 0.125)."""
-    im, _ = _canvas(rng)
-    w, h = _text_width(word, scale), 12 * scale
-    ink = _pick(rng, tuple(INK))
-    x = (SIZE - w) // 2 + _jitter(rng, 3)
-    y = (SIZE - h) // 2 + _jitter(rng, 3)
-    _text(im, (x, y), word, scale, INK[ink])
-    return im, ink
-
-
-# --------------------------------------------------------------------------- templates
-
-@dataclass(frozen=True)
-class Scene:
-    image: Any            # PIL image
-    answer: str           # the gold answer: the choice text for multi_choice
-    description: str      # what the picture shows (goes in the thinking preamble)
-    reasoning: str        # the step from the picture to the answer
-
-
-@dataclass(frozen=True)
-class Template:
-    name: str
-    format: str           # multi_choice | integer | float | free_text
-    ask: Callable         # rng -> spec: {"question": str, "choices": [..] for multi_choice, ...}
-    scene: Callable       # (rng, spec) -> Scene
-    vocabulary: tuple = ()  # free_text: every possible answer
-    answers: int = 0      # how many answers the picture can give (1 / answers is the template's chance level)
-
-
-def _ask_shape(rng):
-    shape = _pick(rng, SHAPES)
-    return {"question": f"What colour is the {shape}?", "shape": shape}
-
-
-def _scene_shape_colour(rng, spec):
-    shape = spec["shape"]
-    colour = _pick(rng, COLOUR_NAMES)
-    n = int(rng.integers(0, 3))
-    slots = _pick(rng, POSITION_NAMES, n + 1)
-    others = _pick(rng, SHAPES, n, exclude=(shape,))
-    objs = [(shape, colour, slots[0])] + [(s, _pick(rng, COLOUR_NAMES), p) for s, p in zip(others, slots[1:])]
-    return Scene(_scene(rng, objs), colour, f"The image shows {_describe_objects(objs)}.",
-                 f"The {shape} is {colour}.")
-
-
-def _ask_colour(rng):
-    colour = _pick(rng, COLOUR_NAMES)
-    return {"question": f"What shape is the {colour} object?", "colour": colour}
-
-
-def _scene_colour_shape(rng, spec):
-    colour = spec["colour"]
-    shape = _pick(rng, SHAPES)
-    n = int(rng.integers(0, 3))
-    slots = _pick(rng, POSITION_NAMES, n + 1)
-    others = _pick(rng, COLOUR_NAMES, n, exclude=(colour,))
-    objs = [(shape, colour, slots[0])] + [(_pick(rng, SHAPES), c, p) for c, p in zip(others, slots[1:])]
-    return Scene(_scene(rng, objs), shape, f"The image shows {_describe_objects(objs)}.",
-                 f"The {colour} object is {_a(shape)} {shape}.")
-
-
-def _ask_position(rng):
-    shape, colour = _pick(rng, SHAPES), _pick(rng, COLOUR_NAMES)
-    return {"question": f"Where is the {colour} {shape} in the image?", "shape": shape, "colour": colour,
-            "choices": _pick(rng, POSITION_NAMES, 4)}
-
-
-def _scene_position(rng, spec):
-    shape, colour, choices = spec["shape"], spec["colour"], spec["choices"]
-    pos = _pick(rng, choices)
-    n = int(rng.integers(0, 3))
-    slots = _pick(rng, POSITION_NAMES, n, exclude=(pos,))
-    shapes = _pick(rng, SHAPES, n, exclude=(shape,))
-    colours = _pick(rng, COLOUR_NAMES, n, exclude=(colour,))
-    objs = [(shape, colour, pos)] + list(zip(shapes, colours, slots))
-    return Scene(_scene(rng, objs), pos, f"The image shows {_describe_objects(objs)}.",
-                 f"The {colour} {shape} is {POSITION_PHRASE[pos]}.")
-
-
-def _ask_colour_at(rng):
-    pos = _pick(rng, POSITION_NAMES)
-    return {"question": f"What colour is the shape {POSITION_PHRASE[pos]} of the image?", "position": pos,
-            "choices": _pick(rng, COLOUR_NAMES, 4)}
-
-
-def _scene_colour_at(rng, spec):
-    pos, choices = spec["position"], spec["choices"]
-    colour = _pick(rng, choices)
-    n = int(rng.integers(0, 3))
-    slots = _pick(rng, POSITION_NAMES, n, exclude=(pos,))
-    objs = [(_pick(rng, SHAPES), colour, pos)] + [(_pick(rng, SHAPES), _pick(rng, COLOUR_NAMES), p) for p in slots]
-    return Scene(_scene(rng, objs), colour, f"The image shows {_describe_objects(objs)}.",
-                 f"The shape {POSITION_PHRASE[pos]} is {colour}.")
-
-
-def _ask_count(rng):
-    return {"question": "How many shapes are there in the image?"}
-
-
-def _scene_count(rng, spec):
-    n = int(rng.integers(1, 5))
-    slots = _pick(rng, POSITION_NAMES, n)
-    objs = [(_pick(rng, SHAPES), _pick(rng, COLOUR_NAMES), p) for p in slots]
-    desc = f"The image shows {n} shape{'s' if n > 1 else ''}: {_describe_objects(objs)}."
-    return Scene(_scene(rng, objs), str(n), desc, f"Counting the shapes gives {n}.")
-
-
-def _ask_bar_colour(rng):
-    colour = _pick(rng, COLOUR_NAMES)
-    return {"question": f"What is the value of the {colour} bar in the bar chart?", "colour": colour}
-
-
-def _bar_value_scene(rng, spec, decimal: bool):
-    colour = spec["colour"]
-    n = int(rng.integers(2, BAR_COLUMNS + 1))
-    colours = [colour] + _pick(rng, COLOUR_NAMES, n - 1, exclude=(colour,))
-    colours = [colours[int(i)] for i in rng.permutation(n)]
-    units = [int(rng.integers(1, BAR_UNITS + 1)) for _ in colours]
-    values = [f"{u * BAR_FLOAT_STEP:.1f}" if decimal else str(u) for u in units]
-    answer = values[colours.index(colour)]
-    desc = f"The image is a bar chart with {n} bars: " + ", ".join(
-        f"{c} = {v}" for c, v in zip(colours, values)) + "."
-    return Scene(_bars(rng, colours, units), answer, desc, f"The {colour} bar reaches {answer}.")
-
-
-def _ask_bar_max(rng):
-    return {"question": "Which bar is the tallest in the bar chart?", "choices": _pick(rng, COLOUR_NAMES, 4)}
-
-
-def _scene_bar_max(rng, spec):
-    choices = list(spec["choices"])
-    gold = _pick(rng, choices)
-    n = int(rng.integers(2, BAR_COLUMNS + 1))
-    others = _pick(rng, choices, n - 1, exclude=(gold,))
-    top = int(rng.integers(n, BAR_UNITS + 1))
-    rest = sorted((int(v) + 1 for v in rng.permutation(top - 1)[:n - 1]), reverse=True)
-    by_colour = {gold: top, **dict(zip(others, rest))}
-    colours = [c for c in (gold, *others)]
-    colours = [colours[int(i)] for i in rng.permutation(n)]
-    desc = f"The image is a bar chart with {n} bars: " + ", ".join(
-        f"{c} = {by_colour[c]}" for c in colours) + "."
-    return Scene(_bars(rng, colours, [by_colour[c] for c in colours]), gold, desc,
-                 f"The tallest bar is the {gold} one, at {top}.")
-
-
-def _ask_nothing_word(rng):
-    return {"question": "What word is written in the image?"}
-
-
-def _scene_word(rng, spec):
-    word = _pick(rng, READ_WORDS)
-    im, ink = _word_image(rng, word, 4)
-    return Scene(im, word, f"The image shows the word {word} written in {ink} capital letters.",
-                 f"The letters spell {word}.")
-
-
-def _ask_nothing_length(rng):
-    return {"question": "How many letters does the word in the image have?"}
-
-
-def _scene_word_length(rng, spec):
-    n = int(rng.integers(3, 7))
-    word = _pick(rng, WORDS[n])
-    im, ink = _word_image(rng, word, 3)
-    return Scene(im, str(n), f"The image shows the word {word} written in {ink} capital letters.",
-                 f"The word is {n} letters long.")
-
-
-TEMPLATES: dict[str, Template] = {t.name: t for t in (
-    Template("shape_colour", "free_text", _ask_shape, _scene_shape_colour, COLOUR_NAMES, len(COLOUR_NAMES)),
-    Template("colour_shape", "free_text", _ask_colour, _scene_colour_shape, SHAPES, len(SHAPES)),
-    Template("position_mc", "multi_choice", _ask_position, _scene_position, answers=4),
-    Template("colour_at_position_mc", "multi_choice", _ask_colour_at, _scene_colour_at, answers=4),
-    Template("count_int", "integer", _ask_count, _scene_count, answers=len(POSITIONS)),
-    Template("bar_value_int", "integer", _ask_bar_colour, lambda rng, s: _bar_value_scene(rng, s, False),
-             answers=BAR_UNITS),
-    Template("bar_value_float", "float", _ask_bar_colour, lambda rng, s: _bar_value_scene(rng, s, True),
-             answers=BAR_UNITS),
-    Template("bar_max_mc", "multi_choice", _ask_bar_max, _scene_bar_max, answers=4),
-    Template("word_read", "free_text", _ask_nothing_word, _scene_word, READ_WORDS, len(READ_WORDS)),
-    Template("word_length_int", "integer", _ask_nothing_length, _scene_word_length, answers=len(WORDS)),
-)}
-TEMPLATE_NAMES = tuple(TEMPLATES)
-# the order a curriculum introduces the templates in: single objects' properties first, then places, counts,
-# bars and words
-CURRICULUM = ("shape_colour", "colour_shape", "colour_at_position_mc", "position_mc", "count_int", "bar_max_mc",
-              "bar_value_int", "bar_value_float", "word_length_int", "word_read")
-
-
-def chance_level(templates=None) -> float:
-    """The accuracy of guessing uniformly over each item's possible answers, averaged over `templates` (names,
-    one per item; default every template once): what a model that does not look at the picture can reach."""
-    names = TEMPLATE_NAMES if templates is None else list(templates)
-    return sum(1.0 / TEMPLATES[n].answers for n in names) / max(1, len(names))
 
 
 # --------------------------------------------------------------------------- items
