@@ -34,6 +34,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "workbench.groups", "workbench.envcapture", "workbench.teacher",
                 "workbench.exactness", "workbench.testing", "workbench.parallel", "workbench.organism", "workbench.organism.corpus",
                 "workbench.organism.corpus_drawing", "workbench.organism.corpus_templates",
+                "workbench.organism.rows", "workbench.organism.evaluation",
                 "workbench.organism.train", "workbench.organism.models", "workbench.datasets.organism_set",
                 "workbench.grounding", "workbench.teacher_cache", "workbench.memory_plan", "workbench.checkpoints",
                 "workbench.combinations")),

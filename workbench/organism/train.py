@@ -6,15 +6,16 @@ deepstack, interleaved M-RoPE), its config, tokenizer, processor files and seede
 one fixed seed, a fixed thread count, deterministic algorithms, loss only on the target completion (the
 tokens after the chat template's ``<|im_start|>assistant\\n``, through ``<|im_end|>``). Every
 ``eval_every`` steps the validation split is answered by greedy generation and scored with
-`workbench.organism.corpus.score_output`; the best checkpoint is kept. The same validation prompts are
+`workbench.organism.corpus.score_output` (`workbench.organism.evaluation`); the best checkpoint is kept. The
+training rows and their batches are `workbench.organism.rows`'s. The same validation prompts are
 then answered with every picture replaced by a blank one of the same size: a model that looks scores near
 chance there. The held-out test split is answered both ways too; the manifest records the accuracies, the
 chance level (`corpus.chance_level`) and the accuracy of each template.
 
 Cached like the tiny models: ``<root>/<variant>/`` (root ``models/organism`` beside ``models/tiny``) holds
 the ``save_pretrained`` checkpoint (safetensors), the tokenizer/processor files and ``manifest.json`` with
-the corpus fingerprint, the recipe fingerprint (this file, the tiny builder's recipe, the hyperparameters
-and the seed), the steps, the accuracies and the loss curve. `ensure_organism` rebuilds only when a
+the corpus fingerprint, the recipe fingerprint (the training code: this file, rows.py and evaluation.py; the
+tiny builder's recipe, the hyperparameters and the seed), the steps, the accuracies and the loss curve. `ensure_organism` rebuilds only when a
 fingerprint or a file differs.
 
     python -m workbench.organism.train --variant instruct [--steps N] [--out DIR] [--set FIELD=JSON] [--force]
@@ -35,6 +36,10 @@ from pathlib import Path
 
 from workbench import tiny
 from workbench.organism import corpus as C
+# the rows and the evaluation training uses, re-exported: `train.Collator`, `train.evaluate`, ... as before
+from workbench.organism.evaluation import evaluate
+from workbench.organism.rows import (CHOICES_QUESTION, DESCRIBE_QUESTION, Collator,  # noqa: F401
+                                     _choices_example, _describe_example, _example, _examples, _match_example)
 
 BUILDER_VERSION = "2"
 VARIANTS = C.STYLES  # ("thinking", "instruct")
@@ -161,9 +166,16 @@ class Recipe:
         return d
 
 
+# the training code the recipe fingerprint covers: this file, then the rows and the evaluation it trains with
+TRAINING_CODE = (Path(__file__), Path(__file__).with_name("rows.py"), Path(__file__).with_name("evaluation.py"))
+
+
 def recipe_fingerprint(recipe: Recipe) -> str:
-    """sha256 over this file, the tiny builder's recipe (its source and library releases) and the recipe."""
-    h = hashlib.sha256(Path(__file__).read_bytes())
+    """sha256 over the training code (``TRAINING_CODE``), the tiny builder's recipe (its source and library
+    releases) and the recipe."""
+    h = hashlib.sha256()
+    for path in TRAINING_CODE:
+        h.update(path.read_bytes())
     h.update(tiny.recipe_fingerprint().encode())
     h.update(f"builder={BUILDER_VERSION}\0".encode())
     h.update(json.dumps(recipe.resolved().as_dict(), sort_keys=True).encode())
@@ -204,154 +216,6 @@ def _new_model(recipe: Recipe, ids: dict[str, int]):
     return model
 
 
-# --------------------------------------------------------------------------- data
-
-@dataclass
-class Example:
-    prompt: object  # workbench.prompts.Prompt
-    text: str       # chat-templated prompt (one image placeholder) + target + <|im_end|>
-    target: str
-
-
-def _examples(prompts_path: Path, tokenizer, variant: str, limit: int = 0) -> list[Example]:
-    from workbench.prompts import load_prompts
-
-    prompts = load_prompts(prompts_path)
-    if limit:
-        prompts = prompts[:limit]
-    return [_example(p, tokenizer, p.meta[f"target_{variant}"]) for p in prompts]
-
-
-def _example(prompt, tokenizer, target: str) -> Example:
-    """A training row: the chat-templated prompt, then ``target`` and ``<|im_end|>``."""
-    from workbench.chat import render_prompt
-
-    return Example(prompt, render_prompt(tokenizer, prompt) + target + "<|im_end|>", target)
-
-
-DESCRIBE_QUESTION = "Describe the image."
-
-
-def _describe_example(ex: Example, tokenizer) -> Example:
-    """The describe row of a training item (see ``Recipe.describe_fraction``)."""
-    p = dataclasses.replace(ex.prompt, pid=f"{ex.prompt.pid}-describe", text=DESCRIBE_QUESTION)
-    return _example(p, tokenizer, ex.prompt.meta["description"])
-
-
-CHOICES_QUESTION = "Question: Repeat the listed choices."
-
-
-def _choices_example(ex: Example, tokenizer) -> Example | None:
-    """The choices row of a multiple-choice training item (see ``Recipe.choices_fraction``); None for others."""
-    from workbench.chat import CHOICES_MARK
-
-    choices, cut = ex.prompt.meta.get("choices"), ex.prompt.text.find(CHOICES_MARK)
-    if not choices or cut < 0:
-        return None
-    p = dataclasses.replace(ex.prompt, pid=f"{ex.prompt.pid}-choices", text=CHOICES_QUESTION + ex.prompt.text[cut:])
-    return _example(p, tokenizer, " ".join(f"({C.LETTERS[i]}) {c}." for i, c in enumerate(choices)))
-
-
-def _match_example(ex: Example, tokenizer, variant: str, order: list[int]) -> Example | None:
-    """The match row of a multiple-choice training item (see ``Recipe.match_fraction``), its listed choices in
-    ``order``; None for other items."""
-    from types import SimpleNamespace
-
-    meta = ex.prompt.meta
-    choices, target = meta.get("choices"), meta.get("target_instruct", "")
-    cut = target.find(" (A) ")
-    if not choices or cut < 0:
-        return None
-    reasoning = target[:cut]
-    listed = [choices[i] for i in order]
-    letter = C.LETTERS[listed.index(meta["answer"])]
-    scene = SimpleNamespace(description=meta["description"], reasoning=reasoning, answer=meta["answer"])
-    thinking, instruct = C._targets("multi_choice", scene, letter, f"{meta['answer']}, which is option {letter}",
-                                    listed)
-    text = C._query("multi_choice", f"{reasoning} {meta['question']}", listed)
-    p = dataclasses.replace(ex.prompt, pid=f"{ex.prompt.pid}-match", text=text,
-                            meta={**meta, "choices": listed, "answer_letter": letter})
-    return _example(p, tokenizer, thinking if variant == "thinking" else instruct)
-
-
-def _images(examples: list[Example], blank: bool = False) -> list:
-    from workbench.chat import load_images
-
-    return [im for ex in examples for im in load_images(ex.prompt, blank=blank)]
-
-
-class Collator:
-    """Training batches through the HF processor; labels only on the completion after ``assistant\\n``."""
-
-    def __init__(self, processor):
-        self.processor = processor
-        tok = processor.tokenizer
-        self.im_start = tok.convert_tokens_to_ids("<|im_start|>")
-        self.head = len(tok("assistant\n", add_special_tokens=False)["input_ids"])
-        self.pad = tok.pad_token_id
-
-    def __call__(self, examples: list[Example]) -> dict:
-        tok = self.processor.tokenizer
-        tok.padding_side = "right"
-        enc = self.processor(text=[ex.text for ex in examples], images=_images(examples), padding=True,
-                             return_tensors="pt")
-        ids = enc["input_ids"]
-        labels = ids.clone()
-        for i in range(ids.shape[0]):
-            starts = (ids[i] == self.im_start).nonzero().flatten()
-            begin = int(starts[-1]) + 1 + self.head
-            labels[i, :begin] = -100
-        labels[enc["attention_mask"] == 0] = -100
-        enc["labels"] = labels
-        return enc
-
-    def check(self, examples: list[Example], batch: dict) -> None:
-        """The labelled tokens spell exactly the target and ``<|im_end|>``."""
-        tok = self.processor.tokenizer
-        for ex, row in zip(examples, batch["labels"]):
-            got = tok.decode([int(t) for t in row if t != -100], skip_special_tokens=False)
-            if got != ex.target + "<|im_end|>":
-                raise RuntimeError(f"organism: label span {got!r} is not the target {ex.target!r}")
-
-
-# --------------------------------------------------------------------------- evaluation
-
-def evaluate(model, processor, examples: list[Example], variant: str, max_new_tokens: int, batch: int = 32,
-             blank: bool = False) -> dict:
-    """Greedy answers to the examples' prompts, scored by `corpus.score_output`: accuracy and outputs."""
-    import torch
-
-    from workbench.chat import render_prompt
-
-    tok = processor.tokenizer
-    eos = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
-    outputs: list[str] = []
-    scores: list[float] = []
-    was_training = model.training
-    model.eval()
-    try:
-        for i in range(0, len(examples), batch):
-            chunk = examples[i:i + batch]
-            tok.padding_side = "left"
-            enc = processor(text=[render_prompt(tok, ex.prompt) for ex in chunk], images=_images(chunk, blank),
-                            padding=True, return_tensors="pt")
-            with torch.no_grad():
-                gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
-                                     pad_token_id=tok.pad_token_id)
-            for ex, row in zip(chunk, gen[:, enc["input_ids"].shape[1]:]):
-                text = tok.decode(row, skip_special_tokens=True)
-                outputs.append(text)
-                scores.append(C.score_output(text, ex.prompt.meta, style=variant)["score"])
-    finally:
-        tok.padding_side = "right"
-        model.train(was_training)
-    per: dict[str, list[float]] = {}
-    for ex, sc in zip(examples, scores):
-        per.setdefault(ex.prompt.meta["template"], []).append(sc)
-    return {"accuracy": sum(scores) / max(1, len(scores)), "n": len(scores), "outputs": outputs,
-            "per_template": {t: sum(v) / len(v) for t, v in sorted(per.items())}}
-
-
 # --------------------------------------------------------------------------- training
 
 @contextlib.contextmanager
@@ -390,6 +254,146 @@ def _active_templates(step: int, recipe: Recipe, pools: dict) -> list[str]:
     return order[:max(1, min(k, len(order)))]
 
 
+def _splits(corpus_dir: Path, tok, recipe: Recipe, targets=None) -> tuple[list, list, list]:
+    """The train, validation and test rows (test empty where the corpus has no test split); ``targets``: the
+    train split's targets by prompt id, instead of the corpus's."""
+    train_set = _examples(corpus_dir / "train" / C.PROMPTS_NAME, tok, recipe.variant)
+    if targets is not None:
+        train_set = [_example(ex.prompt, tok, targets[ex.prompt.pid]) for ex in train_set]
+    val_set = _examples(corpus_dir / "validation" / C.PROMPTS_NAME, tok, recipe.variant, recipe.val_items)
+    test_path = corpus_dir / "test" / C.PROMPTS_NAME
+    test_set = _examples(test_path, tok, recipe.variant, recipe.val_items) if test_path.is_file() else []
+    if not train_set or not val_set:
+        raise ValueError(f"organism: {corpus_dir} has an empty train or validation split")
+    return train_set, val_set, test_set
+
+
+def _check_fractions(recipe: Recipe) -> None:
+    for name in ("describe_fraction", "choices_fraction", "match_fraction"):
+        value = getattr(recipe, name)
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"organism: {name} must be in [0, 1], got {value}")
+
+
+def _optimizer(model, recipe: Recipe):
+    """AdamW: no weight decay on biases, norms and embeddings; the vision side at ``vision_lr_scale``."""
+    import torch
+
+    groups: dict[tuple[bool, bool], list] = {}
+    for n, p in model.named_parameters():  # (decayed?, vision?) -> parameters
+        groups.setdefault((p.ndim >= 2 and "embed" not in n, ".visual." in f".{n}"), []).append(p)
+    return torch.optim.AdamW([{"params": ps, "weight_decay": recipe.weight_decay if decay else 0.0,
+                               "lr_scale": recipe.vision_lr_scale if vision else 1.0}
+                              for (decay, vision), ps in sorted(groups.items())],
+                             lr=recipe.lr, betas=recipe.betas, eps=1e-8)
+
+
+def _batch_indices(step: int, recipe: Recipe, pools: dict, tw: dict, order: list[int], n_train: int,
+                   order_gen) -> tuple[list[int], list[int]]:
+    """The train rows of one step, and what is left of the shuffled pass: under the curriculum each row picks an
+    active template (by ``template_weights``), then an item of it; without it, plain shuffled passes."""
+    import torch
+
+    if recipe.curriculum_hold or recipe.curriculum_every:
+        active = _active_templates(step, recipe, pools)
+        weights = torch.tensor([tw.get(t, 1.0) for t in active], dtype=torch.float64)
+        idx = []
+        for _ in range(recipe.batch_size):
+            pick = (int(torch.randint(len(active), (1,), generator=order_gen)) if not tw
+                    else int(torch.multinomial(weights, 1, generator=order_gen)))
+            pool = pools[active[pick]]
+            idx.append(pool[int(torch.randint(len(pool), (1,), generator=order_gen))])
+        return idx, order
+    if len(order) < recipe.batch_size:
+        order += torch.randperm(n_train, generator=order_gen).tolist()
+    return order[:recipe.batch_size], order[recipe.batch_size:]
+
+
+def _batch_rows(idx: list[int], train_set: list, describe: list, choices: list, tok, recipe: Recipe,
+                order_gen) -> list:
+    """Each picked item's row for this step: its match, choices or describe row with the recipe's
+    probabilities (drawn in that order), else its own."""
+    import torch
+
+    examples = []
+    for i in idx:
+        mc = choices and choices[i] is not None
+        if (recipe.match_fraction and train_set[i].prompt.meta.get("choices")
+                and float(torch.rand((), generator=order_gen)) < recipe.match_fraction):
+            n = len(train_set[i].prompt.meta["choices"])
+            examples.append(_match_example(train_set[i], tok, recipe.variant,
+                                           torch.randperm(n, generator=order_gen).tolist()))
+        elif mc and float(torch.rand((), generator=order_gen)) < recipe.choices_fraction:
+            examples.append(choices[i])
+        elif describe and float(torch.rand((), generator=order_gen)) < recipe.describe_fraction:
+            examples.append(describe[i])
+        else:
+            examples.append(train_set[i])
+    return examples
+
+
+def _steps(model, opt, collate, processor, recipe: Recipe, train_set: list, val_set: list, describe: list,
+           choices: list, log) -> dict:
+    """The training steps, each ``eval_every`` steps (and the last) followed by a validation; returns the loss
+    curve, the evaluations, the best one (with its weights) and the seconds spent training."""
+    import torch
+
+    tok = processor.tokenizer
+    order_gen = torch.Generator().manual_seed(recipe.seed)
+    pools: dict[str, list[int]] = {}
+    for i, ex in enumerate(train_set):
+        pools.setdefault(ex.prompt.meta["template"], []).append(i)
+    order: list[int] = []
+    losses: list[float] = []
+    evals: list[dict] = []
+    best = {"accuracy": -1.0, "step": 0, "state": None}
+    train_seconds = 0.0
+    tw = dict(recipe.template_weights)
+    for step in range(recipe.steps):
+        t0 = time.perf_counter()
+        idx, order = _batch_indices(step, recipe, pools, tw, order, len(train_set), order_gen)
+        examples = _batch_rows(idx, train_set, describe, choices, tok, recipe, order_gen)
+        batch = collate(examples)
+        if step == 0:
+            collate.check(examples, batch)
+        for g in opt.param_groups:
+            g["lr"] = _lr_at(step, recipe) * g["lr_scale"]
+        loss = model(**batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+        opt.step()
+        losses.append(float(loss.detach()))
+        train_seconds += time.perf_counter() - t0
+        done = step + 1
+        if done % 10 == 0 or done == recipe.steps:
+            log(f"step {done}/{recipe.steps} loss {losses[-1]:.4f} {done / train_seconds:.3f} steps/s")
+        if done % recipe.eval_every == 0 or done == recipe.steps:
+            t1 = time.perf_counter()
+            res = evaluate(model, processor, val_set, recipe.variant, recipe.max_new_tokens, recipe.eval_batch)
+            evals.append({"step": done, "accuracy": res["accuracy"], "seconds": time.perf_counter() - t1})
+            log(f"eval step {done}: validation accuracy {res['accuracy']:.3f}")
+            if res["accuracy"] > best["accuracy"]:
+                best = {"accuracy": res["accuracy"], "step": done,
+                        "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+    return {"losses": losses, "evals": evals, "best": best, "train_seconds": train_seconds}
+
+
+def _final_evaluations(model, processor, val_set: list, test_set: list, recipe: Recipe, log) -> dict:
+    """The best checkpoint on the validation split with blank pictures and as it is, then on the test split
+    both ways (None without a test split)."""
+    args = (recipe.variant, recipe.max_new_tokens, recipe.eval_batch)
+    blank = evaluate(model, processor, val_set, *args, blank=True)
+    val_best = evaluate(model, processor, val_set, *args)
+    test = test_blank = None
+    if test_set:
+        test = evaluate(model, processor, test_set, *args)
+        test_blank = evaluate(model, processor, test_set, *args, blank=True)
+        log(f"test accuracy {test['accuracy']:.3f}  blank {test_blank['accuracy']:.3f}  "
+            f"chance {C.chance_level(ex.prompt.meta['template'] for ex in test_set):.3f}")
+    return {"blank": blank, "val_best": val_best, "test": test, "test_blank": test_blank}
+
+
 def train(corpus_dir: Path, out: Path, recipe: Recipe, log=None, *, init=None, targets=None) -> dict:
     """Train into ``out`` (a fresh folder): checkpoint, tokenizer/processor files; returns the run's record.
 
@@ -405,128 +409,41 @@ def train(corpus_dir: Path, out: Path, recipe: Recipe, log=None, *, init=None, t
     ids = _write_common(out)
     processor = AutoProcessor.from_pretrained(out)
     tok = processor.tokenizer
-    train_set = _examples(corpus_dir / "train" / C.PROMPTS_NAME, tok, recipe.variant)
-    if targets is not None:
-        train_set = [_example(ex.prompt, tok, targets[ex.prompt.pid]) for ex in train_set]
-    val_set = _examples(corpus_dir / "validation" / C.PROMPTS_NAME, tok, recipe.variant, recipe.val_items)
-    test_path = corpus_dir / "test" / C.PROMPTS_NAME
-    test_set = _examples(test_path, tok, recipe.variant, recipe.val_items) if test_path.is_file() else []
-    if not train_set or not val_set:
-        raise ValueError(f"organism: {corpus_dir} has an empty train or validation split")
+    train_set, val_set, test_set = _splits(corpus_dir, tok, recipe, targets)
     collate = Collator(processor)
-    if not 0.0 <= recipe.describe_fraction <= 1.0:
-        raise ValueError(f"organism: describe_fraction must be in [0, 1], got {recipe.describe_fraction}")
-    if not 0.0 <= recipe.choices_fraction <= 1.0:
-        raise ValueError(f"organism: choices_fraction must be in [0, 1], got {recipe.choices_fraction}")
-    if not 0.0 <= recipe.match_fraction <= 1.0:
-        raise ValueError(f"organism: match_fraction must be in [0, 1], got {recipe.match_fraction}")
+    _check_fractions(recipe)
     describe = [_describe_example(ex, tok) for ex in train_set] if recipe.describe_fraction > 0 else []
     choices = [_choices_example(ex, tok) for ex in train_set] if recipe.choices_fraction > 0 else []
 
     with _deterministic(recipe.threads):
         torch.manual_seed(recipe.seed)
         model = (init() if init is not None else _new_model(recipe, ids)).train()
-        groups: dict[tuple[bool, bool], list] = {}
-        for n, p in model.named_parameters():  # (decayed?, vision?) -> parameters
-            groups.setdefault((p.ndim >= 2 and "embed" not in n, ".visual." in f".{n}"), []).append(p)
-        opt = torch.optim.AdamW([{"params": ps, "weight_decay": recipe.weight_decay if decay else 0.0,
-                                  "lr_scale": recipe.vision_lr_scale if vision else 1.0}
-                                 for (decay, vision), ps in sorted(groups.items())],
-                                lr=recipe.lr, betas=recipe.betas, eps=1e-8)
-        order_gen = torch.Generator().manual_seed(recipe.seed)
-        pools: dict[str, list[int]] = {}
-        for i, ex in enumerate(train_set):
-            pools.setdefault(ex.prompt.meta["template"], []).append(i)
-        order: list[int] = []
-        losses: list[float] = []
-        evals: list[dict] = []
-        best = {"accuracy": -1.0, "step": 0, "state": None}
-        train_seconds = 0.0
-        tw = dict(recipe.template_weights)
-        for step in range(recipe.steps):
-            t0 = time.perf_counter()
-            if recipe.curriculum_hold or recipe.curriculum_every:
-                active = _active_templates(step, recipe, pools)
-                weights = torch.tensor([tw.get(t, 1.0) for t in active], dtype=torch.float64)
-                idx = []
-                for _ in range(recipe.batch_size):
-                    pick = (int(torch.randint(len(active), (1,), generator=order_gen)) if not tw
-                            else int(torch.multinomial(weights, 1, generator=order_gen)))
-                    pool = pools[active[pick]]
-                    idx.append(pool[int(torch.randint(len(pool), (1,), generator=order_gen))])
-            else:
-                if len(order) < recipe.batch_size:
-                    order += torch.randperm(len(train_set), generator=order_gen).tolist()
-                idx, order = order[:recipe.batch_size], order[recipe.batch_size:]
-            examples = []
-            for i in idx:
-                mc = choices and choices[i] is not None
-                if (recipe.match_fraction and train_set[i].prompt.meta.get("choices")
-                        and float(torch.rand((), generator=order_gen)) < recipe.match_fraction):
-                    n = len(train_set[i].prompt.meta["choices"])
-                    examples.append(_match_example(train_set[i], tok, recipe.variant,
-                                                   torch.randperm(n, generator=order_gen).tolist()))
-                elif mc and float(torch.rand((), generator=order_gen)) < recipe.choices_fraction:
-                    examples.append(choices[i])
-                elif describe and float(torch.rand((), generator=order_gen)) < recipe.describe_fraction:
-                    examples.append(describe[i])
-                else:
-                    examples.append(train_set[i])
-            batch = collate(examples)
-            if step == 0:
-                collate.check(examples, batch)
-            for g in opt.param_groups:
-                g["lr"] = _lr_at(step, recipe) * g["lr_scale"]
-            loss = model(**batch).loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
-            opt.step()
-            losses.append(float(loss.detach()))
-            train_seconds += time.perf_counter() - t0
-            done = step + 1
-            if done % 10 == 0 or done == recipe.steps:
-                log(f"step {done}/{recipe.steps} loss {losses[-1]:.4f} {done / train_seconds:.3f} steps/s")
-            if done % recipe.eval_every == 0 or done == recipe.steps:
-                t1 = time.perf_counter()
-                res = evaluate(model, processor, val_set, recipe.variant, recipe.max_new_tokens, recipe.eval_batch)
-                evals.append({"step": done, "accuracy": res["accuracy"], "seconds": time.perf_counter() - t1})
-                log(f"eval step {done}: validation accuracy {res['accuracy']:.3f}")
-                if res["accuracy"] > best["accuracy"]:
-                    best = {"accuracy": res["accuracy"], "step": done,
-                            "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
-        model.load_state_dict(best["state"])
+        opt = _optimizer(model, recipe)
+        run = _steps(model, opt, collate, processor, recipe, train_set, val_set, describe, choices, log)
+        model.load_state_dict(run["best"]["state"])
         model.eval()
         t1 = time.perf_counter()
-        blank = evaluate(model, processor, val_set, recipe.variant, recipe.max_new_tokens, recipe.eval_batch,
-                         blank=True)
-        val_best = evaluate(model, processor, val_set, recipe.variant, recipe.max_new_tokens, recipe.eval_batch)
-        test = test_blank = None
-        if test_set:
-            test = evaluate(model, processor, test_set, recipe.variant, recipe.max_new_tokens, recipe.eval_batch)
-            test_blank = evaluate(model, processor, test_set, recipe.variant, recipe.max_new_tokens,
-                                  recipe.eval_batch, blank=True)
-            log(f"test accuracy {test['accuracy']:.3f}  blank {test_blank['accuracy']:.3f}  "
-                f"chance {C.chance_level(ex.prompt.meta['template'] for ex in test_set):.3f}")
-        eval_seconds = sum(e["seconds"] for e in evals) + time.perf_counter() - t1
+        final = _final_evaluations(model, processor, val_set, test_set, recipe, log)
+        eval_seconds = sum(e["seconds"] for e in run["evals"]) + time.perf_counter() - t1
     model.save_pretrained(out, safe_serialization=True)
     tiny._normalise_config(out / "config.json")
+    best, test, train_seconds = run["best"], final["test"], run["train_seconds"]
     return {
         "steps": recipe.steps,
         "best_step": best["step"],
         "val_accuracy": best["accuracy"],
-        "blank_accuracy": blank["accuracy"],
+        "blank_accuracy": final["blank"]["accuracy"],
         "val_items": len(val_set),
         "chance": C.chance_level(ex.prompt.meta["template"] for ex in val_set),
-        "val_per_template": val_best["per_template"],
-        "blank_per_template": blank["per_template"],
+        "val_per_template": final["val_best"]["per_template"],
+        "blank_per_template": final["blank"]["per_template"],
         "test_accuracy": test["accuracy"] if test else None,
-        "test_blank_accuracy": test_blank["accuracy"] if test else None,
+        "test_blank_accuracy": final["test_blank"]["accuracy"] if test else None,
         "test_chance": C.chance_level(ex.prompt.meta["template"] for ex in test_set) if test else None,
         "test_items": len(test_set),
         "test_per_template": test["per_template"] if test else None,
-        "evals": evals,
-        "loss_curve": losses,
+        "evals": run["evals"],
+        "loss_curve": run["losses"],
         "train_seconds": train_seconds,
         "eval_seconds": eval_seconds,
         "steps_per_s": recipe.steps / train_seconds if train_seconds else None,
