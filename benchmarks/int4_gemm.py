@@ -40,13 +40,14 @@ Writes ``results/int4-gemm/<UTC id>-<gpu tag>/``: ``env.json``,
 ``kernels.csv`` (one row per kernel x shape x M, scopes gemm / layer /
 decoder), ``sweep.csv``, ``README.md`` (the tables printed at the end).
 Runs with torch + triton alone (vLLM's kernels skipped) and with vLLM 0.27.1.
+
+The kernels, the weights and the reference are ``int4_gemm_kernels.py``'s, the tables and the files
+``int4_gemm_report.py``'s (both beside this script); this one times them.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import math
 import statistics
 import sys
@@ -54,258 +55,24 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+if str(HERE) not in sys.path:  # the sibling modules below, also where this file is loaded by its path
+    sys.path.append(str(HERE))
 
 import torch  # noqa: E402
 
+from int4_gemm_kernels import (CHECK_TOLERANCE, GEMMS, KERNEL_ORDER, Cublas, Gemlite, Kernel,  # noqa: E402,F401
+                               Ours, OwnCuda, Tinygemm, VllmKernel, bf16_bytes, dequant_reference, gemlite_kernel,
+                               gemm_shapes, int4_bytes, random_layer, vllm_kernels)
+from int4_gemm_report import markdown, write_results  # noqa: E402
 from vllm_patch import twin_gemv as tl4  # noqa: E402 (the repacking; importable without vLLM)
 from vllm_patch import twin_gemv_kernel as tk  # noqa: E402
 from workbench.shapes import SHAPES  # noqa: E402
 
-GEMMS = ("qkv", "o", "gate_up", "down")
 WORKING_SET = 256 << 20  # bytes per GEMM's rotating copies: well above the 50-60 MB L2
-KERNEL_ORDER = ("cublas-bf16", "machete", "marlin", "humming", "tinygemm", "twin-gemv", "own-cuda", "gemlite")
-CHECK_TOLERANCE = 2e-2  # max |y - ref| / max |ref|: bf16 output rounding is ~4e-3
-
-
-def gemm_shapes(size: str) -> dict[str, tuple[int, int]]:
-    """``{gemm: (N, K)}`` of one decoder layer (fused qkv and gate_up, as vLLM runs them)."""
-    s = SHAPES[size]
-    return {"qkv": (s.head_dim * (s.heads + 2 * s.kv_heads), s.hidden), "o": (s.hidden, s.heads * s.head_dim),
-            "gate_up": (2 * s.intermediate, s.hidden), "down": (s.hidden, s.intermediate)}
-
-
-def int4_bytes(n: int, k: int, m: int, group: int, zp: bool) -> int:
-    groups = k // (k if group == -1 else group)
-    return n * k // 2 + n * groups * 2 + (n // 8 * groups * 4 if zp else 0) + 2 * m * (n + k)
-
-
-def bf16_bytes(n: int, k: int, m: int) -> int:
-    return 2 * n * k + 2 * m * (n + k)
-
-
-# ---------------------------------------------------------------- weights and reference
-
-def random_layer(n, k, group, symmetric, device, gen):
-    groups = 1 if group == -1 else k // group
-    packed = torch.randint(-2**31, 2**31 - 1, (n, k // 8), device=device, dtype=torch.int32, generator=gen)
-    scales = (torch.rand(n, groups, device=device, generator=gen) * 0.01 + 0.001).to(torch.bfloat16)
-    zeros = None if symmetric else torch.randint(-2**31, 2**31 - 1, (n // 8, groups), device=device,
-                                                 dtype=torch.int32, generator=gen)
-    return packed, scales, zeros
-
-
-def dequant_reference(packed, scales, zeros, group, rows=8192):
-    """float32 ``[N, K]`` from the checkpoint tensors, natural column order (independent of the repack)."""
-    n, k8 = packed.shape
-    g = 8 * k8 if group == -1 else group
-    out = torch.empty((n, 8 * k8), device=packed.device, dtype=torch.float32)
-    zall = None if zeros is None else tl4.unpack_int4_rows(zeros, n)
-    for r in range(0, n, rows):
-        q = tl4.unpack_int4_cols(packed[r:r + rows]).to(torch.float32)
-        z = 8.0 if zall is None else zall[r:r + rows].to(torch.float32).repeat_interleave(g, dim=1)
-        out[r:r + rows] = (q - z) * scales[r:r + rows].to(torch.float32).repeat_interleave(g, dim=1)
-    return out
-
-
-# ---------------------------------------------------------------- kernels
-
-class Kernel:
-    name = ""
-
-    def prepare(self, packed, scales, zeros, group, dense_bf16):  # -> state
-        raise NotImplementedError
-
-    def run(self, state, x):
-        raise NotImplementedError
-
-    def bytes(self, n, k, m, group, zp):
-        return int4_bytes(n, k, m, group, zp)
-
-
-class Cublas(Kernel):
-    name = "cublas-bf16"
-
-    def prepare(self, packed, scales, zeros, group, dense_bf16):
-        return dense_bf16
-
-    def run(self, state, x):
-        return torch.nn.functional.linear(x, state)
-
-    def bytes(self, n, k, m, group, zp):
-        return bf16_bytes(n, k, m)
-
-
-class Ours(Kernel):
-    name = "twin-gemv"
-
-    def __init__(self, cfg=None, layout=None):  # layout None: repack's default for the flavour, as the plugin
-        self.cfg, self.layout = cfg, layout
-        if cfg is not None:
-            self.name = f"twin-gemv[{cfg.tag}{',' + layout if layout else ''}]"
-
-    def prepare(self, packed, scales, zeros, group, dense_bf16):
-        tk.counters(packed.device)  # before any graph capture
-        return tl4.repack(packed, scales, zeros, group, scale_layout=self.layout)
-
-    @staticmethod
-    def relayout(state, layout):
-        """The same repacked weight with scales / zeros in the other memory order."""
-        qw, s, z, gi = state
-        if layout == "gn":
-            return qw, s.contiguous(), None if z is None else z.contiguous(), gi
-        return qw, s.t().contiguous().t(), None if z is None else z.t().contiguous().t(), gi
-
-    def run(self, state, x):
-        qw, s, z, gi = state
-        return tk.w4a16_mm(x, qw, s, z, gi, cfg=self.cfg)
-
-
-class OwnCuda(Kernel):
-    """``vllm_patch.twin_cuda``: the CUDA C++ kernel on its own repacked layout (``twin_cuda_layout``)."""
-
-    name = "own-cuda"
-
-    def __init__(self, r=None, waves=None):
-        self.r, self.waves = r, waves
-        if r is not None:
-            self.name = f"own-cuda[r{r}-w{waves:g}]"
-
-    def prepare(self, packed, scales, zeros, group, dense_bf16):
-        from vllm_patch import twin_cuda, twin_cuda_layout
-
-        twin_cuda.counters(packed.device)  # before any graph capture
-        twin_cuda.extension()  # built once (minutes), outside the timed region
-        st = twin_cuda_layout.repack(packed, scales, zeros, group)
-        if self.r is not None:
-            n, k = st["n"], st["k"]
-            sms = twin_cuda.sm_count(packed.device)
-            st["plans"] = {m: twin_cuda.plan(n, k, m, group, sms, r=self.r, waves=self.waves) for m in range(1, 17)}
-        return st
-
-    def run(self, state, x):
-        from vllm_patch import twin_cuda
-
-        p = state.get("plans", {}).get(x.shape[0])
-        return twin_cuda.w4a16_mm(x, state, p)
-
-
-class Tinygemm(Kernel):
-    name = "tinygemm"
-
-    def prepare(self, packed, scales, zeros, group, dense_bf16):
-        if group == -1:
-            raise ValueError("channel-wise scales")
-        n, k8 = packed.shape
-        q = tl4.unpack_int4_cols(packed)
-        w_uint8 = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)
-        w = torch._convert_weight_to_int4pack(w_uint8, 8)
-        z = 8.0 if zeros is None else tl4.unpack_int4_rows(zeros, n).to(torch.float32)
-        s = scales.to(torch.float32)
-        sz = torch.stack([s, (8.0 - z) * s], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
-        return w, sz, group
-
-    def run(self, state, x):
-        w, sz, group = state
-        return torch._weight_int4pack_mm(x, w, group, sz)
-
-
-class Gemlite(Kernel):
-    """GemLite's ``GemLiteLinear`` (Triton), bf16 activations and output, on the checkpoint's int4 values,
-    scales and zero points (symmetric ``uint4b8``: the integer shift 8)."""
-
-    name = "gemlite"
-
-    def prepare(self, packed, scales, zeros, group, dense_bf16):
-        from gemlite import DType, GemLiteLinear
-
-        if group == -1:
-            raise ValueError("channel-wise scales")
-        n, k8 = packed.shape
-        q = tl4.unpack_int4_cols(packed).to(torch.uint8)  # [N, K], natural column order
-        z = 8 if zeros is None else tl4.unpack_int4_rows(zeros, n).to(torch.bfloat16)  # [N, K / group]
-        lin = GemLiteLinear(4, group_size=group, in_features=8 * k8, out_features=n, input_dtype=DType.BF16,
-                            output_dtype=DType.BF16)
-        lin.pack(q, scales.to(torch.bfloat16), z, None)
-        return lin
-
-    def run(self, state, x):
-        return state(x)
-
-
-def gemlite_kernel() -> tuple[list[Kernel], dict[str, str]]:
-    try:
-        import gemlite  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - not installed, or no CUDA build of triton
-        return [], {"gemlite": f"gemlite not importable ({type(e).__name__}: {e})"}
-    return [Gemlite()], {}
-
-
-class VllmKernel(Kernel):
-    """One of vLLM's MPLinearKernel classes on a layer laid out as CompressedTensorsWNA16 creates it."""
-
-    def __init__(self, name, cls):
-        self.name, self.cls = name, cls
-
-    def prepare(self, packed, scales, zeros, group, dense_bf16):
-        from vllm.model_executor import parameter as P
-        from vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel import MPLinearLayerConfig
-        from vllm.scalar_type import scalar_types
-
-        n, k8 = packed.shape
-        k = 8 * k8
-        c = MPLinearLayerConfig((k, n), (k, n), scalar_types.uint4b8 if zeros is None else scalar_types.uint4,
-                                torch.bfloat16, group, zeros is not None, False)
-        ok, reason = self.cls.can_implement(c)
-        if not ok:
-            raise ValueError(reason)
-        noop = lambda *a, **kw: None  # noqa: E731
-        layer = torch.nn.Module()
-        # what a LinearBase carries and Humming's layer conversion reads (Marlin and Machete ignore it)
-        layer.input_size = layer.input_size_per_partition = k
-        layer.output_size = layer.output_size_per_partition = n
-        layer.output_partition_sizes = [n]
-        layer.params_dtype = torch.bfloat16
-        layer.has_bias = False
-        layer.register_parameter("weight_packed", P.PackedvLLMParameter(
-            data=packed.clone(), input_dim=1, output_dim=0, packed_dim=1, packed_factor=8, weight_loader=noop))
-        scale_cls = P.ChannelQuantScaleParameter if group == -1 else P.GroupQuantScaleParameter
-        kw = dict(output_dim=0) if group == -1 else dict(output_dim=0, input_dim=1)
-        layer.register_parameter("weight_scale", scale_cls(data=scales.clone(), weight_loader=noop, **kw))
-        if zeros is not None:
-            layer.register_parameter("weight_zero_point", P.PackedvLLMParameter(
-                data=zeros.clone(), input_dim=1, output_dim=0, packed_dim=0, packed_factor=8, weight_loader=noop))
-        kernel = self.cls(c, "weight_packed", "weight_scale", "weight_zero_point", "weight_g_idx")
-        kernel.process_weights_after_loading(layer)
-        return kernel, layer
-
-    def run(self, state, x):
-        kernel, layer = state
-        return kernel.apply_weights(layer, x)
-
-
-def vllm_kernels() -> tuple[list[Kernel], dict[str, str]]:
-    skipped = {}
-    try:
-        from vllm.model_executor import parameter as P
-
-        # one rank without vLLM's distributed state (the parameters ask for their TP rank)
-        P.get_tensor_model_parallel_rank = lambda: 0
-        P.get_tensor_model_parallel_world_size = lambda: 1
-    except Exception as e:  # noqa: BLE001 - any import failure means: no vLLM kernels
-        why = f"vLLM not importable ({type(e).__name__}: {e})"
-        return [], {"machete": why, "marlin": why, "humming": why}
-    out = []
-    for name, mod, cls in (("machete", "machete", "MacheteLinearKernel"), ("marlin", "marlin", "MarlinLinearKernel"),
-                           ("humming", "humming", "HummingLinearKernel")):
-        try:
-            module = __import__(f"vllm.model_executor.kernels.linear.mixed_precision.{mod}", fromlist=[cls])
-            out.append(VllmKernel(name, getattr(module, cls)))
-        except Exception as e:  # noqa: BLE001
-            skipped[name] = f"{type(e).__name__}: {e}"
-    return out, skipped
 
 
 # ---------------------------------------------------------------- timing
@@ -393,12 +160,12 @@ def gpu_tag(name: str) -> str:
     return "".join(ch for ch in low.split()[-1] if ch.isalnum())[:12] or "gpu"
 
 
-def run_size(size, kernels, sweep, ms, group, symmetric, repeats, check, gen, rows, sweep_rows, floor_tbps, log):
-    shapes = gemm_shapes(size)
+def _prepare_states(size, shapes, active, sweep, group, symmetric, check, gen, log):
+    """gemm -> kernel -> its prepared copies of enough random weights to overflow L2 (False: the kernel
+    cannot run that GEMM), and gemm -> the float32 reference of the first copy (``--check``)."""
     zp = not symmetric
     states: dict[str, dict[str, list]] = {g: {} for g in GEMMS}  # gemm -> kernel -> copies
     refs = {}
-    active = {kn.name: kn for kn in kernels}
     for g, (n, k) in shapes.items():
         copies = max(2, min(16, math.ceil(WORKING_SET / int4_bytes(n, k, 1, group, zp))))
         copies_bf16 = max(2, min(16, math.ceil(WORKING_SET / bf16_bytes(n, k, 1))))
@@ -429,56 +196,59 @@ def run_size(size, kernels, sweep, ms, group, symmetric, repeats, check, gen, ro
             base = states[g].get("twin-gemv")
             states[g][sw.name] = base if not base or sw.layout is None else [Ours.relayout(b, sw.layout) for b in base]
         torch.cuda.empty_cache()
-    all_kernels = list(active.values()) + list(sweep)
-    xs = {}
-    for m in ms:
-        xs[m] = {g: torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16) * 0.5
-                 for g, (n, k) in shapes.items()}
-    results = {}  # (g, m, name) -> (med, q1, q3, mode, err)
-    for m in ms:
-        for g, (n, k) in shapes.items():
-            x = xs[m][g]
-            timers, errs = {}, {}
-            for kn in all_kernels:
-                copies = states[g].get(kn.name)
-                if not copies or (isinstance(kn, Ours) and kn.cfg and not _cfg_applies(kn.name, m)):
-                    continue
-                try:
-                    if check:
-                        y = kn.run(copies[0], x).float()
-                        if "ref" not in errs:
-                            errs["ref"] = x.float() @ refs[g].T
-                        ref = errs["ref"]
-                        errs[kn.name] = float((y - ref).abs().max() / ref.abs().max())
-                    calls = max(20, 2 * len(copies))
-                    timers[kn.name] = Timer([(lambda st=copies[i % len(copies)], kn=kn: kn.run(st, x))
-                                             for i in range(calls)])
-                except Exception as e:  # noqa: BLE001
-                    log(f"  {size} {g} M={m}: {kn.name} failed ({type(e).__name__}: {str(e)[:160]})")
-            for name, (med, q1, q3) in interleaved(timers, repeats).items():
-                results[(g, m, name)] = (med, q1, q3, timers[name].mode, errs.get(name))
-            del timers, errs
-        # layer set: the four GEMMs in sequence over the layer copies, per kernel (heuristic configs only)
-        timers = {}
-        for kn in active.values():
-            if not all(states[g].get(kn.name) for g in GEMMS):
+    return states, refs
+
+
+def _time_gemms(size, m, shapes, xs, all_kernels, states, refs, check, repeats, results, log):
+    """Each GEMM at batch ``m``, every kernel that runs it, interleaved (``--check``: its error first)."""
+    for g, (n, k) in shapes.items():
+        x = xs[m][g]
+        timers, errs = {}, {}
+        for kn in all_kernels:
+            copies = states[g].get(kn.name)
+            if not copies or (isinstance(kn, Ours) and kn.cfg and not _cfg_applies(kn.name, m)):
                 continue
-            ncop = min(len(states[g][kn.name]) for g in GEMMS)
-            fns = []
-            for i in range(max(8, ncop)):
-                for g in GEMMS:
-                    fns.append(lambda st=states[g][kn.name][i % ncop], kn=kn, x=xs[m][g]: kn.run(st, x))
             try:
-                timers[kn.name] = Timer(fns)
+                if check:
+                    y = kn.run(copies[0], x).float()
+                    if "ref" not in errs:
+                        errs["ref"] = x.float() @ refs[g].T
+                    ref = errs["ref"]
+                    errs[kn.name] = float((y - ref).abs().max() / ref.abs().max())
+                calls = max(20, 2 * len(copies))
+                timers[kn.name] = Timer([(lambda st=copies[i % len(copies)], kn=kn: kn.run(st, x))
+                                         for i in range(calls)])
             except Exception as e:  # noqa: BLE001
-                log(f"  {size} layer M={m}: {kn.name} failed ({type(e).__name__}: {str(e)[:160]})")
+                log(f"  {size} {g} M={m}: {kn.name} failed ({type(e).__name__}: {str(e)[:160]})")
         for name, (med, q1, q3) in interleaved(timers, repeats).items():
-            results[("layer", m, name)] = (med * len(GEMMS), q1 * len(GEMMS), q3 * len(GEMMS),
-                                           timers[name].mode, None)
-        del timers
-    del states
-    torch.cuda.empty_cache()
-    # lm_head, bf16 cuBLAS (the twin keeps it in bf16)
+            results[(g, m, name)] = (med, q1, q3, timers[name].mode, errs.get(name))
+        del timers, errs
+
+
+def _time_layer_sets(size, m, xs, active, states, repeats, results, log):
+    """The layer set at batch ``m``: the four GEMMs in sequence over the layer copies, per kernel (heuristic
+    configs only); the time of the four."""
+    timers = {}
+    for kn in active.values():
+        if not all(states[g].get(kn.name) for g in GEMMS):
+            continue
+        ncop = min(len(states[g][kn.name]) for g in GEMMS)
+        fns = []
+        for i in range(max(8, ncop)):
+            for g in GEMMS:
+                fns.append(lambda st=states[g][kn.name][i % ncop], kn=kn, x=xs[m][g]: kn.run(st, x))
+        try:
+            timers[kn.name] = Timer(fns)
+        except Exception as e:  # noqa: BLE001
+            log(f"  {size} layer M={m}: {kn.name} failed ({type(e).__name__}: {str(e)[:160]})")
+    for name, (med, q1, q3) in interleaved(timers, repeats).items():
+        results[("layer", m, name)] = (med * len(GEMMS), q1 * len(GEMMS), q3 * len(GEMMS),
+                                       timers[name].mode, None)
+    del timers
+
+
+def _time_lm_head(size, ms, repeats, gen) -> dict[int, tuple[float, float, float]]:
+    """The bf16 ``lm_head`` (cuBLAS; the twin keeps it in bf16) at each batch: median, q1, q3 µs."""
     s = SHAPES[size]
     head = torch.randn(s.vocab, s.hidden, device="cuda", generator=gen).to(torch.bfloat16)
     lm = {}
@@ -488,15 +258,29 @@ def run_size(size, kernels, sweep, ms, group, symmetric, repeats, check, gen, ro
         lm[m] = stats([t.once() for _ in range(repeats)])
     del head
     torch.cuda.empty_cache()
+    return lm
+
+
+def _row(size, scope, g, n, k, m, name, med, q1, q3, nbytes, floor_bytes, mode, err, floor_tbps, config="",
+         config_repr="") -> dict:
+    """One row of kernels.csv / sweep.csv: the time, its bandwidth and the byte floor's time beside it."""
+    floor_us = floor_bytes / (floor_tbps * 1e12) * 1e6
+    return {"model": size, "scope": scope, "gemm": g, "n": n, "k": k, "m": m, "kernel": name,
+            "us_median": round(med, 3), "us_q1": round(q1, 3), "us_q3": round(q3, 3),
+            "iqr_us": round(q3 - q1, 3), "bytes": nbytes, "tbps": round(nbytes / (med * 1e-6) / 1e12, 3),
+            "floor_us": round(floor_us, 3), "floor_over_time": round(floor_us / med, 3),
+            "timing": mode, "check_rel_err": "" if err is None else f"{err:.2e}", "config": config,
+            "config_repr": config_repr}
+
+
+def _add_rows(size, results, lm, all_kernels, shapes, ms, group, zp, floor_tbps, rows, sweep_rows):
+    """The timings as rows: per GEMM, per layer set, per decoder (layers x layer set + lm_head) and the
+    lm_head alone; the swept twin-gemv configs go to ``sweep_rows``."""
+    s = SHAPES[size]
 
     def add(scope, g, n, k, m, name, med, q1, q3, nbytes, floor_bytes, mode, err, config="", config_repr=""):
-        floor_us = floor_bytes / (floor_tbps * 1e12) * 1e6
-        row = {"model": size, "scope": scope, "gemm": g, "n": n, "k": k, "m": m, "kernel": name,
-               "us_median": round(med, 3), "us_q1": round(q1, 3), "us_q3": round(q3, 3),
-               "iqr_us": round(q3 - q1, 3), "bytes": nbytes, "tbps": round(nbytes / (med * 1e-6) / 1e12, 3),
-               "floor_us": round(floor_us, 3), "floor_over_time": round(floor_us / med, 3),
-               "timing": mode, "check_rel_err": "" if err is None else f"{err:.2e}", "config": config,
-               "config_repr": config_repr}
+        row = _row(size, scope, g, n, k, m, name, med, q1, q3, nbytes, floor_bytes, mode, err, floor_tbps, config,
+                   config_repr)
         (rows if not name.startswith("twin-gemv[") else sweep_rows).append(row)
 
     for (g, m, name), (med, q1, q3, mode, err) in results.items():
@@ -521,70 +305,23 @@ def run_size(size, kernels, sweep, ms, group, symmetric, repeats, check, gen, ro
         add("gemm", "lm_head", s.vocab, s.hidden, m, "cublas-bf16", med, q1, q3, nb, nb, "graph", None)
 
 
-def markdown(rows, sweep_rows, ms, facts) -> str:
-    out = [f"# W4A16 GEMM at decode batch sizes — {facts['gpu']}", "",
-           f"Read: {facts['read_tbps']:.2f} TB/s (a reduction over 1 GiB); floor = int4 bytes / that. "
-           f"Device copy: {facts['copy_tbps']:.2f} TB/s (read + write of 1 GiB, for reference). "
-           f"Weights: {facts['flavour']}, group {facts['group']}. µs median (IQR) per call, "
-           f"{facts['repeats']} interleaved repeats of a CUDA graph; TB/s = the kernel's own bytes / time.", ""]
-    for k, v in facts.get("skipped", {}).items():
-        out.append(f"- {k} skipped: {v}")
-    out.append("")
-    for size in dict.fromkeys(r["model"] for r in rows):
-        for scope in ("decoder", "layer", "gemm"):
-            sub = [r for r in rows if r["model"] == size and r["scope"] == scope]
-            if not sub:
-                continue
-            out += [f"## {size}: {scope}", ""]
-            head = "| what | kernel | " + " | ".join(f"M={m} µs (IQR) · TB/s" for m in ms) + " |"
-            out += [head, "|" + "---|" * (2 + len(ms))]
-            keys = list(dict.fromkeys((r["gemm"], r["kernel"]) for r in sub))
-            where = GEMMS + ("lm_head",)
-            keys.sort(key=lambda t: (where.index(t[0]) if t[0] in where else -1,
-                                     KERNEL_ORDER.index(t[1]) if t[1] in KERNEL_ORDER else 99))
-            shown_floor = set()
-            for g, kname in keys:
-                if g not in shown_floor:
-                    fl = {r["m"]: r for r in sub if r["gemm"] == g}
-                    out.append(f"| {g} | *byte floor* | " + " | ".join(
-                        f"{fl[m]['floor_us']:.1f}" if m in fl else "" for m in ms) + " |")
-                    shown_floor.add(g)
-                by_m = {r["m"]: r for r in sub if r["gemm"] == g and r["kernel"] == kname}
-                cells = []
-                for m in ms:
-                    r = by_m.get(m)
-                    cells.append("" if r is None else f"{r['us_median']:.1f} ({r['iqr_us']:.1f}) · {r['tbps']:.2f}")
-                out.append(f"| {g} | {kname} | " + " | ".join(cells) + " |")
-            out.append("")
-    tuned = []
-    if sweep_rows:
-        out += ["## twin-gemv: best swept config per GEMM and M (sweep.csv has all)", "",
-                "| model | gemm | M | heuristic µs | best µs | best config |", "|---|---|---|---|---|---|"]
-        for r0 in rows:
-            if r0["kernel"] != "twin-gemv" or r0["scope"] != "gemm":
-                continue
-            cand = [r for r in sweep_rows if (r["model"], r["gemm"], r["m"]) == (r0["model"], r0["gemm"], r0["m"])]
-            if cand:
-                best = min(cand, key=lambda r: r["us_median"])
-                out.append(f"| {r0['model']} | {r0['gemm']} | {r0['m']} | {r0['us_median']:.1f} | "
-                           f"{best['us_median']:.1f} | {best['kernel'][10:-1]} |")
-                checked_ok = not best["check_rel_err"] or float(best["check_rel_err"]) <= CHECK_TOLERANCE
-                if best["us_median"] < 0.97 * r0["us_median"] and "," not in best["kernel"] and checked_ok:
-                    tuned.append(f"    ({r0['n']}, {r0['k'] // 8}, {r0['m']}): {best['config_repr']},")
-        out.append("")
-        if tuned:
-            out += ["Swept configs more than 3 % faster than the heuristic, as "
-                    "`vllm_patch.twin_gemv_kernel.TUNED` entries:", "", "```python", "TUNED.update({",
-                    *tuned, "})", "```", ""]
-    errs = [r for r in rows + [dict(r, kernel="twin-gemv (all swept configs)") for r in sweep_rows]
-            if r["check_rel_err"]]
-    if errs:
-        worst = {}
-        for r in errs:
-            worst[r["kernel"]] = max(worst.get(r["kernel"], 0.0), float(r["check_rel_err"]))
-        out += ["## --check: max relative error against the float32 dequantized reference", "",
-                "| kernel | max rel. error |", "|---|---|"] + [f"| {k} | {v:.2e} |" for k, v in worst.items()]
-    return "\n".join(out) + "\n"
+def run_size(size, kernels, sweep, ms, group, symmetric, repeats, check, gen, rows, sweep_rows, floor_tbps, log):
+    shapes = gemm_shapes(size)
+    active = {kn.name: kn for kn in kernels}
+    states, refs = _prepare_states(size, shapes, active, sweep, group, symmetric, check, gen, log)
+    all_kernels = list(active.values()) + list(sweep)
+    xs = {}
+    for m in ms:
+        xs[m] = {g: torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16) * 0.5
+                 for g, (n, k) in shapes.items()}
+    results = {}  # (g, m, name) -> (med, q1, q3, mode, err)
+    for m in ms:
+        _time_gemms(size, m, shapes, xs, all_kernels, states, refs, check, repeats, results, log)
+        _time_layer_sets(size, m, xs, active, states, repeats, results, log)
+    del states
+    torch.cuda.empty_cache()
+    lm = _time_lm_head(size, ms, repeats, gen)
+    _add_rows(size, results, lm, all_kernels, shapes, ms, group, not symmetric, floor_tbps, rows, sweep_rows)
 
 
 def dry_run(sizes, group, symmetric) -> int:
@@ -625,7 +362,8 @@ def dry_run(sizes, group, symmetric) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="32b,8b")
     ap.add_argument("--ms", default="1,2,4,8,16")
@@ -639,6 +377,53 @@ def main(argv=None) -> int:
                     help="own-cuda: also time R = 1, 2, 4 row tiles per warp at 1, 2, 3, 6 CTAs per SM")
     ap.add_argument("--out-root", type=Path, default=REPO / "results" / "int4-gemm")
     ap.add_argument("--dry-run", action="store_true", help="CPU: shapes and the reference path only")
+    return ap
+
+
+def _kernels(wanted: set[str], cuda_sweep: bool) -> tuple[list[Kernel], dict[str, str]]:
+    """The kernels asked for that can run here, in ``KERNEL_ORDER``, and why each other one was skipped."""
+    kernels: list[Kernel] = [k for k in (Cublas(), Tinygemm(), Ours(), OwnCuda()) if k.name in wanted]
+    if cuda_sweep and "own-cuda" in wanted:
+        kernels += [OwnCuda(r, w) for r in (1, 2, 4) for w in (1.0, 2.0, 3.0, 6.0)]
+    vk, skipped = vllm_kernels() if {"machete", "marlin", "humming"} & wanted else ([], {})
+    kernels += [k for k in vk if k.name in wanted]
+    if "gemlite" in wanted:
+        gk, why = gemlite_kernel()
+        kernels += gk
+        skipped.update(why)
+    kernels.sort(key=lambda k: KERNEL_ORDER.index(k.name.split("[")[0]))
+    return kernels, skipped
+
+
+def _sweep(size: str, ms: list[int], symmetric: bool) -> list[Ours]:
+    """twin-gemv's alternative configs for a size's GEMMs, and its default configs with the other scale /
+    zero-point memory order than repack's default."""
+    k8s = {k // 8 for _, k in gemm_shapes(size).values()}
+    cfgs = {c for m in ms for k8 in k8s for c in tk.sweep_configs(m, k8)}
+    sweep = [Ours(c) for c in sorted(cfgs, key=lambda c: c.tag)]
+    other = "ng" if tl4.default_scale_layout(not symmetric) == "gn" else "gn"
+    sweep += [Ours(c, other) for c in sorted({tk.choose_config(1 << 14, 1 << 10, m) for m in ms},
+                                              key=lambda c: c.tag)]
+    return sweep
+
+
+def _env(argv, triton, dev, copy_tbps, read_tbps, skipped, kernels, t0: float) -> dict:
+    """env.json: the host's environment (``workbench.envcapture``) and this benchmark's settings and rates."""
+    try:
+        from workbench.envcapture import capture
+
+        env = capture()
+    except Exception as e:  # noqa: BLE001
+        env = {"note": f"workbench.envcapture failed: {e}"}
+    env["benchmark"] = {"argv": argv, "triton": triton.__version__, "torch": torch.__version__,
+                        "gpu": dev.name, "sms": dev.multi_processor_count, "copy_tbps": copy_tbps,
+                        "read_tbps": read_tbps,
+                        "skipped": skipped, "kernels": [k.name for k in kernels], "seconds": round(time.time() - t0)}
+    return env
+
+
+def main(argv=None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     ms = [int(v) for v in args.ms.split(",")]
@@ -654,16 +439,7 @@ def main(argv=None) -> int:
     import triton
 
     wanted = set(args.kernels.split(","))
-    kernels: list[Kernel] = [k for k in (Cublas(), Tinygemm(), Ours(), OwnCuda()) if k.name in wanted]
-    if args.cuda_sweep and "own-cuda" in wanted:
-        kernels += [OwnCuda(r, w) for r in (1, 2, 4) for w in (1.0, 2.0, 3.0, 6.0)]
-    vk, skipped = vllm_kernels() if {"machete", "marlin", "humming"} & wanted else ([], {})
-    kernels += [k for k in vk if k.name in wanted]
-    if "gemlite" in wanted:
-        gk, why = gemlite_kernel()
-        kernels += gk
-        skipped.update(why)
-    kernels.sort(key=lambda k: KERNEL_ORDER.index(k.name.split("[")[0]))
+    kernels, skipped = _kernels(wanted, args.cuda_sweep)
     for name, why in skipped.items():
         print(f"{name}: skipped ({why})")
 
@@ -685,42 +461,18 @@ def main(argv=None) -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows, sweep_rows = [], []
     for size in sizes:
-        sweep = []
-        if not args.no_sweep and "twin-gemv" in wanted:
-            k8s = {k // 8 for _, k in gemm_shapes(size).values()}
-            cfgs = {c for m in ms for k8 in k8s for c in tk.sweep_configs(m, k8)}
-            sweep = [Ours(c) for c in sorted(cfgs, key=lambda c: c.tag)]
-            # the other scale / zero-point memory order than repack's default, for the default configs
-            other = "ng" if tl4.default_scale_layout(not args.symmetric) == "gn" else "gn"
-            sweep += [Ours(c, other) for c in sorted({tk.choose_config(1 << 14, 1 << 10, m) for m in ms},
-                                                      key=lambda c: c.tag)]
+        sweep = _sweep(size, ms, args.symmetric) if not args.no_sweep and "twin-gemv" in wanted else []
         log(f"{size}: {len(sweep)} swept twin-gemv configs")
         run_size(size, kernels, sweep, ms, args.group, args.symmetric, args.repeats, args.check, gen, rows,
                  sweep_rows, read_tbps, log)
         log(f"{size}: done at {time.time() - t0:.0f} s")
-    try:
-        from workbench.envcapture import capture
-
-        env = capture()
-    except Exception as e:  # noqa: BLE001
-        env = {"note": f"workbench.envcapture failed: {e}"}
-    env["benchmark"] = {"argv": sys.argv[1:], "triton": triton.__version__, "torch": torch.__version__,
-                        "gpu": dev.name, "sms": dev.multi_processor_count, "copy_tbps": copy_tbps,
-                        "read_tbps": read_tbps,
-                        "skipped": skipped, "kernels": [k.name for k in kernels], "seconds": round(time.time() - t0)}
-    (out / "env.json").write_text(json.dumps(env, indent=2, default=str) + "\n")
-    for name, data in (("kernels.csv", rows), ("sweep.csv", sweep_rows)):
-        with open(out / name, "w", newline="") as fh:
-            if data:
-                w = csv.DictWriter(fh, fieldnames=list(data[0]))
-                w.writeheader()
-                w.writerows(data)
+    env = _env(sys.argv[1:], triton, dev, copy_tbps, read_tbps, skipped, kernels, t0)
     facts = {"gpu": dev.name, "copy_tbps": copy_tbps, "read_tbps": read_tbps, "repeats": args.repeats, "group": args.group,
              "flavour": "uint4b8 (symmetric)" if args.symmetric else "uint4 with zero points", "skipped": skipped}
     md = markdown(rows, sweep_rows, ms, facts)
     if log_lines:
         md += "\n## log\n\n" + "\n".join(f"- {line}" for line in log_lines) + "\n"
-    (out / "README.md").write_text(md)
+    write_results(out, env, rows, sweep_rows, md)
     print(md)
     print(f"wrote {out}")
     bad = [r for r in rows + sweep_rows if r["check_rel_err"] and float(r["check_rel_err"]) > CHECK_TOLERANCE]
