@@ -80,7 +80,8 @@ def summarize(runs, boot: int = 2000, seed: int = 0):
     return pd.DataFrame(rows)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """The arguments, checked, and the unit shapes to time (c1, c8)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--dtype", default="bfloat16")
@@ -98,13 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("rounds", "tokens", "gamma", "c8_copies", "c8_pairs"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    args.out.mkdir(parents=True, exist_ok=True)
+    return args, shapes
 
-    import torch
 
+def _engine(args: argparse.Namespace, cpu: bool):
+    """The engine (strict tier, the tiny int4 twin, trace on), the tiny prompts as its inputs, the sampling."""
     from workbench import engine as engines
 
-    cpu = not torch.cuda.is_available()
     report_dir = tempfile.mkdtemp(prefix="trace-cost-")
     engines.knob_env({"VLLM_SPEC_TRACE": "1", "VLLM_SPEC_REPORT_DIR": report_dir})
     engines.in_process_env(cpu)
@@ -130,42 +131,52 @@ def main(argv: list[str] | None = None) -> int:
             item["multi_modal_data"] = {"image": load_images(p)}
         inputs.append(item)
     sp = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
+    return llm, inputs, sp
 
-    def set_trace(on: bool) -> None:
-        llm.collective_rpc("twin_spec_set_trace", args=(on,))
 
-    def stats() -> dict:
-        return llm.collective_rpc("twin_spec_trace_stats")[0]
+def _timed(llm, sp, on: bool, batch: list) -> dict:
+    """One timed generate of ``batch`` with the trace on or off, and the trace's own host time during it."""
+    llm.collective_rpc("twin_spec_set_trace", args=(on,))
+    a = llm.collective_rpc("twin_spec_trace_stats")[0]
+    t0 = time.perf_counter()
+    n = sum(len(o.outputs[0].token_ids) for o in llm.generate(batch, sp, use_tqdm=False))
+    t = time.perf_counter() - t0
+    b = llm.collective_rpc("twin_spec_trace_stats")[0]
+    return {"trace": on, "tokens": n, "seconds": t, "tok_s": n / t, "traced_steps": b["steps"] - a["steps"],
+            # the trace's own host time on the decode path during this run
+            "trace_host_ms": b["host_ms"] - a["host_ms"]}
 
-    units = (([("c1", [x]) for x in inputs] if "c1" in shapes else [])
-             + ([("c8", inputs * args.c8_copies)] * args.c8_pairs if "c8" in shapes else []))
 
-    def timed(on: bool, batch: list) -> dict:
-        set_trace(on)
-        a = stats()
-        t0 = time.perf_counter()
-        n = sum(len(o.outputs[0].token_ids) for o in llm.generate(batch, sp, use_tqdm=False))
-        t = time.perf_counter() - t0
-        b = stats()
-        return {"trace": on, "tokens": n, "seconds": t, "tok_s": n / t, "traced_steps": b["steps"] - a["steps"],
-                # the trace's own host time on the decode path during this run
-                "trace_host_ms": b["host_ms"] - a["host_ms"]}
-
+def _time_pairs(llm, sp, units: list, rounds: int, out: Path) -> None:
+    """Every unit warmed once each way, then ``rounds`` rounds of on/off pairs (order alternating) into ``out``."""
     for _, batch in units:  # every unit once, trace off and on: warm caches, nothing recorded
-        timed(False, batch)
-        timed(True, batch)
-    out = args.out / "pairs.jsonl"
+        _timed(llm, sp, False, batch)
+        _timed(llm, sp, True, batch)
     tmp = out.with_suffix(".jsonl.partial")
     with tmp.open("w") as f:
-        for r in range(args.rounds):
+        for r in range(rounds):
             for u, (conc, batch) in enumerate(units):
                 order = (True, False) if (r + u) % 2 == 0 else (False, True)
                 for pos, on in enumerate(order):
                     f.write(json.dumps({"round": r, "unit": u, "concurrency": conc, "position": pos,
-                                        **timed(on, batch)}) + "\n")
+                                        **_timed(llm, sp, on, batch)}) + "\n")
             f.flush()
     tmp.replace(out)  # only a finished schedule carries the final name
-    set_trace(True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, shapes = _parse(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    import torch
+
+    cpu = not torch.cuda.is_available()
+    llm, inputs, sp = _engine(args, cpu)
+    units = (([("c1", [x]) for x in inputs] if "c1" in shapes else [])
+             + ([("c8", inputs * args.c8_copies)] * args.c8_pairs if "c8" in shapes else []))
+    out = args.out / "pairs.jsonl"
+    _time_pairs(llm, sp, units, args.rounds, out)
+    llm.collective_rpc("twin_spec_set_trace", args=(True,))
     steps = llm.collective_rpc("twin_spec_flush_trace")
 
     import pandas as pd
