@@ -42,23 +42,21 @@ def _tp_place() -> tuple[int, int]:
         return 0, 1
 
 
-def install(state: EngineState) -> None:
-    """Wrap the runner's methods (once per process: ``engine_patches.apply``)."""
-    from vllm.v1.worker import gpu_model_runner as gmr
+def _twin_drafter(runner):
+    """The runner's drafter where it is the twin (``TwinDraftProposer`` with ``_twin`` set), else None."""
+    drafter = getattr(runner, "drafter", None)
+    if drafter is None or getattr(drafter, "_twin", None) is None:
+        return None
+    return drafter
 
+
+def _install_mm_hooks(runner_cls, gmr, state: EngineState) -> None:
+    """The draft's multimodal inputs: its own encoder outputs, cached beside the target's, read unshifted."""
     knobs = state.knobs
-    runner_cls = gmr.GPUModelRunner
     orig_gather = runner_cls._gather_mm_embeddings
     orig_encoder = runner_cls._execute_mm_encoder
     orig_from_cache = runner_cls._get_encoder_output_from_cache
     orig_update_states = runner_cls._update_states
-    orig_sample = runner_cls._sample
-
-    def _twin_drafter(self):
-        drafter = getattr(self, "drafter", None)
-        if drafter is None or getattr(drafter, "_twin", None) is None:
-            return None
-        return drafter
 
     def _gather_mm_embeddings(self, scheduler_output, shift_computed_tokens=0):
         drafter = _twin_drafter(self)
@@ -113,6 +111,16 @@ def install(state: EngineState) -> None:
                 cache.pop(mm_hash, None)
         return orig_update_states(self, scheduler_output)
 
+    runner_cls._gather_mm_embeddings = _gather_mm_embeddings
+    runner_cls._execute_mm_encoder = _execute_mm_encoder
+    runner_cls._get_encoder_output_from_cache = _get_encoder_output_from_cache
+    runner_cls._update_states = _update_states
+
+
+def _install_sample_hook(runner_cls, state: EngineState) -> None:
+    """``_sample``: the verified rows' request ids on the engine state while the rejection sampler runs."""
+    orig_sample = runner_cls._sample
+
     def _sample(self, logits, spec_decode_metadata):
         if spec_decode_metadata is None:
             return orig_sample(self, logits, spec_decode_metadata)
@@ -122,12 +130,11 @@ def install(state: EngineState) -> None:
         finally:
             state.batch_req_ids = None
 
-    runner_cls._gather_mm_embeddings = _gather_mm_embeddings
-    runner_cls._execute_mm_encoder = _execute_mm_encoder
-    runner_cls._get_encoder_output_from_cache = _get_encoder_output_from_cache
-    runner_cls._update_states = _update_states
     runner_cls._sample = _sample
 
+
+def _install_report_hooks(runner_cls, state: EngineState) -> None:
+    """``initialize_kv_cache`` and ``capture_model``: what was built goes into the engine report."""
     orig_capture = runner_cls.capture_model
 
     def capture_model(self):
@@ -158,34 +165,48 @@ def install(state: EngineState) -> None:
         return result
 
     runner_cls.initialize_kv_cache = initialize_kv_cache
-
-    if state.steps is not None:
-        orig_execute = runner_cls.execute_model
-        orig_forward = runner_cls._model_forward
-        orig_propose = runner_cls.propose_draft_token_ids
-
-        def execute_model(self, scheduler_output, *args, **kwargs):
-            state.steps.begin(scheduler_output)
-            return orig_execute(self, scheduler_output, *args, **kwargs)
-
-        def _model_forward(self, *args, **kwargs):
-            with state.steps.span("target"):
-                return orig_forward(self, *args, **kwargs)
-
-        def propose_draft_token_ids(self, *args, **kwargs):
-            with state.steps.span("draft"):
-                return orig_propose(self, *args, **kwargs)
-
-        orig_sample_tokens = runner_cls.sample_tokens
-
-        def sample_tokens(self, *args, **kwargs):
-            try:
-                return orig_sample_tokens(self, *args, **kwargs)
-            finally:
-                state.steps.end()  # sampling, verification and drafting are done
-
-        runner_cls.execute_model = execute_model
-        runner_cls._model_forward = _model_forward
-        runner_cls.propose_draft_token_ids = propose_draft_token_ids
-        runner_cls.sample_tokens = sample_tokens
     runner_cls.capture_model = capture_model
+
+
+def _install_step_timing(runner_cls, state: EngineState) -> None:
+    """With the step timer on: the step's begin and end, and its target and draft spans."""
+    orig_execute = runner_cls.execute_model
+    orig_forward = runner_cls._model_forward
+    orig_propose = runner_cls.propose_draft_token_ids
+
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        state.steps.begin(scheduler_output)
+        return orig_execute(self, scheduler_output, *args, **kwargs)
+
+    def _model_forward(self, *args, **kwargs):
+        with state.steps.span("target"):
+            return orig_forward(self, *args, **kwargs)
+
+    def propose_draft_token_ids(self, *args, **kwargs):
+        with state.steps.span("draft"):
+            return orig_propose(self, *args, **kwargs)
+
+    orig_sample_tokens = runner_cls.sample_tokens
+
+    def sample_tokens(self, *args, **kwargs):
+        try:
+            return orig_sample_tokens(self, *args, **kwargs)
+        finally:
+            state.steps.end()  # sampling, verification and drafting are done
+
+    runner_cls.execute_model = execute_model
+    runner_cls._model_forward = _model_forward
+    runner_cls.propose_draft_token_ids = propose_draft_token_ids
+    runner_cls.sample_tokens = sample_tokens
+
+
+def install(state: EngineState) -> None:
+    """Wrap the runner's methods (once per process: ``engine_patches.apply``)."""
+    from vllm.v1.worker import gpu_model_runner as gmr
+
+    runner_cls = gmr.GPUModelRunner
+    _install_mm_hooks(runner_cls, gmr, state)
+    _install_sample_hook(runner_cls, state)
+    _install_report_hooks(runner_cls, state)
+    if state.steps is not None:
+        _install_step_timing(runner_cls, state)
