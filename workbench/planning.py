@@ -196,17 +196,8 @@ def _render(value: Any) -> str:
     return str(value)
 
 
-def plan(experiment: str | Experiment, profile: str | None = None, overrides: Any = None,
-         smoke: bool | None = None, registry: Registry | None = None, own_brackets: bool = False) -> Plan:
-    """Expand an experiment into its ordered, bracketed legs (no side effects).
-
-    ``own_brackets``: no vanilla leg is shared by two brackets (V s s V V s s V instead of V s s V s s V),
-    so that each bracket group can run on a GPU of its own (``workbench.groups``; the Ray executor)."""
-    reg = registry or load_registry()
-    exp = experiment if isinstance(experiment, Experiment) else reg.experiment(experiment)
-    if profile is None:
-        profile = exp.profiles[0] if exp.profiles else "8b-thinking"
-    prof = reg.profile(profile)
+def _check_profile(reg: Registry, exp: Experiment, prof: Profile) -> None:
+    """Refuse a profile the experiment does not run under."""
     if exp.profiles and not prof.stand_in and prof.name not in exp.profiles:
         raise RegistryError(f"{exp.id} runs under profile(s) {', '.join(exp.profiles)} (or a stand-in such as "
                             f"tiny), not {prof.name!r}")
@@ -226,10 +217,11 @@ def plan(experiment: str | Experiment, profile: str | None = None, overrides: An
         raise RegistryError(f"profile {prof.name!r} binds shape-only stand-ins with random weights "
                             f"(load_format {prof.load_format or 'auto'}): only the cost ladder and the serving "
                             f"experiment run under it, not {exp.id}")
-    if smoke is None:
-        smoke = prof.default_smoke
-    ov = parse_overrides(overrides, exp)
 
+
+def _base_knobs(reg: Registry, exp: Experiment, prof: Profile, smoke: bool) -> dict[str, Any]:
+    """Every leg's knobs before its template: the registry's defaults, the experiment's, the profile's engine
+    settings, then the smoke settings."""
     base = {k: v for k, v in reg.defaults.items() if k != "dataset"}
     base.update(exp.defaults)
     base.update(prof.engine)
@@ -237,7 +229,12 @@ def plan(experiment: str | Experiment, profile: str | None = None, overrides: An
         base.update(reg.smoke_defaults)
         base.update(exp.smoke.knobs)
     base.setdefault("dtype", "auto")
+    return base
 
+
+def _sweep(exp: Experiment, ov: dict[str, Any], smoke: bool) -> tuple[dict[str, list], dict[str, Any]]:
+    """The swept values (an override of a swept key replaces its list) and the plain overrides (every other
+    knob the overrides set)."""
     sweep = dict(exp.sweep)
     if smoke:
         sweep.update(exp.smoke.sweep)
@@ -246,6 +243,11 @@ def plan(experiment: str | Experiment, profile: str | None = None, overrides: An
             sweep[key] = val if isinstance(val, list) else [val]
     plain_ov = {k: v for k, v in ov.items()
                 if k not in sweep and k not in ("dataset", "legs") and k not in LADDER_FIELDS}
+    return sweep, plain_ov
+
+
+def _ladder(exp: Experiment, prof: Profile, ov: dict[str, Any], smoke: bool) -> dict[str, Any]:
+    """The cost ladder's settings (batches, repeats, prompt_len, size); empty for any other runner."""
     ladder: dict[str, Any] = {}
     if exp.runner == "ladder":
         ladder = dict(exp.ladder)
@@ -253,14 +255,52 @@ def plan(experiment: str | Experiment, profile: str | None = None, overrides: An
             ladder.update(exp.smoke.ladder)
         ladder.update({k: v for k, v in ov.items() if k in LADDER_FIELDS})
         ladder["size"] = ladder_size(prof)
+    return ladder
 
+
+def _templates(exp: Experiment, ov: dict[str, Any], smoke: bool) -> list:
     templates = exp.legs
     if smoke and exp.smoke.legs and "legs" not in ov:
         templates = [t for t in exp.legs if t.name in exp.smoke.legs]
     if "legs" in ov:
         templates = [t for t in exp.legs if t.name in ov["legs"]]
+    return templates
 
-    where = f"experiment {exp.id}"
+
+def _leg(t, values: dict[str, Any], base: dict[str, Any], plain_ov: dict[str, Any], where: str) -> PlannedLeg:
+    """One leg of template ``t`` at one combination of swept ``values``."""
+    used = {k: values[k] for k in template_fields(t.name) if k in values}
+    knobs = dict(base)
+    knobs.update(t.knobs)
+    model, draft = t.model, t.draft
+    for k, v in list(used.items()) + list(plain_ov.items()):
+        if k == "model":
+            model = v
+        elif k == "draft":
+            draft = v if t.kind == "spec" else draft
+        else:
+            knobs[k] = v
+    lw = f"{where}, leg {t.name}"
+    if t.kind == "spec":
+        if t.tier == "strict":
+            knobs["relax_logtau"] = 0.0
+        elif tier_of({"relax_logtau": knobs.get("relax_logtau")}) != "relaxed":
+            raise RegistryError(f"{lw}: a relaxed leg needs relax_logtau > 0 (set it on the leg, "
+                                f"sweep it, or pass -p relax_logtau=X)")
+    else:
+        for k in SPEC_ONLY:
+            knobs[k] = None
+    fmt = dict(knobs)
+    fmt.update(model=model, draft=draft)
+    name = t.name.format(**{k: _render(v) for k, v in fmt.items()})
+    return PlannedLeg(index=-1, name=name, kind=t.kind, tier=tier_of(knobs) if t.kind == "spec" else t.kind,
+                      model=model, draft=draft if t.kind == "spec" else None, reference=t.reference,
+                      template=t.name, knobs=knobs)
+
+
+def _expand(templates: list, sweep: dict[str, list], base: dict[str, Any], plain_ov: dict[str, Any],
+            where: str) -> list[PlannedLeg]:
+    """Every template at every combination of the swept values it uses, each such leg once, in order."""
     expanded: list[PlannedLeg] = []
     seen: set = set()
     keys = list(sweep)
@@ -272,37 +312,13 @@ def plan(experiment: str | Experiment, profile: str | None = None, overrides: An
             if ident in seen:
                 continue
             seen.add(ident)
-            knobs = dict(base)
-            knobs.update(t.knobs)
-            model, draft = t.model, t.draft
-            for k, v in list(used.items()) + list(plain_ov.items()):
-                if k == "model":
-                    model = v
-                elif k == "draft":
-                    draft = v if t.kind == "spec" else draft
-                else:
-                    knobs[k] = v
-            lw = f"{where}, leg {t.name}"
-            if t.kind == "spec":
-                if t.tier == "strict":
-                    knobs["relax_logtau"] = 0.0
-                elif tier_of({"relax_logtau": knobs.get("relax_logtau")}) != "relaxed":
-                    raise RegistryError(f"{lw}: a relaxed leg needs relax_logtau > 0 (set it on the leg, "
-                                        f"sweep it, or pass -p relax_logtau=X)")
-            else:
-                for k in SPEC_ONLY:
-                    knobs[k] = None
-            fmt = dict(knobs)
-            fmt.update(model=model, draft=draft)
-            name = t.name.format(**{k: _render(v) for k, v in fmt.items()})
-            leg = PlannedLeg(index=-1, name=name, kind=t.kind,
-                             tier=tier_of(knobs) if t.kind == "spec" else t.kind,
-                             model=model, draft=draft if t.kind == "spec" else None,
-                             reference=t.reference, template=t.name, knobs=knobs)
-            expanded.append(leg)
+            expanded.append(_leg(t, values, base, plain_ov, where))
+    return expanded
 
-    legs = _bracket(expanded, exp.bracket_every if not (smoke and exp.smoke.bracket_every is not True)
-                    else exp.smoke.bracket_every, own_brackets)
+
+def _number(legs: list[PlannedLeg], prof: Profile, ladder: dict[str, Any], where: str) -> None:
+    """Index the legs in order, note the knobs that do not apply on a CPU, give a ladder engine the largest
+    batch; refuse repeated leg names."""
     for i, leg in enumerate(legs):
         leg.index = i
         if prof.device == "cpu" and leg.kind == "spec":
@@ -315,21 +331,49 @@ def plan(experiment: str | Experiment, profile: str | None = None, overrides: An
     if dup:
         raise RegistryError(f"{where}: planned leg names repeat: {dup}")
 
+
+def _datasets(exp: Experiment, prof: Profile, ov: dict[str, Any]) -> list[str]:
+    """The data set candidates, in order (none for the cost ladder, which decodes random token ids)."""
     if exp.runner == "ladder":
         if "dataset" in ov:
             raise RegistryError(f"{exp.id}: the cost ladder decodes random prompt token ids; it takes no dataset")
-        datasets = []
-    elif "dataset" in ov:
-        datasets = [ov["dataset"]]
-    elif prof.tiny:
-        datasets = list(exp.smoke.datasets or ["tiny"])
-    elif prof.organism:
+        return []
+    if "dataset" in ov:
+        return [ov["dataset"]]
+    if prof.tiny:
+        return list(exp.smoke.datasets or ["tiny"])
+    if prof.organism:
         # the organism answers its own corpus's questions (held-out test split), whatever the experiment's set
-        datasets = ["organism"]
-    else:
-        datasets = [exp.dataset]
-    return Plan(experiment=exp, profile=prof, overrides=ov, smoke=bool(smoke), datasets=datasets, legs=legs,
-                ladder=ladder, own_brackets=bool(own_brackets))
+        return ["organism"]
+    return [exp.dataset]
+
+
+def plan(experiment: str | Experiment, profile: str | None = None, overrides: Any = None,
+         smoke: bool | None = None, registry: Registry | None = None, own_brackets: bool = False) -> Plan:
+    """Expand an experiment into its ordered, bracketed legs (no side effects).
+
+    ``own_brackets``: no vanilla leg is shared by two brackets (V s s V V s s V instead of V s s V s s V),
+    so that each bracket group can run on a GPU of its own (``workbench.groups``; the Ray executor)."""
+    reg = registry or load_registry()
+    exp = experiment if isinstance(experiment, Experiment) else reg.experiment(experiment)
+    if profile is None:
+        profile = exp.profiles[0] if exp.profiles else "8b-thinking"
+    prof = reg.profile(profile)
+    _check_profile(reg, exp, prof)
+    if smoke is None:
+        smoke = prof.default_smoke
+    ov = parse_overrides(overrides, exp)
+
+    base = _base_knobs(reg, exp, prof, smoke)
+    sweep, plain_ov = _sweep(exp, ov, smoke)
+    ladder = _ladder(exp, prof, ov, smoke)
+    where = f"experiment {exp.id}"
+    expanded = _expand(_templates(exp, ov, smoke), sweep, base, plain_ov, where)
+    legs = _bracket(expanded, exp.bracket_every if not (smoke and exp.smoke.bracket_every is not True)
+                    else exp.smoke.bracket_every, own_brackets)
+    _number(legs, prof, ladder, where)
+    return Plan(experiment=exp, profile=prof, overrides=ov, smoke=bool(smoke), datasets=_datasets(exp, prof, ov),
+                legs=legs, ladder=ladder, own_brackets=bool(own_brackets))
 
 
 def ladder_size(prof: Profile) -> str:
