@@ -259,69 +259,65 @@ def preflight_problems(p: Plan, models: dict[str, str], prompts: list | None) ->
     return problems + memory_problems(p, models, bad_models)
 
 
-def prepare_run(experiment: str, profile: str | None = None, overrides: Any = None, smoke: bool | None = None,
-                results_root: str | Path = "results", run_dir: str | Path | None = None,
-                model_paths: dict[str, str] | None = None, dataset_sources: dict[str, str] | None = None,
-                registry: Registry | None = None, own_brackets: bool = False) -> Path:
-    """Create the run folder (run.json, env.json, prompts.jsonl), or reuse a prepared one (resume).
+def _check_resume_inputs(run_dir, cfg: dict[str, Any], model_paths: dict[str, str] | None,
+                         dataset_sources: dict[str, str] | None) -> None:
+    """A resumed run keeps the checkpoints and prompts it was prepared with: a leg decoded with other weights or
+    prompts would sit beside the old ones as if they were comparable."""
+    models, sources = cfg.get("models") or {}, (cfg.get("dataset") or {}).get("source")
+    for ref, path in (model_paths or {}).items():
+        had = models.get(ref, (cfg.get("model_paths") or {}).get(ref))
+        if had is None:
+            raise ProtocolError(f"cannot resume {run_dir} with --model-path {ref}={path}: the run has no "
+                                f"role {ref!r} (roles: {', '.join(models) or 'none'})")
+        if str(path) != str(had):
+            raise ProtocolError(f"cannot resume {run_dir} with --model-path {ref}={path}: the run was prepared "
+                                f"with {ref}={had}; a resumed run keeps its checkpoints (start a new run "
+                                f"for other weights)")
+    for ref, had in models.items():  # the environment's checkpoints are held to the same rule
+        key = _env_key(ref)
+        path = os.environ.get(key)
+        if path and str(path) != str(had) and ref not in (model_paths or {}):
+            raise ProtocolError(f"cannot resume {run_dir} with {key}={path}: the run was prepared with "
+                                f"{ref}={had}; a resumed run keeps its checkpoints (unset {key}, or start "
+                                f"a new run for other weights)")
+    for name, src in (dataset_sources or {}).items():
+        resolved = (cfg.get("dataset") or {}).get("resolved")
+        if name != resolved or str(src) != str(sources):
+            raise ProtocolError(f"cannot resume {run_dir} with --data-source {name}={src}: the run's prompts "
+                                f"were prepared from {resolved}={sources}; a resumed run keeps its prompts")
 
-    Reusing checks that the folder was made for the same experiment/profile/overrides/smoke, so a resume
-    can never silently mix two configurations in one run. A new run is checked in full first; its folder
-    appears only when every check passed, and never reuses an existing folder.
-    """
-    if run_dir is not None:
-        remove_stale_preparing(Path(run_dir).parent)  # what a preparation killed with -9 left
-    if run_dir is not None and (Path(run_dir) / RUN_JSON).is_file():
-        try:
-            cfg = read_json(Path(run_dir) / RUN_JSON)
-        except ValueError as exc:
-            raise ProtocolError(f"cannot resume {run_dir}: {exc}") from None
-        # A resumed run keeps the checkpoints and prompts it was prepared with: a leg decoded with
-        # other weights or prompts would sit beside the old ones as if they were comparable.
-        models, sources = cfg.get("models") or {}, (cfg.get("dataset") or {}).get("source")
-        for ref, path in (model_paths or {}).items():
-            had = models.get(ref, (cfg.get("model_paths") or {}).get(ref))
-            if had is None:
-                raise ProtocolError(f"cannot resume {run_dir} with --model-path {ref}={path}: the run has no "
-                                    f"role {ref!r} (roles: {', '.join(models) or 'none'})")
-            if str(path) != str(had):
-                raise ProtocolError(f"cannot resume {run_dir} with --model-path {ref}={path}: the run was prepared "
-                                    f"with {ref}={had}; a resumed run keeps its checkpoints (start a new run "
-                                    f"for other weights)")
-        for ref, had in models.items():  # the environment's checkpoints are held to the same rule
-            key = _env_key(ref)
-            path = os.environ.get(key)
-            if path and str(path) != str(had) and ref not in (model_paths or {}):
-                raise ProtocolError(f"cannot resume {run_dir} with {key}={path}: the run was prepared with "
-                                    f"{ref}={had}; a resumed run keeps its checkpoints (unset {key}, or start "
-                                    f"a new run for other weights)")
-        for name, src in (dataset_sources or {}).items():
-            resolved = (cfg.get("dataset") or {}).get("resolved")
-            if name != resolved or str(src) != str(sources):
-                raise ProtocolError(f"cannot resume {run_dir} with --data-source {name}={src}: the run's prompts "
-                                    f"were prepared from {resolved}={sources}; a resumed run keeps its prompts")
-        asked = {"experiment": experiment.upper() if isinstance(experiment, str) else experiment,
-                 "profile": profile, "smoke": smoke}
-        if overrides:
-            asked["overrides"] = parse_overrides(overrides, load_registry().experiment(experiment)
-                                                 if registry is None else registry.experiment(experiment))
-        clash = {k: (v, cfg.get(k)) for k, v in asked.items() if v is not None and cfg.get(k) != v}
-        if clash:
-            raise ProtocolError(f"{run_dir} was created with a different configuration: "
-                                + ", ".join(f"{k}: run.json has {b!r}, asked {a!r}" for k, (a, b) in clash.items()))
-        if (_experiment_runner(cfg.get("runner")).gpu_profile_needs_cuda and cfg.get("device") == "gpu"
-                and not _cuda_available()):
-            raise ProtocolError(f"cannot resume {run_dir}: profile {cfg.get('profile')!r} runs on a CUDA GPU and "
-                                f"this host has none (torch.cuda.is_available() is False)")
-        _rebuild_missing_models(Path(run_dir), cfg, registry or load_registry())
-        return Path(run_dir)
 
-    reg = registry or load_registry()
-    p = plan(experiment, profile, overrides, smoke, registry=reg, own_brackets=own_brackets)
-    run_id = Path(run_dir).name if run_dir is not None else new_run_id()
-    rdir = Path(run_dir) if run_dir is not None else Path(results_root) / p.experiment.id / run_id
-    remove_stale_preparing(rdir.parent)
+def _resume(run_dir: Path, experiment: str, profile: str | None, overrides: Any, smoke: bool | None,
+            model_paths: dict[str, str] | None, dataset_sources: dict[str, str] | None,
+            registry: Registry | None) -> Path:
+    """Reuse a prepared run folder: the same experiment/profile/overrides/smoke, the same inputs, a host that
+    can run it; its missing shape stand-ins rebuilt."""
+    try:
+        cfg = read_json(Path(run_dir) / RUN_JSON)
+    except ValueError as exc:
+        raise ProtocolError(f"cannot resume {run_dir}: {exc}") from None
+    _check_resume_inputs(run_dir, cfg, model_paths, dataset_sources)
+    asked = {"experiment": experiment.upper() if isinstance(experiment, str) else experiment,
+             "profile": profile, "smoke": smoke}
+    if overrides:
+        asked["overrides"] = parse_overrides(overrides, load_registry().experiment(experiment)
+                                             if registry is None else registry.experiment(experiment))
+    clash = {k: (v, cfg.get(k)) for k, v in asked.items() if v is not None and cfg.get(k) != v}
+    if clash:
+        raise ProtocolError(f"{run_dir} was created with a different configuration: "
+                            + ", ".join(f"{k}: run.json has {b!r}, asked {a!r}" for k, (a, b) in clash.items()))
+    if (_experiment_runner(cfg.get("runner")).gpu_profile_needs_cuda and cfg.get("device") == "gpu"
+            and not _cuda_available()):
+        raise ProtocolError(f"cannot resume {run_dir}: profile {cfg.get('profile')!r} runs on a CUDA GPU and "
+                            f"this host has none (torch.cuda.is_available() is False)")
+    _rebuild_missing_models(Path(run_dir), cfg, registry or load_registry())
+    return Path(run_dir)
 
+
+def _new_run_problems(p: Plan, rdir: Path, reg: Registry, model_paths: dict[str, str] | None,
+                      dataset_sources: dict[str, str] | None) -> tuple[list[str], Any, Any, Any]:
+    """Every check of a new run, in one list of problems; the checkpoints, prompts and data set facts it
+    resolved on the way (None where a check stopped it)."""
     problems: list[str] = []
     if rdir.exists():
         problems.append(f"run folder {rdir} already exists; a run never reuses a folder "
@@ -359,11 +355,13 @@ def prepare_run(experiment: str, profile: str | None = None, overrides: Any = No
             problems.append(str(exc))
     if models is not None:
         problems += preflight_problems(p, models, prompts)
-    if problems:
-        raise ProtocolError(f"{p.experiment.id} cannot start ({len(problems)} problem(s)); nothing was created:\n"
-                            + "\n".join(f"  - {q}" for q in problems))
+    return problems, models, prompts, dinfo
 
-    # Built beside its final name and renamed in one step: a run folder is complete or absent.
+
+def _create_run_folder(rdir: Path, run_id: str, p: Plan, models, model_paths: dict[str, str] | None, prompts,
+                       dinfo) -> None:
+    """run.json, env.json and prompts.jsonl, built beside the folder's final name and renamed in one step: a run
+    folder is complete or absent."""
     staging = rdir.parent / f".{rdir.name}{PREPARING_SUFFIX}"
     try:
         shutil.rmtree(staging, ignore_errors=True)  # left by a preparation that was killed
@@ -389,6 +387,32 @@ def prepare_run(experiment: str, profile: str | None = None, overrides: Any = No
             raise ProtocolError(f"run folder {rdir} already exists; a run never reuses a folder") from None
         raise ProtocolError(f"cannot create run folder {rdir}: {exc.filename + ': ' if exc.filename else ''}"
                             f"{exc.strerror or exc}") from None
+
+
+def prepare_run(experiment: str, profile: str | None = None, overrides: Any = None, smoke: bool | None = None,
+                results_root: str | Path = "results", run_dir: str | Path | None = None,
+                model_paths: dict[str, str] | None = None, dataset_sources: dict[str, str] | None = None,
+                registry: Registry | None = None, own_brackets: bool = False) -> Path:
+    """Create the run folder (run.json, env.json, prompts.jsonl), or reuse a prepared one (resume).
+
+    Reusing checks that the folder was made for the same experiment/profile/overrides/smoke, so a resume
+    can never silently mix two configurations in one run. A new run is checked in full first; its folder
+    appears only when every check passed, and never reuses an existing folder.
+    """
+    if run_dir is not None:
+        remove_stale_preparing(Path(run_dir).parent)  # what a preparation killed with -9 left
+    if run_dir is not None and (Path(run_dir) / RUN_JSON).is_file():
+        return _resume(run_dir, experiment, profile, overrides, smoke, model_paths, dataset_sources, registry)
+
+    reg = registry or load_registry()
+    p = plan(experiment, profile, overrides, smoke, registry=reg, own_brackets=own_brackets)
+    run_id = Path(run_dir).name if run_dir is not None else new_run_id()
+    rdir = Path(run_dir) if run_dir is not None else Path(results_root) / p.experiment.id / run_id
+    remove_stale_preparing(rdir.parent)
+
+    problems, models, prompts, dinfo = _new_run_problems(p, rdir, reg, model_paths, dataset_sources)
+    if problems:
+        raise ProtocolError(f"{p.experiment.id} cannot start ({len(problems)} problem(s)); nothing was created:\n"
+                            + "\n".join(f"  - {q}" for q in problems))
+    _create_run_folder(rdir, run_id, p, models, model_paths, prompts, dinfo)
     return rdir
-
-
