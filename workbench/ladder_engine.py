@@ -131,6 +131,57 @@ def read_new_rows(path: str, pos: int) -> tuple[list[dict], int]:
         return [], pos
 
 
+class _CellTimer:
+    """Times one cell's generate after another into the open steps and walls files; each cell reads only its own
+    rows of the step timer's file (how far it has been read is kept here)."""
+
+    def __init__(self, llm, *, size: str, hi: int, prompt_len: int, sp, first, extra: dict[str, Any],
+                 steps_f, walls_f):
+        self.llm, self.size, self.hi, self.prompt_len = llm, size, hi, prompt_len
+        self.sp, self.first, self.extra = sp, first, extra
+        self.steps_f, self.walls_f = steps_f, walls_f
+        self.pos = 0  # how far the step timer's file has been read
+        self.steps = self.walls = 0
+
+    def timed(self, cell: dict, b: int, rep: int) -> None:
+        llm, prompt_len = self.llm, self.prompt_len
+        # The time to the first token of a batch, on prompts of its own: a prefix cache (off in these engines)
+        # could otherwise make the timed generate's prefill cheaper than the one timed here.
+        t0 = time.perf_counter()
+        llm.generate(prompts(b, self.hi, seed=FIRST_SEED + rep, prompt_len=prompt_len), self.first, use_tqdm=False)
+        first_wall = time.perf_counter() - t0
+        # the warm-up's and the first-token generate's steps are not the cell's
+        _, self.pos = read_new_rows(flush_steps(llm), self.pos)
+        batch_prompts = prompts(b, self.hi, seed=rep, prompt_len=prompt_len)
+        t0 = time.perf_counter()
+        outs = llm.generate(batch_prompts, self.sp, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        rows, self.pos = read_new_rows(flush_steps(llm), self.pos)
+        row_tag = {**self.extra, **cell, "size": self.size, "batch": b, "rep": rep}
+        for r in rows:
+            self.steps_f.write(json.dumps({**row_tag, **r}) + "\n")
+        n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+        self.walls_f.write(json.dumps({**row_tag, "wall_s": wall, "first_wall_s": first_wall,
+                                       "out_tokens": n_out}) + "\n")
+        self.steps_f.flush()
+        self.walls_f.flush()
+        self.steps += len(rows)
+        self.walls += 1
+
+
+def _engine_report(ep, tensor_parallel_size: int) -> dict[str, Any]:
+    """What the engine reported: the workers' reports merged over ranks at tensor_parallel_size > 1 (this process
+    built no drafter), else this process's."""
+    if ep.G.steps is None:
+        raise RuntimeError("the plugin's step timer is off in this engine (VLLM_SPEC_STEP_TIMING=1 and "
+                           "VLLM_SPEC_REPORT_DIR must be set before vLLM is imported)")
+    if tensor_parallel_size > 1:
+        from workbench.leg import read_engine_reports
+
+        return read_engine_reports(Path(ep.G.knobs.report_dir))
+    return dict(ep.G.report.facts) if ep.G.report else {}
+
+
 def run_engine(*, size: str, kind: str, target: str, draft: str | None, gamma: int | None,
                batches: list[int], repeats: int, tokens: int, cpu: bool, dummy: bool,
                steps_f, walls_f, prompt_len: int = PROMPT_LEN, dtype: str = "bfloat16",
@@ -160,49 +211,16 @@ def run_engine(*, size: str, kind: str, target: str, draft: str | None, gamma: i
     warm = SamplingParams(temperature=0.0, max_tokens=WARMUP_TOKENS, ignore_eos=True, detokenize=False)
     first = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False)
     hi = vocab_hi(size)
-    max_b = max(batches)
-    counts = {"steps": 0, "walls": 0}
-    read_to = {"pos": 0}  # how far the step timer's file has been read: each cell reads only its own rows
-
-    def timed(llm, cell: dict, b: int, rep: int) -> None:
-        # The time to the first token of a batch, on prompts of its own: a prefix cache (off in these engines)
-        # could otherwise make the timed generate's prefill cheaper than the one timed here.
-        t0 = time.perf_counter()
-        llm.generate(prompts(b, hi, seed=FIRST_SEED + rep, prompt_len=prompt_len), first, use_tqdm=False)
-        first_wall = time.perf_counter() - t0
-        # the warm-up's and the first-token generate's steps are not the cell's
-        _, read_to["pos"] = read_new_rows(flush_steps(llm), read_to["pos"])
-        batch_prompts = prompts(b, hi, seed=rep, prompt_len=prompt_len)
-        t0 = time.perf_counter()
-        outs = llm.generate(batch_prompts, sp, use_tqdm=False)
-        wall = time.perf_counter() - t0
-        rows, read_to["pos"] = read_new_rows(flush_steps(llm), read_to["pos"])
-        row_tag = {**extra, **cell, "size": size, "batch": b, "rep": rep}
-        for r in rows:
-            steps_f.write(json.dumps({**row_tag, **r}) + "\n")
-        n_out = sum(len(o.outputs[0].token_ids) for o in outs)
-        walls_f.write(json.dumps({**row_tag, "wall_s": wall, "first_wall_s": first_wall, "out_tokens": n_out}) + "\n")
-        steps_f.flush()
-        walls_f.flush()
-        counts["steps"] += len(rows)
-        counts["walls"] += 1
-
-    llm, start_s = engine(target, draft if kind == "spec" else None, gamma, max_b, cpu, dummy, dtype=dtype,
+    llm, start_s = engine(target, draft if kind == "spec" else None, gamma, max(batches), cpu, dummy, dtype=dtype,
                           max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
                           engine_args=engine_args, tensor_parallel_size=tensor_parallel_size)
-    if ep.G.steps is None:
-        raise RuntimeError("the plugin's step timer is off in this engine (VLLM_SPEC_STEP_TIMING=1 and "
-                           "VLLM_SPEC_REPORT_DIR must be set before vLLM is imported)")
-    if tensor_parallel_size > 1:  # the workers' reports, merged over ranks (this process built no drafter)
-        from workbench.leg import read_engine_reports
-
-        report = read_engine_reports(Path(ep.G.knobs.report_dir))
-    else:
-        report = dict(ep.G.report.facts) if ep.G.report else {}
+    report = _engine_report(ep, tensor_parallel_size)
     extra.update(ran_tags(report, extra))
     walls_f.write(json.dumps({"size": size, "kind": kind, "gamma": gamma, "engine_start_s": start_s,
                               "engine_report": report, **extra}) + "\n")
     cells = spec_cells(report, eager=eager) if kind == "spec" else [({"draft_graphs": None}, None)]
+    timer = _CellTimer(llm, size=size, hi=hi, prompt_len=prompt_len, sp=sp, first=first, extra=extra,
+                       steps_f=steps_f, walls_f=walls_f)
 
     def dispatch(mode) -> None:
         if kind == "spec":  # the twin drafter's own switch, reached like every engine worker
@@ -216,14 +234,13 @@ def run_engine(*, size: str, kind: str, target: str, draft: str | None, gamma: i
             for rep in range(repeats):
                 for cell, mode in cells:  # alternating: graphs on, off, on, off, ...
                     dispatch(mode)
-                    timed(llm, {"kind": kind, "gamma": gamma, **cell}, b, rep)
+                    timer.timed({"kind": kind, "gamma": gamma, **cell}, b, rep)
     finally:
         dispatch("built")
     (log or (lambda s: print(s, file=sys.stderr, flush=True)))(
         f"[ladder] {size} {kind} gamma={gamma}: engine start {start_s:.1f}s, done")
     free(llm)
-    return {"engine_start_s": start_s, "engine_report": report, "n_steps": counts["steps"],
-            "n_walls": counts["walls"]}
+    return {"engine_start_s": start_s, "engine_report": report, "n_steps": timer.steps, "n_walls": timer.walls}
 
 
 def ran_tags(report: dict[str, Any], tags: dict[str, Any]) -> dict[str, Any]:
