@@ -128,6 +128,64 @@ def cost_ratio_by_graphs(ratios: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def _alpha1_markers(fig: go.Figure, r, name: str, g: int, color: str, symbol: str) -> None:
+    """A cell's markers at α = 1: S(1, γ, c) predicted (open), measured end to end (filled) and, where the rows
+    time the first token apart, decode only (open with a dot)."""
+    fig.add_trace(go.Scatter(x=[1.0], y=[float(r.S_pred_alpha1)], mode="markers", name=f"{name}: S(1,γ,c)",
+                             legendgroup=name, showlegend=False,
+                             marker=dict(symbol=symbol + "-open", size=10, color=color),
+                             hovertemplate=name + "<br>predicted at α = 1: S(1,γ,c) = %{y:.2f}<extra></extra>",
+                             meta={"role": "predicted_alpha1", "gamma": int(g)}))
+    measured = _num(getattr(r, "S_measured_alpha1", None))
+    if measured is not None:
+        fig.add_trace(go.Scatter(
+            x=[1.0], y=[measured], mode="markers", name=f"{name}: measured", legendgroup=name,
+            showlegend=False, marker=dict(symbol=symbol, size=10, color=color),
+            hovertemplate=(name + "<br>measured at α = 1 (forced acceptance, vanilla wall / spec wall): "
+                           "%{y:.2f}<extra></extra>"),
+            meta={"role": "measured_alpha1", "gamma": int(g)}))
+    decode = _num(getattr(r, "S_measured_decode_alpha1", None))
+    if decode is not None:
+        fig.add_trace(go.Scatter(
+            x=[1.0], y=[decode], mode="markers", name=f"{name}: measured, decode only", legendgroup=name,
+            showlegend=False, marker=dict(symbol=symbol + "-open-dot", size=10, color=color),
+            hovertemplate=(name + "<br>measured at α = 1, decode only (first token timed apart and "
+                           "taken off): %{y:.2f}<extra></extra>"),
+            meta={"role": "measured_decode_alpha1", "gamma": int(g)}))
+
+
+def _alpha1_legend(fig: go.Figure, c_of: dict) -> None:
+    """What the markers at α = 1 mean, once in the legend."""
+    keys = [("at α=1, open: predicted S(1,γ,c)", "circle-open"),
+            ("at α=1, filled: measured, forced acceptance", "circle")]
+    if any(_num(getattr(r, "S_measured_decode_alpha1", None)) is not None for r in c_of.values()):
+        keys.append(("at α=1, open with a dot: measured, decode only", "circle-open-dot"))
+    for label, symbol in keys:
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=label,
+                                 marker=dict(symbol=symbol, size=10, color="#555555"), meta={"role": "legend"}))
+
+
+def _operating_points(fig: go.Figure, gammas: list[int]) -> None:
+    """The seed PR's point per gamma (at the α of its acceptance length) and QuantSpec's at α = 0.9."""
+    from .. import ladder
+
+    seed = ladder.SEED_POINT
+    for g in gammas:
+        a = ladder.alpha_for_length(seed["acceptance_length"], g)
+        fig.add_trace(go.Scatter(
+            x=[a], y=[seed["speedup"]], mode="markers", name=f"seed PR 1.28x at L=1.49 (α={a:.2f} at γ={g})",
+            marker=dict(symbol="x", size=13, color="#000000"),
+            hovertemplate=(f"{seed['label']}<br>placed at α = {a:.3f}: the α whose expected acceptance length L = "
+                           f"(1 − α^(γ+1)) / (1 − α) at γ = {g} is {seed['acceptance_length']}<extra></extra>"),
+            meta={"role": "seed_point", "gamma": g}))
+    q = ladder.QUANTSPEC_POINT
+    fig.add_trace(go.Scatter(
+        x=[q["alpha"]], y=[q["speedup"]], mode="markers", name="QuantSpec ≈2.5x at >90% acceptance (α=0.9)",
+        marker=dict(symbol="triangle-right", size=14, color="#9467bd"),
+        hovertemplate=(f"{q['label']}<br>drawn at α = {q['alpha']}, the lower end of the acceptance it reports"
+                       "<extra></extra>"), meta={"role": "quantspec_point"}))
+
+
 def speedup_curves(curve: pd.DataFrame, ratios: pd.DataFrame | None = None) -> go.Figure:
     """Predicted S(α, γ, c) at each cell's measured c (``ladder.speedup_curve``), with the published operating points.
 
@@ -161,52 +219,12 @@ def speedup_curves(curve: pd.DataFrame, ratios: pd.DataFrame | None = None) -> g
                                  meta={"role": "curve", "gamma": int(g), "size": str(size), "batch": int(batch),
                                        "draft_graphs": bool(graphs)}))
         if r is not None:
-            symbol = GAMMA_SYMBOLS[gammas.index(int(g)) % len(GAMMA_SYMBOLS)]
-            fig.add_trace(go.Scatter(x=[1.0], y=[float(r.S_pred_alpha1)], mode="markers", name=f"{name}: S(1,γ,c)",
-                                     legendgroup=name, showlegend=False,
-                                     marker=dict(symbol=symbol + "-open", size=10, color=color),
-                                     hovertemplate=name + "<br>predicted at α = 1: S(1,γ,c) = %{y:.2f}<extra></extra>",
-                                     meta={"role": "predicted_alpha1", "gamma": int(g)}))
-            measured = _num(getattr(r, "S_measured_alpha1", None))
-            if measured is not None:
-                fig.add_trace(go.Scatter(
-                    x=[1.0], y=[measured], mode="markers", name=f"{name}: measured", legendgroup=name,
-                    showlegend=False, marker=dict(symbol=symbol, size=10, color=color),
-                    hovertemplate=(name + "<br>measured at α = 1 (forced acceptance, vanilla wall / spec wall): "
-                                   "%{y:.2f}<extra></extra>"),
-                    meta={"role": "measured_alpha1", "gamma": int(g)}))
-            decode = _num(getattr(r, "S_measured_decode_alpha1", None))
-            if decode is not None:
-                fig.add_trace(go.Scatter(
-                    x=[1.0], y=[decode], mode="markers", name=f"{name}: measured, decode only", legendgroup=name,
-                    showlegend=False, marker=dict(symbol=symbol + "-open-dot", size=10, color=color),
-                    hovertemplate=(name + "<br>measured at α = 1, decode only (first token timed apart and "
-                                   "taken off): %{y:.2f}<extra></extra>"),
-                    meta={"role": "measured_decode_alpha1", "gamma": int(g)}))
-    if c_of:  # what the markers at alpha = 1 mean, once in the legend
-        keys = [("at α=1, open: predicted S(1,γ,c)", "circle-open"),
-                ("at α=1, filled: measured, forced acceptance", "circle")]
-        if any(_num(getattr(r, "S_measured_decode_alpha1", None)) is not None for r in c_of.values()):
-            keys.append(("at α=1, open with a dot: measured, decode only", "circle-open-dot"))
-        for label, symbol in keys:
-            fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=label,
-                                     marker=dict(symbol=symbol, size=10, color="#555555"), meta={"role": "legend"}))
-    seed = ladder.SEED_POINT
-    for g in gammas:
-        a = ladder.alpha_for_length(seed["acceptance_length"], g)
-        fig.add_trace(go.Scatter(
-            x=[a], y=[seed["speedup"]], mode="markers", name=f"seed PR 1.28x at L=1.49 (α={a:.2f} at γ={g})",
-            marker=dict(symbol="x", size=13, color="#000000"),
-            hovertemplate=(f"{seed['label']}<br>placed at α = {a:.3f}: the α whose expected acceptance length L = "
-                           f"(1 − α^(γ+1)) / (1 − α) at γ = {g} is {seed['acceptance_length']}<extra></extra>"),
-            meta={"role": "seed_point", "gamma": g}))
-    q = ladder.QUANTSPEC_POINT
-    fig.add_trace(go.Scatter(
-        x=[q["alpha"]], y=[q["speedup"]], mode="markers", name="QuantSpec ≈2.5x at >90% acceptance (α=0.9)",
-        marker=dict(symbol="triangle-right", size=14, color="#9467bd"),
-        hovertemplate=(f"{q['label']}<br>drawn at α = {q['alpha']}, the lower end of the acceptance it reports"
-                       "<extra></extra>"), meta={"role": "quantspec_point"}))
+            _alpha1_markers(fig, r, name, g, color, GAMMA_SYMBOLS[gammas.index(int(g)) % len(GAMMA_SYMBOLS)])
+    if c_of:
+        _alpha1_legend(fig, c_of)
+    _operating_points(fig, gammas)
     fig.add_hline(y=1.0, line_dash="dot", line_color="#888888")
+    seed = ladder.SEED_POINT
     lo = min([0.5] + [ladder.alpha_for_length(seed["acceptance_length"], g) for g in gammas]) - 0.03
     fig.update_xaxes(range=[lo, 1.03])
     _layout(fig, "Predicted speedup S(α, γ, c) = (1 − α^(γ+1)) / ((1 − α)(γc + 1)) at the measured c",
