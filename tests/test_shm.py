@@ -28,8 +28,9 @@ pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/s
 WRAPPER = textwrap.dedent('''
     import os, runpy, subprocess, sys, time
     tag, pid = os.environ["SHM_TAG"], os.getpid()
+    root = os.environ.get("WORKBENCH_SHM_ROOT") or "/dev/shm"
     for name in (f"psm_{tag}_{pid}", f"sem.mp-{tag}{pid}", f"{tag}-{pid}-[0-1]-cpushm", f"{tag}-{pid}-[1-0]-cpushm"):
-        with open(f"/dev/shm/{name}", "wb") as fh:
+        with open(f"{root}/{name}", "wb") as fh:
             fh.write(b"x" * 4096)
     if os.environ.get("SHM_LIVE"):  # another process's segment, created while the leg runs and in use
         subprocess.Popen([sys.executable, "-c", "import os, sys, time; h = open(sys.argv[1], 'w'); "
@@ -38,7 +39,7 @@ WRAPPER = textwrap.dedent('''
         while not os.path.exists(os.environ["SHM_LIVE"]):
             time.sleep(0.02)
     if os.environ.get("SHM_HANG"):  # an engine still holding its segment when the run is killed
-        held = open(f"/dev/shm/psm_{tag}_{pid}", "rb")
+        held = open(f"{root}/psm_{tag}_{pid}", "rb")
         open(os.environ["SHM_HANG"], "w").write(str(pid))
         time.sleep(120)
     sys.argv = [os.environ["SHM_FAKE_LEG"]] + sys.argv[1:]
@@ -47,7 +48,8 @@ WRAPPER = textwrap.dedent('''
 
 
 def _tagged(tag: str) -> list[str]:
-    return sorted(n for n in os.listdir("/dev/shm") if tag in n)
+    root = shm.shm_root()
+    return sorted(n for n in os.listdir(root) if tag in n)
 
 
 @pytest.fixture
@@ -63,7 +65,7 @@ def leg(tmp_path, monkeypatch):
         monkeypatch.setenv(k, str(v))
     yield [sys.executable, str(wrapper)], tag
     for n in _tagged(tag):
-        (Path("/dev/shm") / n).unlink(missing_ok=True)
+        (shm.shm_root() / n).unlink(missing_ok=True)
 
 
 def test_each_leg_removes_what_it_left_in_dev_shm_and_keeps_a_live_segment(tmp_path, leg, monkeypatch):
@@ -80,8 +82,13 @@ def test_each_leg_removes_what_it_left_in_dev_shm_and_keeps_a_live_segment(tmp_p
     os.kill(int(ready.read_text()), signal.SIGTERM)
 
 
-def test_resume_after_kill_9_removes_the_killed_legs_leftovers(tmp_path, leg):
+def test_resume_after_kill_9_removes_the_killed_legs_leftovers(tmp_path, leg, monkeypatch):
     runner, tag = leg
+    # a folder of its own in place of /dev/shm: there another test worker's legs may clean the killed
+    # leg's leftovers (garbage to them) before the resume this test checks
+    root = tmp_path / "shm"
+    root.mkdir()
+    monkeypatch.setenv(shm.ROOT_ENV, str(root))
     rdir = _prepare(tmp_path)
     hang = tmp_path / "hang.pid"
     code = ("import functools, sys\nfrom workbench import protocol\n"

@@ -24,11 +24,19 @@ from pathlib import Path
 
 from workbench.runfolder import write_json_atomic
 
-__all__ = ["SHM", "SNAPSHOT", "PATTERNS", "entries", "in_use", "leftovers", "snapshot", "clean_after"]
+__all__ = ["SHM", "SNAPSHOT", "PATTERNS", "shm_root", "entries", "in_use", "leftovers", "snapshot", "clean_after"]
 
 SHM = Path("/dev/shm")
+ROOT_ENV = "WORKBENCH_SHM_ROOT"  # another folder in place of /dev/shm (the suite's kill test: see shm_root)
 SNAPSHOT = "shm-before.json"
 PATTERNS = ("psm_*", "sem.mp-*", "*cpushm*")
+
+
+def shm_root() -> Path:
+    """``/dev/shm``, or the folder ``WORKBENCH_SHM_ROOT`` names (read at each call). The suite's kill test
+    plants its leftovers in a folder of its own: in /dev/shm another leg's cleanup on the same host (a second
+    test worker) may remove them, as garbage, between the kill and the resume the test checks."""
+    return Path(os.environ.get(ROOT_ENV) or SHM)
 
 
 def entries(root: Path = SHM) -> set[str]:
@@ -81,8 +89,9 @@ def leftovers(before: set[str], root: Path = SHM) -> list[str]:
     return [n for n, ino in mine.items() if ino not in used]
 
 
-def snapshot(leg_folder: str | Path, root: Path = SHM) -> None:
+def snapshot(leg_folder: str | Path, root: Path | None = None) -> None:
     """Record what /dev/shm holds before the leg's engine starts (in the leg's folder, for a resume)."""
+    root = root or shm_root()
     write_json_atomic(Path(leg_folder) / SNAPSHOT, {"root": str(root), "names": sorted(entries(root))})
 
 
@@ -93,7 +102,7 @@ def clean_after(leg_folder: str | Path) -> list[str]:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return []
-    root = Path(data.get("root") or SHM)
+    root = Path(data.get("root") or shm_root())
     removed = []
     for n in leftovers(set(data.get("names") or []), root):
         try:
