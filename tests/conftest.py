@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+import leg_zygote
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_PROMPTS = REPO / "data" / "tiny" / "prompts.jsonl"
@@ -38,6 +39,10 @@ SLOW_MODULES = ("test_tensor_parallel.py", "test_serving.py", "test_experiments_
 def pytest_collection_modifyitems(session, config, items):
     rank = {name: i for i, name in enumerate(SLOW_MODULES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_MODULES)))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    leg_zygote.stop()
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -110,10 +115,20 @@ class LegResult:
 
 
 def run_leg_process(out: Path, *args: str, env: dict | None = None, timeout: int = 600) -> LegResult:
-    cmd = [sys.executable, "-m", "workbench.leg", "--out", str(out), *map(str, args)]
+    """``python -m workbench.leg --out OUT ARGS``, forked from this process's leg zygote where it can stand for a
+    fresh process (tests/leg_zygote.py says when)."""
+    leg_zygote.start()
+    cmd = leg_zygote.command("workbench.leg", ["--out", out, *args])
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
     return LegResult(out, proc)
+
+
+def workbench_cli(*args) -> list[str]:
+    """``python -m workbench.cli ARGS``, forked from this process's leg zygote with the legs it starts where they
+    can be (tests/leg_zygote.py): for runs whose process tree no test looks at."""
+    leg_zygote.start()
+    return leg_zygote.command("workbench.cli", list(args))
 
 
 @pytest.fixture

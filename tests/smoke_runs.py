@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+import leg_zygote
 from workbench import protocol
 from workbench.registry import load_registry
 
@@ -65,7 +66,8 @@ def run_smoke(tmp_path_factory, ids: list[str]) -> dict:
         return exp_id, (rdir, statuses, time.monotonic() - t)
 
     workers = int(os.environ.get("WORKBENCH_SMOKE_WORKERS", "2"))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    # the legs fork from this process's leg zygote (tests/leg_zygote.py): no `import vllm` each
+    with leg_zygote.protocol_legs(), ThreadPoolExecutor(max_workers=workers) as pool:
         results = dict(pool.map(run, ids))
     print(f"\nsmoke suite {ids[0]}–{ids[-1]} ({PROFILE}): {time.monotonic() - t0:.0f} s total, {workers} at a time")
     return results

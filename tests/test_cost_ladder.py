@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, workbench_cli
 from workbench import analyses, ladder, planning
 from workbench.cli import main
 from workbench.registry import EXPERIMENTS_FILE, PROFILES_FILE, RegistryError, load_registry
@@ -358,8 +358,7 @@ def test_ladder_leg_status_follows_the_contract(tmp_path):
 @pytest.mark.vllm
 def test_workbench_run_e16_tiny_makes_a_complete_run_folder(tmp_path):
     root = tmp_path / "results"
-    res = subprocess.run([sys.executable, "-m", "workbench.cli", "run", "E16", "--profile", "tiny",
-                          "--results", str(root), "--formats", "html"],
+    res = subprocess.run(workbench_cli("run", "E16", "--profile", "tiny", "--results", str(root), "--formats", "html"),
                          cwd=str(REPO), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (rdir,) = list((root / "E16").iterdir())

@@ -41,6 +41,22 @@ def test_vllm_version_check_names_both_versions():
     assert vllm_patch.check_vllm_version("0.27.1+cpu") == "0.27.1+cpu"
 
 
+def test_a_serving_legs_own_checks_import_no_vllm(tiny_models):
+    """A serving leg's process checks its leg as an offline leg does, but its server imports vLLM, not it: the
+    version from the package metadata, the drafted-token limit from the rejection sampler's source."""
+    code = ("import sys\nfrom workbench.leg import LegConfig, installed_vllm_version, preflight\n"
+            "from workbench.knobs import Knobs\n"
+            f"cfg = LegConfig(target={str(tiny_models['target'])!r}, draft={str(tiny_models['twin-int4'])!r}, "
+            f"knobs=Knobs(gamma=4), prompts={str(TINY_PROMPTS)!r}, out='unused', max_tokens=4, n=2)\n"
+            "prompts, _, lengths = preflight(cfg, import_vllm=False)\n"
+            "assert len(prompts) == len(lengths) == 2 and min(lengths) > 0\n"
+            "assert installed_vllm_version().split('+')[0] == '0.27.1'\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'vllm'))\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip() == "[]", res.stdout
+
+
 def test_plugin_refuses_to_load_in_another_vllm():
     code = (
         "import vllm; vllm.__version__ = '0.26.2'\n"
@@ -149,6 +165,7 @@ def test_gamma_beyond_the_limit_is_refused_before_an_engine_starts(run_leg, tiny
     assert "Loading safetensors" not in res.stderr
     from workbench.leg import gamma_problem, spec_len_limit
     assert spec_len_limit() == 128  # vLLM 0.27.1's rejection sampler
+    assert spec_len_limit(import_vllm=False) == 128  # read from its source (a serving leg's process)
     assert "vLLM's limit of 128" in gamma_problem(200, 4096, spec_len_limit())
     assert "does not fit max_model_len=16" in gamma_problem(20, 16, 128)
     assert gamma_problem(6, 4096, 128) is None

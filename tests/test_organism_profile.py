@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, workbench_cli
 from workbench import registry as R
 from workbench import tiny
 from workbench.organism import corpus as C
@@ -224,8 +223,7 @@ def test_e14_under_the_organism_resolves_each_variants_models(tmp_path, monkeypa
 
 
 def _run(*args, timeout=900):
-    return subprocess.run([sys.executable, "-m", "workbench.cli", "run", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(workbench_cli("run", *args), cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
 def test_a_leg_needing_an_unbound_role_is_refused_before_anything_is_built(tmp_path, monkeypatch):

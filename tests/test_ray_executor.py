@@ -80,6 +80,20 @@ def test_placement_names_the_device_gpu_or_cpu(monkeypatch):
     assert placement_key(None) is None and placement_key({"note": "old"}) is None
 
 
+def test_a_leg_under_a_logical_gpu_on_a_cpu_host_runs_as_a_cpu_leg(monkeypatch, tmp_path):
+    """The logical GPU a Ray task holds on a CPU host (CUDA_VISIBLE_DEVICES) is no CUDA device: the leg runs its
+    engine in its own process with one OpenMP thread, as every CPU leg does."""
+    import glob
+
+    from workbench.leg import LegConfig, _cuda_present, _in_process
+
+    if glob.glob("/dev/nvidia[0-9]*"):
+        pytest.skip("a CUDA host")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert not _cuda_present()
+    assert _in_process(LegConfig(target="t", prompts="p", out=str(tmp_path), max_tokens=1))
+
+
 def _records(where: dict[str, str | None]) -> pd.DataFrame:
     rows = []
     for i, (leg, tier) in enumerate([("vanilla_1", "vanilla"), ("strict_g6", "strict"), ("vanilla_2", "vanilla")]):

@@ -95,62 +95,66 @@ def _post_stream(url: str, body: dict, timeout: float = 120) -> tuple[int, list[
         return r.status, [ln[len("data: "):] for ln in lines if ln.startswith("data: ")]
 
 
-def test_vllm_serve_drafts_with_the_twin(tiny_models, tmp_path):
+def test_vllm_serve_drafts_with_the_twin_and_its_relaxed_tier_refuses_sampled_requests(tiny_models, tmp_path):
+    """One `vllm serve` with the plugin, the twin drafting under the relaxed gate: an OpenAI chat request with an
+    image is drafted by the twin (its M-RoPE, the target's image embeddings); and (#10) the relaxed tier's
+    refusal of a sampled request reaches the client as 400 with its message, not an empty 500, streamed or not."""
     report = tmp_path / "report"
     spec = {"method": "draft_model", "model": str(tiny_models["twin-dequant"]), "num_speculative_tokens": 3}
     mm = ("--limit-mm-per-prompt", json.dumps({"image": 2, "video": 0}))
-    env = {"VLLM_SPEC_REPORT_DIR": str(report), "VLLM_SPEC_TRACE": "1"}
+    env = {"VLLM_SPEC_REPORT_DIR": str(report), "VLLM_SPEC_TRACE": "1", "VLLM_SPEC_RELAX_LOGTAU": "0.693"}
     with _server(tmp_path, tiny_models["target"], spec, *mm, env=env) as url:
-        first = json.loads(TINY_PROMPTS.read_text().splitlines()[0])
-        image = base64.b64encode((TINY_PROMPTS.parent / first["images"][0]).read_bytes()).decode()
-        body = {
-            "model": str(tiny_models["target"]),
-            "messages": [{"role": "user", "content": [
-                {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}"}},
-                {"type": "text", "text": first["text"]},
-            ]}],
-            "temperature": 0, "max_tokens": 24, "ignore_eos": True,
-        }
-        status, reply = _post(f"{url}/v1/chat/completions", body)
-        assert status == 200, reply
-        assert reply["usage"]["completion_tokens"] == 24
-        metrics = _get(f"{url}/metrics")
-        drafts = [float(line.split()[-1]) for line in metrics.splitlines()
-                  if line.startswith("vllm:spec_decode_num_drafts")]
-        assert drafts and drafts[0] > 0
-        reports = [json.loads(p.read_text()) for p in Path(report).glob("engine-*.json")]
-        drafter = [r for r in reports if r.get("drafter") == "draft_model"]
-        assert drafter and drafter[0]["draft_uses_mrope"] is True
-        assert drafter[0]["draft_vision"] == "shared"  # the twin reads the target's image embeddings
+        _drafts_with_the_twin(url, tiny_models, report)
+        _refuses_sampled_requests(url, tiny_models)
 
 
-def test_relaxed_tier_server_refuses_a_sampled_request_with_400(tiny_models, tmp_path):
-    """#10: the relaxed tier's refusal reaches the client as 400 with its message, not an empty 500,
-    streamed or not."""
-    spec = {"method": "draft_model", "model": str(tiny_models["twin-dequant"]), "num_speculative_tokens": 3}
-    with _server(tmp_path, tiny_models["target"], spec, env={"VLLM_SPEC_RELAX_LOGTAU": "0.693"}) as url:
-        body = {"model": str(tiny_models["target"]), "messages": [{"role": "user", "content": "hello"}],
-                "max_tokens": 4}
-        status, reply = _post(f"{url}/v1/chat/completions", body)  # no temperature: the OpenAI default, 1
-        assert status == 400, reply
-        error = reply["error"]
-        assert error["type"] == "BadRequestError" and error["code"] == 400
-        assert "VLLM_SPEC_RELAX_LOGTAU" in error["message"] and "temperature" in error["message"]
-        assert "greedy requests only" in error["message"]
-        # streamed: refused before the stream starts, not as an error event after HTTP 200
-        for path, req in (("chat/completions", {**body, "stream": True}),
-                          ("completions", {"model": body["model"], "prompt": "hello", "max_tokens": 4,
-                                           "temperature": 0.7, "stream": True})):
-            status, reply = _post(f"{url}/v1/{path}", req)
-            assert status == 400, (path, reply)
-            assert reply["error"]["code"] == 400 and "greedy requests only" in reply["error"]["message"], reply
-        status, reply = _post(f"{url}/v1/chat/completions", {**body, "temperature": 0})
-        assert status == 200, reply
-        assert reply["usage"]["completion_tokens"] >= 1
-        # a greedy streamed request still streams
-        status, events = _post_stream(f"{url}/v1/chat/completions", {**body, "temperature": 0, "stream": True})
-        assert status == 200 and events[-1] == "[DONE]", events
-        assert not [e for e in events if '"error"' in e], events
+def _drafts_with_the_twin(url: str, tiny_models, report: Path) -> None:
+    first = json.loads(TINY_PROMPTS.read_text().splitlines()[0])
+    image = base64.b64encode((TINY_PROMPTS.parent / first["images"][0]).read_bytes()).decode()
+    body = {
+        "model": str(tiny_models["target"]),
+        "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}"}},
+            {"type": "text", "text": first["text"]},
+        ]}],
+        "temperature": 0, "max_tokens": 24, "ignore_eos": True,
+    }
+    status, reply = _post(f"{url}/v1/chat/completions", body)
+    assert status == 200, reply
+    assert reply["usage"]["completion_tokens"] == 24
+    metrics = _get(f"{url}/metrics")
+    drafts = [float(line.split()[-1]) for line in metrics.splitlines()
+              if line.startswith("vllm:spec_decode_num_drafts")]
+    assert drafts and drafts[0] > 0
+    reports = [json.loads(p.read_text()) for p in Path(report).glob("engine-*.json")]
+    drafter = [r for r in reports if r.get("drafter") == "draft_model"]
+    assert drafter and drafter[0]["draft_uses_mrope"] is True
+    assert drafter[0]["draft_vision"] == "shared"  # the twin reads the target's image embeddings
+
+
+def _refuses_sampled_requests(url: str, tiny_models) -> None:
+    body = {"model": str(tiny_models["target"]), "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 4}
+    status, reply = _post(f"{url}/v1/chat/completions", body)  # no temperature: the OpenAI default, 1
+    assert status == 400, reply
+    error = reply["error"]
+    assert error["type"] == "BadRequestError" and error["code"] == 400
+    assert "VLLM_SPEC_RELAX_LOGTAU" in error["message"] and "temperature" in error["message"]
+    assert "greedy requests only" in error["message"]
+    # streamed: refused before the stream starts, not as an error event after HTTP 200
+    for path, req in (("chat/completions", {**body, "stream": True}),
+                      ("completions", {"model": body["model"], "prompt": "hello", "max_tokens": 4,
+                                       "temperature": 0.7, "stream": True})):
+        status, reply = _post(f"{url}/v1/{path}", req)
+        assert status == 400, (path, reply)
+        assert reply["error"]["code"] == 400 and "greedy requests only" in reply["error"]["message"], reply
+    status, reply = _post(f"{url}/v1/chat/completions", {**body, "temperature": 0})
+    assert status == 200, reply
+    assert reply["usage"]["completion_tokens"] >= 1
+    # a greedy streamed request still streams
+    status, events = _post_stream(f"{url}/v1/chat/completions", {**body, "temperature": 0, "stream": True})
+    assert status == 200 and events[-1] == "[DONE]", events
+    assert not [e for e in events if '"error"' in e], events
 
 
 def doc_block(page: Path, first: str) -> str:

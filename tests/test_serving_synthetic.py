@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, workbench_cli
 
 pytestmark = pytest.mark.vllm
 
@@ -18,8 +17,8 @@ pytestmark = pytest.mark.vllm
 @pytest.fixture(scope="module")
 def e18(tmp_path_factory, tiny_models):
     root = tmp_path_factory.mktemp("e18")
-    cmd = [sys.executable, "-m", "workbench.cli", "run", "E18", "--profile", "tiny", "--smoke",
-           "-p", "legs=twin_a0.9", "--results", str(root), "--formats", "html", "--no-notebook"]
+    cmd = workbench_cli("run", "E18", "--profile", "tiny", "--smoke", "-p", "legs=twin_a0.9", "--results", str(root),
+                        "--formats", "html", "--no-notebook")
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return next(root.glob("E18/*/"))

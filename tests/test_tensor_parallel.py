@@ -15,12 +15,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY_PROMPTS, run_leg_process
+from conftest import REPO, TINY_PROMPTS, run_leg_process, workbench_cli
 from tp_legs import FP32, gen, needs_two_cores, tp2_report, tp_legs, trace_equals_counters  # noqa: F401 (fixture)
 from workbench.parallel import head_counts, tp_problems
 
@@ -42,11 +41,11 @@ def e1_runs(tmp_path_factory, tiny_models):
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     for tp in (2, 1):
         root = tmp_path_factory.mktemp(f"e1_tp{tp}")
-        res = subprocess.run([sys.executable, "-m", "workbench.cli", "run", "E1", "--profile", "tiny",
-                              "-p", f"tensor_parallel_size={tp}", "-p", "dtype=float32",
-                              *[a for p in E1_WORKLOAD for a in ("-p", p)],
-                              "--model-path", f"twin={tiny_models['twin-dequant']}", "--no-notebook",
-                              "--results", str(root)], cwd=REPO, capture_output=True, text=True, timeout=1200)
+        res = subprocess.run(workbench_cli("run", "E1", "--profile", "tiny", "-p", f"tensor_parallel_size={tp}",
+                                           "-p", "dtype=float32", *[a for p in E1_WORKLOAD for a in ("-p", p)],
+                                           "--model-path", f"twin={tiny_models['twin-dequant']}", "--no-notebook",
+                                           "--results", str(root)),
+                             cwd=REPO, capture_output=True, text=True, timeout=1200)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         (rdir,) = list((root / "E1").iterdir())
         runs[tp] = load_run(rdir)
@@ -211,8 +210,8 @@ def test_a_leg_refuses_a_size_its_models_cannot_take(tmp_path, tiny_models):
 ])
 def test_a_run_refuses_a_bad_size_before_its_folder_exists(tmp_path, tp, message):
     root = tmp_path / "results"
-    res = subprocess.run([sys.executable, "-m", "workbench.cli", "run", "E1", "--profile", "tiny", "-p",
-                          f"tensor_parallel_size={tp}", "--results", str(root)],
+    res = subprocess.run(workbench_cli("run", "E1", "--profile", "tiny", "-p", f"tensor_parallel_size={tp}",
+                                       "--results", str(root)),
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert res.returncode == 2, res.stderr[-2000:]
     assert message in res.stderr and "Traceback" not in res.stderr

