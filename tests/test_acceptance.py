@@ -277,6 +277,8 @@ def test_schedule_turns_speculation_off_at_the_batch_sizes_it_names(tmp_path, ti
     assert all(r["spec"]["drafts"] > 0 for r in alone.records)
     assert batched.summary["engine_args"]["speculative_config"]["num_speculative_tokens_per_batch_size"] == [
         [1, 1, 4], [2, 64, 0]]
+    # the engine reports the schedule as on (on CUDA, vLLM's V1 runner then runs the target on PIECEWISE graphs)
+    assert batched.summary["engine_report"]["gamma_schedule_dynamic"] is True
     # vLLM's γ 0 still runs the draft's pass over the batch every step; draft_idle=skip runs none at a
     # decode-only step, and the output is the same tokens
     skip = run_leg_process(tmp_path / "b4s", *common, "--leg", "b4s", "--max-num-seqs", "4",

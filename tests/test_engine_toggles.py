@@ -137,6 +137,10 @@ def test_draft_cudagraph_switch_is_accepted_and_recorded_as_no_effect_on_cpu(leg
         assert leg.summary["knobs"]["draft_cudagraph_applies"] is False
         assert leg.summary["engine_report"]["draft_cudagraph_keys"] == 0
     assert strict.summary["engine_report"]["draft_cudagraph_requested"] is True
+    # the target's graphs as the engine runs them (none on a CPU) and no batch-size gamma schedule
+    for leg in (off, strict):
+        assert leg.summary["engine_report"]["target_cudagraph_mode"] == "NONE"
+        assert leg.summary["engine_report"]["gamma_schedule_dynamic"] is False
     assert [r["gen_ids"] for r in off.records] == [r["gen_ids"] for r in strict.records]
 
 

@@ -265,3 +265,25 @@ def test_the_explorer_shows_a_serving_run_with_the_serving_views(run):
         assert ex.boxes[name].layout.display == (None if shown else "none"), name
         assert (name in ex._drawn) == shown, name
     assert ex._divergence_box.layout.display == "none"
+
+
+def test_the_target_graph_mode_comes_from_the_engine_report_else_from_the_servers_config_line(run):
+    """A spec leg under vLLM's batch-size γ schedule runs its target on PIECEWISE graphs (vLLM 0.27.1's V1
+    runner), vanilla on FULL_AND_PIECEWISE: the table says which, so a TPOT ratio is read with it."""
+    def summary(leg):
+        return json.loads((run / "legs" / leg / "summary.json").read_text())
+
+    s = summary("strict_c1")
+    s["engine_report"] = {"target_cudagraph_mode": "PIECEWISE", "gamma_schedule_dynamic": True}
+    (run / "legs" / "strict_c1" / "summary.json").write_text(json.dumps(s))
+    # a leg run before the report had the field: vLLM's own config line in server.log
+    (run / "legs" / "vanilla_c1" / "server.log").write_text(
+        "INFO [core.py:121] Initializing a V1 LLM engine (v0.27.1) with config: model='t', compilation_config="
+        "{'level': None, 'cudagraph_mode': <CUDAGraphMode.FULL_AND_PIECEWISE: (2, 1)>, 'splitting_ops': []}\n")
+    # the report wins over the log
+    (run / "legs" / "strict_c1" / "server.log").write_text("'cudagraph_mode': <CUDAGraphMode.FULL: 2>\n")
+    table, _, _ = serving.load(run)
+    graphs = table.set_index("leg")["target_graphs"]
+    assert graphs["strict_c1"] == "PIECEWISE"
+    assert graphs["vanilla_c1"] == "FULL_AND_PIECEWISE"
+    assert graphs["relaxed_c1"] is None or pd.isna(graphs["relaxed_c1"])  # neither recorded

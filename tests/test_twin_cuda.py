@@ -87,6 +87,8 @@ def test_launch_plan_covers_k_in_whole_groups_and_rings():
             assert plan.splits == -(-c // plan.cps) and plan.splits * plan.cps >= c
             assert plan.nt == (1 if m <= 8 else 2) and plan.grid[2] == -(-m // (8 * plan.nt))
             assert plan.grid[0] * 4 * plan.r * 16 >= n
+            # the default's waves: 3 at one token tile (M <= 8), 2 above (the sweep's measurement)
+            assert plan == twin_cuda.plan(n, k, m, group, sms=132, r=plan.r, waves=3.0 if m <= 8 else 2.0)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None,

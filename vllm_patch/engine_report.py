@@ -89,6 +89,18 @@ def _weight_bytes(model) -> int | None:
     return int(sum(t.numel() * t.element_size() for t in tensors))
 
 
+def _target_graphs(runner) -> dict[str, Any]:
+    """The target's CUDA-graph mode as the engine runs it, and whether vLLM's batch-size gamma schedule is on:
+    vLLM 0.27.1's V1 runner turns FULL target graphs into PIECEWISE ones under that schedule, which costs
+    the target's step where it would otherwise replay one FULL graph."""
+    config = getattr(runner, "compilation_config", None)
+    mode = getattr(config, "cudagraph_mode", None)
+    spec = getattr(getattr(runner, "vllm_config", None), "speculative_config", None)
+    dynamic = getattr(spec, "uses_dynamic_speculative_decoding", None)
+    return {"target_cudagraph_mode": getattr(mode, "name", None if mode is None else str(mode)),
+            "gamma_schedule_dynamic": bool(dynamic()) if callable(dynamic) else False}
+
+
 def build_facts(runner) -> dict[str, Any]:
     from vllm.platforms import current_platform
 
@@ -104,6 +116,7 @@ def build_facts(runner) -> dict[str, Any]:
             "target": _linear_kernels(getattr(runner, "model", None)),
             "draft": _linear_kernels(draft_model),
         },
+        **_target_graphs(runner),
     }
     if current_platform.is_cpu():
         kernels = facts["linear_kernels"]["target"] | facts["linear_kernels"]["draft"]

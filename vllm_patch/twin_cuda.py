@@ -62,12 +62,17 @@ def ring_depth(r: int) -> int:
     return 8 if r == 1 else 4
 
 
-def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = None, waves: float = 2.0) -> Plan:
-    """About ``waves * sms`` CTAs of 4 warps (launch bounds guarantee 2 resident per SM): one wave, no tail
-    of CTAs that stream alone. ``r`` None: 2 row tiles a warp where the row blocks fit that, else 4 (the
-    32B gate_up: 400 CTAs of 2 would leave a tail). Split-K fills the wave where N is small; splits start
-    on a group and a ring."""
+def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = None,
+         waves: float | None = None) -> Plan:
+    """About ``waves * sms`` CTAs of 4 warps (launch bounds guarantee 2 resident per SM). ``waves`` None: 3 at
+    M <= 8, 2 above (measured: the configuration sweep of ``benchmarks/int4_gemm.py --cuda-sweep`` on an H100,
+    zero-point twin, 32B layer set: 3 waves take M = 1 from 147.7 to 133.6 µs and M = 4 from 155.0 to
+    138.8, every GEMM faster; at M = 16 two waves stay ahead, 209.4 against 222.3). ``r`` None: 2 row tiles a
+    warp where the row blocks fit that, else 4 (the 32B gate_up: 400 CTAs of 2 would leave a tail). Split-K
+    fills the wave where N is small; splits start on a group and a ring."""
     nt = 1 if m <= 8 else 2
+    if waves is None:
+        waves = 3.0 if nt == 1 else 2.0
     c = k // layout.CHUNK
     t = -(-n // layout.TILE)
     token_blocks = -(-m // (8 * nt))

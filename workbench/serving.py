@@ -25,6 +25,7 @@ A record that lacks a field raises a ValueError naming the file and line.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ LEG_COLUMNS = (["leg", "leg_index", "mode", "tier", "acceptance", "gamma", "conc
                + [f"{m}_ms_{s}" for m in LATENCIES for s in STATS]
                + ["output_throughput", "request_throughput", "duration_s",
                   "acceptance_rate", "acceptance_length", "trace_acceptance_rate", "trace_acceptance_length",
-                  "placement"])
+                  "placement", "target_graphs"])
 PAIR_METRICS = ("tpot_speedup", "throughput_ratio", "ttft_ratio")
 SPEEDUP_COLUMNS = (["leg", "leg_index", "tier", "acceptance", "gamma", "concurrency"]
                    + [f"{m}{s}" for m in PAIR_METRICS for s in ("", "_q25", "_q75", "_iqr")]
@@ -73,6 +74,28 @@ def _placement(folder: Path) -> str | None:
         return placement_key(read_json(folder / PLACEMENT))
     except (OSError, ValueError):
         return None
+
+
+# vLLM's engine-config line in a server's log names the CUDA-graph mode the target runs under
+_GRAPH_MODE = re.compile(r"'cudagraph_mode': <CUDAGraphMode\.(\w+)")
+
+
+def _target_graphs(leg: "ServingLeg") -> str | None:
+    """The target's CUDA-graph mode on the leg's server: from the engine report (``target_cudagraph_mode``), or
+    from vLLM's config line in ``server.log`` for legs run before the report had it. vLLM's batch-size γ schedule
+    turns FULL_AND_PIECEWISE into PIECEWISE on its V1 runner, so a leg's TPOT beside vanilla's carries that."""
+    report = leg.summary.get("engine_report")
+    if isinstance(report, dict) and report.get("target_cudagraph_mode"):
+        return str(report["target_cudagraph_mode"])
+    try:
+        with open(leg.path / "server.log", errors="replace") as log:
+            for line in log:
+                found = _GRAPH_MODE.search(line)
+                if found:
+                    return found.group(1)
+    except OSError:
+        pass
+    return None
 
 
 def _summary(folder: Path) -> dict[str, Any] | None:
@@ -177,7 +200,8 @@ def leg_table(legs: list[ServingLeg]) -> pd.DataFrame:
     for leg in legs:
         ok = [r for r in leg.records if _ok(r)]
         row = _identity(leg)
-        row.update(n=len(leg.records), completed=len(ok), placement=_placement(leg.path))
+        row.update(n=len(leg.records), completed=len(ok), placement=_placement(leg.path),
+                   target_graphs=_target_graphs(leg))
         values = {"ttft": [_num(r["ttft_s"]) for r in ok],
                   "tpot": [_num(r["tpot_s"]) for r in ok if r["tpot_s"] is not None],
                   "itl": [float(x) for r in ok for x in (r["itl_s"] or [])],
