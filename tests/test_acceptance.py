@@ -313,6 +313,14 @@ def test_serving_prediction_uses_the_cost_ladders_c_at_the_cells_batch_and_gamma
     if cell16 is not None:
         assert off["S_predicted"] == pytest.approx(1 / (1 + cell16[0])) and off["S_predicted"] < 1
     assert predicted_speedup(tmp_path, dict(summary, tier="strict"), 1) == {}
+    # an `auto` leg's cell reads the c its schedule priced it at (the same cost table), not the newest one
+    table = [{"batch": 1, "gamma": 2, "c": 0.7736, "source": "results/E16/X"},
+             {"batch": 1, "gamma": 4, "c": 0.7644, "source": "results/E16/X"}]
+    auto = dict(summary, speculative=dict(summary["speculative"], gamma_schedule=[[1, 2, 2], [3, 32, 0]],
+                                          gamma_schedule_table=table, draft_idle="skip"))
+    p = predicted_speedup(tmp_path, auto, 1)
+    assert p["c"] == 0.7736 and p["c_source"] == "results/E16/X (the schedule's table)"
+    assert p["S_predicted"] == pytest.approx((1 + 0.9 + 0.81) / (1 + 2 * 0.7736))
 
 
 def test_a_run_that_cannot_fit_is_refused_before_any_leg(monkeypatch):

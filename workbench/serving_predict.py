@@ -3,7 +3,8 @@
 For a synthetic-acceptance leg (``acceptance`` not ``real``) the acceptance profile is known: the
 unconditional per-position rates vLLM drew against (``summary.speculative``), so a step yields
 E[tokens] = 1 + Σ rates[:γ]. The cost side is the cost ladder's c = (propose / γ) / verify step at that
-batch size and γ (E16, the newest run folder with that cell for the target's size), and
+batch size and γ (E16: the table the leg's ``auto`` schedule priced that cell from, else the newest run folder
+with that cell for the target's size), and
 S(α, γ, c) = E[tokens] / (1 + γ c), the README's bound. Under a batch-size schedule γ is the schedule's
 at the cell's concurrency. At γ 0 (speculation off) S = 1 with knob ``draft_idle=skip``; with vLLM's
 ``sync`` the draft's pass over the batch still runs, S = 1 / (1 + c).
@@ -50,6 +51,15 @@ def _cost_cell(size: str, batch: int, gamma: int, kernel: str = "auto", root: Pa
     return None
 
 
+def _schedule_cell(info: dict, batch: int, gamma: int) -> tuple[float, str] | None:
+    """The c the leg's ``auto`` schedule priced (batch, γ) at (``gamma_schedule_table``), so that a serving
+    cell's prediction reads the cost table its schedule was chosen from, not another one."""
+    for row in info.get("gamma_schedule_table") or []:
+        if row.get("batch") == batch and row.get("gamma") == gamma and row.get("c") is not None:
+            return float(row["c"]), f"{row.get('source')} (the schedule's table)"
+    return None
+
+
 def predicted_speedup(leg_dir: Path, summary: dict[str, Any], concurrency: int) -> dict[str, Any]:
     """``{"S_predicted", "c", "c_source", "expected_tokens"}`` of one synthetic serving cell (NaN-free: empty
     when the leg is not synthetic or no cost cell exists)."""
@@ -74,7 +84,7 @@ def predicted_speedup(leg_dir: Path, summary: dict[str, Any], concurrency: int) 
         return {"S_predicted": 1.0 / (1.0 + cell[0]), "c": cell[0],
                 "c_source": f"speculation off at this batch size, the draft's pass still runs; {cell[1]}",
                 "expected_tokens": 1.0}
-    cell = _cost_cell(size, concurrency, gamma, kernel)
+    cell = _schedule_cell(info, concurrency, gamma) or _cost_cell(size, concurrency, gamma, kernel)
     if cell is None:
         return {}
     c, source = cell
