@@ -287,6 +287,14 @@ def test_schedule_turns_speculation_off_at_the_batch_sizes_it_names(tmp_path, ti
     assert skip.summary["engine_report"]["draft_idle_skips"] >= 1
     assert skip.records[0]["knobs"]["draft_idle"] == "skip"
     assert [r["gen_ids"] for r in skip.records] == [r["gen_ids"] for r in batched.records]
+    # target_graphs=full: the engine starts with it and decodes the same tokens; a CPU has no graphs to keep
+    full = run_leg_process(tmp_path / "b4f", *common, "--leg", "b4f", "--max-num-seqs", "4",
+                           "--target-graphs", "full").ok()
+    assert full.records[0]["knobs"]["target_graphs"] == "full"
+    assert full.summary["engine_report"]["knobs"]["target_graphs"] == "full"
+    assert full.summary["engine_report"]["target_single_token_graphs"] == 0
+    assert full.summary["engine_report"]["target_cudagraph_mode"] == "NONE"
+    assert [r["gen_ids"] for r in full.records] == [r["gen_ids"] for r in batched.records]
 
 
 def test_serving_prediction_uses_the_cost_ladders_c_at_the_cells_batch_and_gamma(tmp_path):

@@ -98,7 +98,9 @@ def _target_graphs(runner) -> dict[str, Any]:
     spec = getattr(getattr(runner, "vllm_config", None), "speculative_config", None)
     dynamic = getattr(spec, "uses_dynamic_speculative_decoding", None)
     return {"target_cudagraph_mode": getattr(mode, "name", None if mode is None else str(mode)),
-            "gamma_schedule_dynamic": bool(dynamic()) if callable(dynamic) else False}
+            "gamma_schedule_dynamic": bool(dynamic()) if callable(dynamic) else False,
+            # knob target_graphs=full: the FULL graph keys of one-token steps added beside vLLM's (target_graphs)
+            "target_single_token_graphs": int(getattr(runner, "_twin_single_token_graphs", 0))}
 
 
 def build_facts(runner) -> dict[str, Any]:

@@ -41,6 +41,7 @@ ENV_LM_HEAD = "VLLM_SPEC_DRAFT_LM_HEAD"
 ENV_EARLY_OUTPUT = "VLLM_SPEC_EARLY_OUTPUT"
 ENV_DRAFT_IDLE = "VLLM_SPEC_DRAFT_IDLE"
 ENV_VISION_SHARE = "VLLM_SPEC_DRAFT_VISION_SHARE"
+ENV_TARGET_GRAPHS = "VLLM_SPEC_TARGET_GRAPHS"
 ENV_REPORT_DIR = "VLLM_SPEC_REPORT_DIR"
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -143,6 +144,7 @@ def _any(_: Any) -> bool:
 DRAFT_CUDAGRAPH_MODES = ("auto", "none", "piecewise", "full", "full_all")
 DRAFT_LINEAR_KERNELS = ("auto", "machete", "marlin", "humming", "exllama", "own", "own-cuda")
 OWN_KERNEL_MODULES = {"own": "twin_gemv", "own-cuda": "twin_cuda"}
+TARGET_GRAPHS = ("vllm", "full")  # under vLLM's γ schedule: its PIECEWISE target, or FULL graphs per length
 DRAFT_IDLE = ("sync", "skip")  # a step with γ 0: the draft's pass keeps its KV cache (vLLM), or none runs
 DRAFT_LM_HEADS = ("model", "int4")  # model: as the checkpoint has it; int4: vllm_patch.draft_head
 
@@ -219,6 +221,12 @@ SWITCHES: dict[str, Knob] = {k.name: k for k in [
          "the draft reads the target's image embeddings where its vision tower's weights equal the target's "
          "(checked at load; a W4A16 twin keeps the target's tower), instead of running its own tower",
          env=ENV_VISION_SHARE, flag="--draft-vision-share", spec_only=True, column="leg"),
+    # issue 36: under a γ schedule vLLM's V1 runner runs the target on PIECEWISE graphs only
+    Knob("target_graphs", str, "vllm", lambda v: v in TARGET_GRAPHS, "one of " + ", ".join(TARGET_GRAPHS),
+         "the target's CUDA graphs under the batch-size γ schedule: vllm (vLLM's rule: PIECEWISE only) or full "
+         "(FULL decode graphs kept, for steps of γ_max and for steps of one token per request, vllm_patch."
+         "target_graphs; other lengths piecewise). No effect without a schedule or on CPU; not yet measured",
+         env=ENV_TARGET_GRAPHS, flag="--target-graphs", spec_only=True, applies_on_cpu=False, column="leg"),
 ]}
 
 # --- test-only hook ---------------------------------------------------------------------------

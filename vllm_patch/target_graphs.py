@@ -1,0 +1,143 @@
+"""Knob ``target_graphs``: the target's FULL decode CUDA graphs under vLLM's batch-size γ schedule.
+
+vLLM 0.27.1's V1 model runner captures the target's FULL uniform-decode graphs for one verification
+length, ``1 + num_speculative_tokens``. With ``num_speculative_tokens_per_batch_size`` set, a step may
+verify fewer tokens per request, so ``VllmConfig._maybe_override_dynamic_sd_cudagraph_mode`` turns
+FULL_AND_PIECEWISE into PIECEWISE for the whole engine ("for reliability"): every target step then runs
+piecewise graphs, attention outside them. Measured behind a server (E18, 8B shape, one H100): a step
+where the schedule said γ 0 took 13.9 ms against vanilla's 7.0 ms on FULL graphs.
+
+``vllm`` (the default) keeps vLLM's rule. ``full`` keeps FULL_AND_PIECEWISE and gives the runner a second
+family of FULL uniform-decode graphs, for steps that verify one token per request (every request at γ 0:
+a vanilla step), beside vLLM's own family at ``1 + γ_max``:
+
+* the override is skipped (``VllmConfig``);
+* after vLLM built its graph keys, the dispatcher gets the keys of the one-token family, made by vLLM's own
+  ``_create_padded_batch_descriptor`` with the query length set to 1 (vLLM rounds the capture sizes to
+  multiples of ``1 + γ_max``; a one-token batch pads to the next such size, as its requests allow);
+* a capture (``_warmup_and_capture``) of a descriptor of that family, and the batch planning
+  (``_determine_batch_execution_and_padding``) of a step whose requests each run one token, run with the
+  runner's and the dispatcher's ``uniform_decode_query_len`` at 1, so vLLM's own code builds, pads and
+  dispatches that step as a vanilla engine's;
+* a step of any other length (a γ between 0 and γ_max) is not uniform to either family and runs the
+  PIECEWISE graphs, as every step does under vLLM's rule.
+
+Both families are keyed by (tokens, requests): a one-token batch and a γ_max batch never share a key.
+On a CPU there are no CUDA graphs and the knob has no effect. Not yet measured on a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from itertools import product
+from typing import Any, Iterator
+
+from .knobs import TARGET_GRAPHS  # noqa: F401  (the knob's values)
+
+
+def _dynamic(config: Any) -> bool:
+    spec = getattr(config, "speculative_config", None)
+    dynamic = getattr(spec, "uses_dynamic_speculative_decoding", None)
+    return bool(dynamic()) if callable(dynamic) else False
+
+
+@contextlib.contextmanager
+def query_len(runner: Any, q: int) -> Iterator[None]:
+    """The runner's and its dispatcher's ``uniform_decode_query_len`` at ``q`` for the block."""
+    holders = [runner, getattr(runner, "cudagraph_dispatcher", None)]
+    holders = [h for h in holders if h is not None and hasattr(h, "uniform_decode_query_len")]
+    saved = [h.uniform_decode_query_len for h in holders]
+    for h in holders:
+        h.uniform_decode_query_len = q
+    try:
+        yield
+    finally:
+        for h, v in zip(holders, saved):
+            h.uniform_decode_query_len = v
+
+
+def single_token_keys(dispatcher: Any, max_num_seqs: int) -> list:
+    """The FULL uniform-decode keys of one-token batches (vLLM's descriptor at query length 1), for every
+    capture size a batch of at most ``max_num_seqs`` requests reaches; none where the dispatcher has no
+    separate FULL decode routine or its query length is already 1."""
+    from vllm.config import CUDAGraphMode
+
+    mode = dispatcher.cudagraph_mode
+    if (dispatcher.uniform_decode_query_len <= 1 or mode.decode_mode() != CUDAGraphMode.FULL
+            or not mode.separate_routine()):
+        return []
+    sizes = [s for s in dispatcher.compilation_config.cudagraph_capture_sizes or [] if s <= max_num_seqs]
+    keys = []
+    with query_len(dispatcher, 1):
+        for size, loras in product(sizes, dispatcher._get_lora_cases()):
+            keys.append(dispatcher._create_padded_batch_descriptor(size, True, loras > 0, loras))
+    return keys
+
+
+def is_single_token_key(desc: Any) -> bool:
+    """A uniform-decode descriptor of one token per request (the family this module adds)."""
+    return bool(getattr(desc, "uniform", False)) and desc.num_reqs is not None and desc.num_tokens == desc.num_reqs
+
+
+def install(knobs: Any) -> None:
+    """Wrap vLLM's config override and the V1 runner's graph set-up, capture and batch planning (``full``)."""
+    if getattr(knobs, "target_graphs", "vllm") != "full":
+        return
+    from vllm.config import CUDAGraphMode, VllmConfig
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if getattr(VllmConfig, "_twin_target_graphs", False):
+        return
+    VllmConfig._twin_target_graphs = True
+    override = VllmConfig._maybe_override_dynamic_sd_cudagraph_mode
+
+    @functools.wraps(override)
+    def keep_full(self):
+        if _dynamic(self):
+            return None  # FULL graphs stay; the runner captures a family per verification length below
+        return override(self)
+
+    VllmConfig._maybe_override_dynamic_sd_cudagraph_mode = keep_full
+
+    setup = GPUModelRunner._check_and_update_cudagraph_mode
+
+    @functools.wraps(setup)
+    def with_single_token_keys(self, *args, **kwargs):
+        out = setup(self, *args, **kwargs)
+        if _dynamic(self.vllm_config):
+            keys = single_token_keys(self.cudagraph_dispatcher, self.scheduler_config.max_num_seqs)
+            for key in keys:
+                self.cudagraph_dispatcher.add_cudagraph_key(CUDAGraphMode.FULL, key)
+            self._twin_single_token_graphs = len(keys)
+        return out
+
+    GPUModelRunner._check_and_update_cudagraph_mode = with_single_token_keys
+
+    capture = GPUModelRunner._warmup_and_capture
+
+    @functools.wraps(capture)
+    def capture_at_its_length(self, desc, *args, **kwargs):
+        if getattr(self, "_twin_single_token_graphs", 0) and self.uniform_decode_query_len > 1 \
+                and is_single_token_key(desc):
+            with query_len(self, 1):
+                return capture(self, desc, *args, **kwargs)
+        return capture(self, desc, *args, **kwargs)
+
+    GPUModelRunner._warmup_and_capture = capture_at_its_length
+
+    planning = GPUModelRunner._determine_batch_execution_and_padding
+
+    @functools.wraps(planning)
+    def plan_at_its_length(self, num_tokens, num_reqs, num_scheduled_tokens_np, max_num_scheduled_tokens,
+                           *args, **kwargs):
+        if (getattr(self, "_twin_single_token_graphs", 0) and self.uniform_decode_query_len > 1
+                and kwargs.get("force_uniform_decode") is None and max_num_scheduled_tokens == 1
+                and num_tokens == num_reqs):
+            with query_len(self, 1):
+                return planning(self, num_tokens, num_reqs, num_scheduled_tokens_np, max_num_scheduled_tokens,
+                                *args, **kwargs)
+        return planning(self, num_tokens, num_reqs, num_scheduled_tokens_np, max_num_scheduled_tokens,
+                        *args, **kwargs)
+
+    GPUModelRunner._determine_batch_execution_and_padding = plan_at_its_length
