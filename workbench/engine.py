@@ -20,6 +20,7 @@ from __future__ import annotations
 import gc
 import os
 import platform
+import sys
 import time
 from typing import Any
 
@@ -81,15 +82,35 @@ def spec_config(draft: str, gamma: int | None, extra: dict[str, Any] | None = No
     return {"method": "draft_model", "model": draft, "num_speculative_tokens": gamma, **(extra or {})}
 
 
+PORT_RACE_RETRIES = 2
+
+
+def port_race(exc: BaseException) -> bool:
+    """vLLM picks its distributed-init port by binding port 0 and letting it go; on a busy host another
+    process can take it before torch's store listens there (``DistNetworkError ... EADDRINUSE``)."""
+    return "EADDRINUSE" in str(exc) and type(exc).__name__ in ("DistNetworkError", "RuntimeError")
+
+
 def build(engine_args: dict[str, Any]):
     """An offline ``vllm.LLM`` built from ``engine_args``, and its start time in seconds.
 
-    The environment (``in_process_env``, ``knob_env``) must be set before this is first called.
+    The environment (``in_process_env``, ``knob_env``) must be set before this is first called. An engine
+    start that lost the race for its distributed-init port (``port_race``) is started again, with a new port
+    (at most ``PORT_RACE_RETRIES`` times, said on stderr); the start time counts every attempt.
     """
     from vllm import LLM
 
     t0 = time.perf_counter()
-    llm = LLM(**engine_args)
+    for attempt in range(PORT_RACE_RETRIES + 1):
+        try:
+            llm = LLM(**engine_args)
+            break
+        except Exception as exc:
+            if attempt == PORT_RACE_RETRIES or not port_race(exc):
+                raise
+            print(f"engine start lost its distributed-init port ({exc}); starting it again", file=sys.stderr,
+                  flush=True)
+            free(None)
     return llm, time.perf_counter() - t0
 
 
