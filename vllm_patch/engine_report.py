@@ -93,12 +93,11 @@ def _target_graphs(runner) -> dict[str, Any]:
     """The target's CUDA-graph mode as the engine runs it, and whether vLLM's batch-size gamma schedule is on:
     vLLM 0.27.1's V1 runner turns FULL target graphs into PIECEWISE ones under that schedule, which costs
     the target's step where it would otherwise replay one FULL graph."""
-    config = getattr(runner, "compilation_config", None)
-    mode = getattr(config, "cudagraph_mode", None)
-    spec = getattr(getattr(runner, "vllm_config", None), "speculative_config", None)
-    dynamic = getattr(spec, "uses_dynamic_speculative_decoding", None)
+    from .target_graphs import schedule_on
+
+    mode = getattr(getattr(runner, "compilation_config", None), "cudagraph_mode", None)
     return {"target_cudagraph_mode": getattr(mode, "name", None if mode is None else str(mode)),
-            "gamma_schedule_dynamic": bool(dynamic()) if callable(dynamic) else False,
+            "gamma_schedule_dynamic": schedule_on(getattr(runner, "vllm_config", None)),
             # knob target_graphs=full: the FULL graph keys of one-token steps added beside vLLM's (target_graphs)
             "target_single_token_graphs": int(getattr(runner, "_twin_single_token_graphs", 0))}
 

@@ -33,10 +33,9 @@ import functools
 from itertools import product
 from typing import Any, Iterator
 
-from .knobs import TARGET_GRAPHS  # noqa: F401  (the knob's values)
 
-
-def _dynamic(config: Any) -> bool:
+def schedule_on(config: Any) -> bool:
+    """vLLM's batch-size γ schedule (``num_speculative_tokens_per_batch_size``) is on in ``config``."""
     spec = getattr(config, "speculative_config", None)
     dynamic = getattr(spec, "uses_dynamic_speculative_decoding", None)
     return bool(dynamic()) if callable(dynamic) else False
@@ -80,6 +79,13 @@ def is_single_token_key(desc: Any) -> bool:
     return bool(getattr(desc, "uniform", False)) and desc.num_reqs is not None and desc.num_tokens == desc.num_reqs
 
 
+def _at_one_token(runner: Any, one_token: bool):
+    """``query_len(runner, 1)`` for a one-token batch of an engine that has the one-token family, else nothing."""
+    if one_token and getattr(runner, "_twin_single_token_graphs", 0) and runner.uniform_decode_query_len > 1:
+        return query_len(runner, 1)
+    return contextlib.nullcontext()
+
+
 def install(knobs: Any) -> None:
     """Wrap vLLM's config override and the V1 runner's graph set-up, capture and batch planning (``full``)."""
     if getattr(knobs, "target_graphs", "vllm") != "full":
@@ -94,7 +100,7 @@ def install(knobs: Any) -> None:
 
     @functools.wraps(override)
     def keep_full(self):
-        if _dynamic(self):
+        if schedule_on(self):
             return None  # FULL graphs stay; the runner captures a family per verification length below
         return override(self)
 
@@ -105,7 +111,7 @@ def install(knobs: Any) -> None:
     @functools.wraps(setup)
     def with_single_token_keys(self, *args, **kwargs):
         out = setup(self, *args, **kwargs)
-        if _dynamic(self.vllm_config):
+        if schedule_on(self.vllm_config):
             keys = single_token_keys(self.cudagraph_dispatcher, self.scheduler_config.max_num_seqs)
             for key in keys:
                 self.cudagraph_dispatcher.add_cudagraph_key(CUDAGraphMode.FULL, key)
@@ -118,11 +124,8 @@ def install(knobs: Any) -> None:
 
     @functools.wraps(capture)
     def capture_at_its_length(self, desc, *args, **kwargs):
-        if getattr(self, "_twin_single_token_graphs", 0) and self.uniform_decode_query_len > 1 \
-                and is_single_token_key(desc):
-            with query_len(self, 1):
-                return capture(self, desc, *args, **kwargs)
-        return capture(self, desc, *args, **kwargs)
+        with _at_one_token(self, is_single_token_key(desc)):
+            return capture(self, desc, *args, **kwargs)
 
     GPUModelRunner._warmup_and_capture = capture_at_its_length
 
@@ -131,13 +134,10 @@ def install(knobs: Any) -> None:
     @functools.wraps(planning)
     def plan_at_its_length(self, num_tokens, num_reqs, num_scheduled_tokens_np, max_num_scheduled_tokens,
                            *args, **kwargs):
-        if (getattr(self, "_twin_single_token_graphs", 0) and self.uniform_decode_query_len > 1
-                and kwargs.get("force_uniform_decode") is None and max_num_scheduled_tokens == 1
-                and num_tokens == num_reqs):
-            with query_len(self, 1):
-                return planning(self, num_tokens, num_reqs, num_scheduled_tokens_np, max_num_scheduled_tokens,
-                                *args, **kwargs)
-        return planning(self, num_tokens, num_reqs, num_scheduled_tokens_np, max_num_scheduled_tokens,
-                        *args, **kwargs)
+        one_token_step = (kwargs.get("force_uniform_decode") is None and max_num_scheduled_tokens == 1
+                          and num_tokens == num_reqs)
+        with _at_one_token(self, one_token_step):
+            return planning(self, num_tokens, num_reqs, num_scheduled_tokens_np, max_num_scheduled_tokens,
+                            *args, **kwargs)
 
     GPUModelRunner._determine_batch_execution_and_padding = plan_at_its_length
