@@ -86,10 +86,14 @@ def test_explicit_schedule_is_vllms_inclusive_ranges():
         Knobs(gamma=2, gamma_schedule="1-4:4").spec_config_extra(8)
 
 
-def _cost_run(tmp_path: Path, cells: list[tuple[int, int, float]], name: str = "E16run") -> Path:
-    """An E16 run folder's cost table: (batch, γ, measured S at α = 1, decode only) per cell."""
+def _cost_run(tmp_path: Path, cells: list[tuple[int, int, float]], name: str = "E16run",
+              card: str | None = None) -> Path:
+    """An E16 run folder's cost table: (batch, γ, measured S at α = 1, decode only) per cell; ``card``: the GPU
+    its ``env.json`` names."""
     run = tmp_path / name
     (run / "tables").mkdir(parents=True)
+    if card is not None:
+        (run / "env.json").write_text(json.dumps({"gpu": {"devices": [{"name": card, "index": 0}]}}))
     lines = ["size,batch,gamma,draft_graphs,verify_ms,propose_ms,c,decode_ms,S_measured_alpha1,"
              "S_measured_decode_alpha1"]
     lines += [f"32b [x],{b},{g},True,18,{9 * g},0.5,18,{s * 0.9},{s}" for b, g, s in cells]
@@ -331,6 +335,30 @@ def test_serving_prediction_uses_the_cost_ladders_c_at_the_cells_batch_and_gamma
     assert p["S_predicted"] == pytest.approx((1 + 0.9 + 0.81) / (1 + 2 * 0.7736))
 
 
+def test_serving_prediction_reads_a_table_of_the_legs_card_first_and_names_another_card(tmp_path):
+    from workbench.serving_predict import _cost_cell, predicted_speedup
+
+    root = tmp_path / "E16"
+    _cost_run(root, [(1, 4, 1.6)], "20260101T000000Z-h100", card="NVIDIA H100 80GB HBM3")
+    _cost_run(root, [(1, 4, 1.1)], "20260102T000000Z-h200", card="NVIDIA H200")
+    assert _cost_cell("32b", 1, 4, root=root)[1].endswith("20260102T000000Z-h200")  # newest
+    assert _cost_cell("32b", 1, 4, root=root, card="NVIDIA H100 80GB HBM3")[1].endswith("20260101T000000Z-h100")
+    assert _cost_cell("32b", 1, 4, root=root, card="NVIDIA A100")[1].endswith("20260102T000000Z-h200")
+    # a leg on an H100 whose schedule priced its cell from the H200's table: c_source says so
+    leg = tmp_path / "leg"
+    leg.mkdir()
+    (leg / "leg.json").write_text(json.dumps({"target": "models/shapes/32b-target"}))
+    (leg / "placement.json").write_text(json.dumps({"gpus": [{"name": "NVIDIA H100 80GB HBM3"}]}))
+    table = [{"batch": 1, "gamma": 2, "c": 0.77, "source": str(root / "20260102T000000Z-h200")}]
+    summary = {"tier": "synthetic", "speculative": {"synthetic_acceptance_rates": [0.9, 0.81], "draft_idle": "skip",
+                                                    "gamma_schedule": [[1, 2, 2], [3, 32, 0]],
+                                                    "gamma_schedule_table": table}}
+    p = predicted_speedup(leg, summary, 1)
+    assert p["c_source"].endswith("(the schedule's table); measured on NVIDIA H200, the leg ran on NVIDIA H100 80GB HBM3")
+    (leg / "placement.json").write_text(json.dumps({"gpus": [{"name": "NVIDIA H200"}]}))
+    assert "measured on" not in predicted_speedup(leg, summary, 1)["c_source"]
+
+
 def test_a_run_that_cannot_fit_is_refused_before_any_leg(monkeypatch):
     """The run's preflight plans every leg's memory on a CUDA host (here a 96 GiB device, stated): the 32B
     pair at concurrency 32 does not fit it, the vanilla target alone does."""
@@ -356,3 +384,51 @@ def test_bare_auto_prefers_the_faster_drafter_setup_among_tables_of_equal_reach(
     # reach still comes first: a slow table that reaches the server's batch beats a fast one that stops short
     _cost_run(tmp_path, [(1, 4, 1.01), (32, 4, 0.70)], "20260103T000000Z-far")
     assert acc.default_cost_run("models/shapes/32b-target", root=tmp_path, max_batch=32).name == "20260103T000000Z-far"
+
+
+def test_bare_auto_prefers_a_cost_table_of_the_gpu_here_and_says_when_it_has_none(tmp_path, monkeypatch, capsys):
+    """The 8B twin at α 1, γ 4 behind a server on an H100 paid 1.59x at concurrency 4 where the H200's table
+    measured 1.03x: a table of another card prices a draft step wrongly, so the GPU's own table comes first."""
+    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    _cost_run(tmp_path, [(1, 4, 1.60), (16, 4, 1.29)], "20260101T000000Z-h100", card=h100)
+    _cost_run(tmp_path, [(1, 4, 1.11), (16, 4, 0.78), (32, 4, 0.7)], "20260102T000000Z-h200", card=h200)
+    assert acc.run_card(tmp_path / "20260101T000000Z-h100") == h100 and acc.run_card(tmp_path) is None
+    pick = acc.default_cost_run("models/shapes/32b-target", root=tmp_path, max_batch=32, card=h100)
+    assert pick.name == "20260101T000000Z-h100"  # its own card before reach
+    assert acc.default_cost_run("models/shapes/32b-target", root=tmp_path, max_batch=32,
+                                card=h200).name == "20260102T000000Z-h200"
+    # no table of this card (or no GPU here): the rules of reach and speed as before
+    for card in ("NVIDIA A100", None):
+        assert acc.default_cost_run("models/shapes/32b-target", root=tmp_path, max_batch=32,
+                                    card=card).name == "20260102T000000Z-h200"
+    # the records say which card the table was measured on, and a mismatch is said once on stderr
+    monkeypatch.setattr(acc, "host_card", lambda: "NVIDIA A100")
+    run = tmp_path / "20260102T000000Z-h200"
+    info = Knobs(gamma=4, acceptance="alpha:1", gamma_schedule=f"auto:{run}", draft_idle="skip").spec_config_extra(32)[1]
+    assert (info["gamma_schedule_card"], info["gamma_schedule_host_card"], info["gamma_schedule_same_card"]) == (
+        h200, "NVIDIA A100", False)
+    Knobs(gamma=4, acceptance="alpha:1", gamma_schedule=f"auto:{run}", draft_idle="skip").spec_config_extra(32)
+    err = capsys.readouterr().err
+    assert err.count("was measured on NVIDIA H200, this leg runs on NVIDIA A100") == 1
+    monkeypatch.setattr(acc, "host_card", lambda: h200)
+    info = Knobs(gamma=4, acceptance="alpha:1", gamma_schedule=f"auto:{run}", draft_idle="skip").spec_config_extra(32)[1]
+    assert info["gamma_schedule_same_card"] is True and "measured on" not in capsys.readouterr().err
+    # without a GPU here nothing is compared
+    monkeypatch.setattr(acc, "host_card", lambda: None)
+    info = Knobs(gamma=4, acceptance="alpha:1", gamma_schedule=f"auto:{run}", draft_idle="skip").spec_config_extra(32)[1]
+    assert info["gamma_schedule_same_card"] is None
+
+
+def test_host_card_is_none_without_a_gpu(monkeypatch):
+    from workbench import placement
+
+    acc.host_card.cache_clear()
+    monkeypatch.setattr(placement, "gpu_probe", lambda: None)
+    try:
+        assert acc.host_card() is None
+        acc.host_card.cache_clear()
+        monkeypatch.setattr(placement, "gpu_probe", lambda: {"gpus": [{"index": "0", "uuid": "GPU-x", "name": "NVIDIA H200"}]})
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        assert acc.host_card() == "NVIDIA H200"
+    finally:
+        acc.host_card.cache_clear()

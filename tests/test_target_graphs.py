@@ -19,12 +19,13 @@ from vllm_patch.knobs import SWITCHES, KnobError  # noqa: E402
 
 MAX_SEQS = 32
 GAMMA_MAX = 2  # the 8B schedule auto chose: γ 2 at batch 1-2, 0 from 3
+VANILLA_SIZES = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96]  # vLLM's list before its rounding
 
 
 def _dispatcher(q: int = 1 + GAMMA_MAX) -> CudagraphDispatcher:
     """vLLM's dispatcher as its V1 runner sets it up for FULL_AND_PIECEWISE at verification length ``q``,
     with the capture sizes vLLM rounds to multiples of ``q`` (``adjust_cudagraph_sizes_for_spec_decode``)."""
-    sizes = sorted({-(-s // q) * q for s in (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96)})
+    sizes = sorted({-(-s // q) * q for s in VANILLA_SIZES})
     d = object.__new__(CudagraphDispatcher)
     d.vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=MAX_SEQS), lora_config=None)
     d.compilation_config = SimpleNamespace(cudagraph_capture_sizes=sizes, max_cudagraph_capture_size=sizes[-1],
@@ -47,30 +48,63 @@ def test_the_knob_is_in_the_table_and_refuses_other_values():
             k.validate(bad)
 
 
-def test_one_token_keys_beside_vllms_own_and_the_dispatch_of_each_step():
+def _with_one_token_family(sizes_before_rounding=VANILLA_SIZES):
     d = _dispatcher()
     vllms = set(d.cudagraph_keys[CUDAGraphMode.FULL])
-    assert vllms and all(k.num_tokens == 3 * k.num_reqs for k in vllms)  # γ_max + 1 tokens a request
-    keys = target_graphs.single_token_keys(d, MAX_SEQS)
-    assert keys and all(target_graphs.is_single_token_key(k) for k in keys)
-    assert not vllms & set(keys) and max(k.num_tokens for k in keys) <= MAX_SEQS
-    assert d.uniform_decode_query_len == 3  # restored
+    keys = target_graphs.single_token_keys(d, MAX_SEQS, sizes_before_rounding)
     for k in keys:
         d.add_cudagraph_key(CUDAGraphMode.FULL, k)
+    return d, vllms, keys
+
+
+def _dispatch(d, num_tokens, **kw):
+    """The dispatch of a one-token step as the installed wrappers run it (query length 1)."""
     runner = SimpleNamespace(uniform_decode_query_len=3, cudagraph_dispatcher=d)
-    # a step where every one of 16 requests runs one token (γ 0): FULL, padded to 18 tokens and 18 requests
     with target_graphs.query_len(runner, 1):
-        mode, desc = d.dispatch(16, uniform_decode=True)
-    assert (mode, desc.num_tokens, desc.num_reqs, desc.uniform) == (CUDAGraphMode.FULL, 18, 18, True)
-    assert (runner.uniform_decode_query_len, d.uniform_decode_query_len) == (3, 3)
-    # without the knob vLLM sees that step as a mixed batch: PIECEWISE
-    assert d.dispatch(16, uniform_decode=False)[0] == CUDAGraphMode.PIECEWISE
+        out = target_graphs.dispatch_one_token(CudagraphDispatcher.dispatch, d, num_tokens, True, **kw)
+    assert (runner.uniform_decode_query_len, d.uniform_decode_query_len) == (3, 3)  # restored
+    return out
+
+
+def test_one_token_keys_beside_vllms_own_at_a_vanilla_engines_sizes():
+    d, vllms, keys = _with_one_token_family()
+    assert vllms and all(k.num_tokens == 3 * k.num_reqs for k in vllms)  # γ_max + 1 tokens a request
+    assert keys and all(target_graphs.is_single_token_key(k) for k in keys)
+    assert sorted(k.num_tokens for k in keys) == [1, 2, 4, 8, 16, 24, 32]  # vanilla's sizes up to max_num_seqs
+    assert not vllms & set(keys) and d.uniform_decode_query_len == 3
+    regular = d._bs_to_padded_graph_size
+    assert regular[32] == 33 and d._twin_one_token_table[32] == 32 and d._twin_one_token_table[33] == 33
+
+
+@pytest.mark.parametrize("batch,padded", [(1, 1), (3, 4), (16, 16), (17, 24), (31, 32), (32, 32)])
+def test_a_one_token_step_runs_a_full_graph_padded_as_vanilla_pads_it(batch, padded):
+    d, _, _ = _with_one_token_family()
+    mode, desc = _dispatch(d, batch)
+    assert (mode, desc.num_tokens, desc.num_reqs, desc.uniform) == (CUDAGraphMode.FULL, padded, padded, True)
+    # vLLM's own dispatch of the same step (no knob): a mixed batch, PIECEWISE on the rounded sizes
+    mode, desc = d.dispatch(batch, uniform_decode=False)
+    assert mode == CUDAGraphMode.PIECEWISE and desc.num_tokens % 3 == 0
+
+
+def test_the_gamma_max_family_and_mixed_steps_keep_vllms_padding():
+    d, _, _ = _with_one_token_family()
     # a step at γ_max (10 requests x 3 tokens) keeps vLLM's own FULL graph (padded to its size 33)
-    mode, desc = d.dispatch(30, uniform_decode=True)
+    mode, desc = target_graphs.dispatch_one_token(CudagraphDispatcher.dispatch, d, 30, True)
     assert (mode, desc.num_tokens, desc.num_reqs) == (CUDAGraphMode.FULL, 33, 11)
-    # 31 or 32 requests pad past max_num_seqs (33): no one-token graph, piecewise as under vLLM's rule
-    with target_graphs.query_len(runner, 1):
-        assert d.dispatch(32, uniform_decode=True)[0] == CUDAGraphMode.PIECEWISE
+    assert d._bs_to_padded_graph_size[32] == 33  # the table was swapped back
+
+
+def test_a_one_token_step_without_full_falls_back_to_vllms_piecewise_graph():
+    d, _, _ = _with_one_token_family()
+    mode, desc = _dispatch(d, 16, invalid_modes={CUDAGraphMode.FULL})  # vLLM: cascade attention
+    assert (mode, desc.num_tokens) == (CUDAGraphMode.PIECEWISE, 18)  # a captured piecewise size, not 16
+
+
+def test_without_the_list_before_rounding_the_rounded_sizes_up_to_max_num_seqs():
+    d, _, keys = _with_one_token_family(sizes_before_rounding=None)
+    assert sorted(k.num_tokens for k in keys) == [3, 6, 9, 18, 24]
+    assert _dispatch(d, 16)[1].num_tokens == 18
+    assert _dispatch(d, 32)[0] == CUDAGraphMode.PIECEWISE  # 33 tokens: past max_num_seqs
 
 
 def test_no_keys_where_vllm_has_no_separate_full_decode_routine():
@@ -102,6 +136,7 @@ def installed(monkeypatch):
 
     monkeypatch.setattr(VllmConfig, "_maybe_override_dynamic_sd_cudagraph_mode", override)
     monkeypatch.setattr(VllmConfig, "_twin_target_graphs", False, raising=False)
+    monkeypatch.setattr(CudagraphDispatcher, "dispatch", CudagraphDispatcher.dispatch)
     for name, fn in (("_check_and_update_cudagraph_mode", setup), ("_warmup_and_capture", capture),
                      ("_determine_batch_execution_and_padding", planning)):
         monkeypatch.setattr(GPUModelRunner, name, fn)
@@ -123,9 +158,15 @@ def test_install_keeps_full_graphs_and_runs_one_token_steps_at_query_length_one(
     runner = object.__new__(GPUModelRunner)
     runner.vllm_config, runner.uniform_decode_query_len = dyn, 3
     runner.scheduler_config = SimpleNamespace(max_num_seqs=MAX_SEQS)
+    runner.compilation_config = SimpleNamespace(cudagraph_capture_sizes=list(VANILLA_SIZES))
     GPUModelRunner._check_and_update_cudagraph_mode(runner, [], [])
+    assert runner._twin_sizes_before_rounding == VANILLA_SIZES
     added = runner._twin_single_token_graphs
-    assert added == len(target_graphs.single_token_keys(_dispatcher(), MAX_SEQS)) > 0
+    assert added == len(target_graphs.single_token_keys(_dispatcher(), MAX_SEQS, VANILLA_SIZES)) == 7
+    # the dispatcher class dispatches a one-token step on the family's padding (32 requests: 32, not 33)
+    with target_graphs.query_len(runner, 1):
+        mode, desc = runner.cudagraph_dispatcher.dispatch(32, uniform_decode=True)
+    assert (mode, desc.num_tokens) == (CUDAGraphMode.FULL, 32)
     full = runner.cudagraph_dispatcher.cudagraph_keys[CUDAGraphMode.FULL]
     one = [k for k in full if target_graphs.is_single_token_key(k)]
     assert len(one) == added
@@ -149,6 +190,7 @@ def test_install_changes_nothing_without_a_schedule_or_with_vllms_rule(installed
     runner = object.__new__(GPUModelRunner)
     runner.vllm_config, runner.uniform_decode_query_len = _config(False), 3
     runner.scheduler_config = SimpleNamespace(max_num_seqs=MAX_SEQS)
+    runner.compilation_config = SimpleNamespace(cudagraph_capture_sizes=list(VANILLA_SIZES))
     GPUModelRunner._check_and_update_cudagraph_mode(runner, [], [])
     assert not getattr(runner, "_twin_single_token_graphs", 0)
     GPUModelRunner._determine_batch_execution_and_padding(runner, 16, 16, None, 1)

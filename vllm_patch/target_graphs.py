@@ -13,8 +13,13 @@ a vanilla step), beside vLLM's own family at ``1 + γ_max``:
 
 * the override is skipped (``VllmConfig``);
 * after vLLM built its graph keys, the dispatcher gets the keys of the one-token family, made by vLLM's own
-  ``_create_padded_batch_descriptor`` with the query length set to 1 (vLLM rounds the capture sizes to
-  multiples of ``1 + γ_max``; a one-token batch pads to the next such size, as its requests allow);
+  ``_create_padded_batch_descriptor`` with the query length set to 1, at the capture sizes a vanilla engine
+  has (vLLM's list before it rounds it to multiples of ``1 + γ_max`` for the γ_max family) up to
+  ``max_num_seqs``, with a padding table of their own: a one-token batch pads as a vanilla engine's does.
+  (Padding one-token batches on the rounded list put 31–32 requests at 33 tokens, past ``max_num_seqs``:
+  no FULL key, so PIECEWISE; measured at concurrency 32, 8B shape, one H100: 14.9 ms a step against 7.3);
+* a one-token step that finds no FULL graph (vLLM excludes FULL for cascade attention, say) is dispatched
+  again on vLLM's own padding, so it runs the PIECEWISE graph vLLM's rule would give it;
 * a capture (``_warmup_and_capture``) of a descriptor of that family, and the batch planning
   (``_determine_batch_execution_and_padding``) of a step whose requests each run one token, run with the
   runner's and the dispatcher's ``uniform_decode_query_len`` at 1, so vLLM's own code builds, pads and
@@ -23,7 +28,7 @@ a vanilla step), beside vLLM's own family at ``1 + γ_max``:
   PIECEWISE graphs, as every step does under vLLM's rule.
 
 Both families are keyed by (tokens, requests): a one-token batch and a γ_max batch never share a key.
-On a CPU there are no CUDA graphs and the knob has no effect. Not yet measured on a GPU.
+On a CPU there are no CUDA graphs and the knob has no effect.
 """
 
 from __future__ import annotations
@@ -56,22 +61,70 @@ def query_len(runner: Any, q: int) -> Iterator[None]:
             h.uniform_decode_query_len = v
 
 
-def single_token_keys(dispatcher: Any, max_num_seqs: int) -> list:
-    """The FULL uniform-decode keys of one-token batches (vLLM's descriptor at query length 1), for every
-    capture size a batch of at most ``max_num_seqs`` requests reaches; none where the dispatcher has no
-    separate FULL decode routine or its query length is already 1."""
+def one_token_sizes(dispatcher: Any, sizes_before_rounding: list | None, max_num_seqs: int) -> list:
+    """The capture sizes of the one-token family: vLLM's list before its rounding for speculation (else the
+    rounded one) up to ``max_num_seqs``."""
+    sizes = sizes_before_rounding or dispatcher.compilation_config.cudagraph_capture_sizes or []
+    return sorted({int(s) for s in sizes if 1 <= s <= max_num_seqs})
+
+
+def one_token_table(dispatcher: Any, sizes: list) -> list:
+    """vLLM's padding table (batch size -> graph size) with the batches up to ``max(sizes)`` padded to the
+    smallest of ``sizes`` that holds them; larger batches as vLLM pads them."""
+    table = list(dispatcher._bs_to_padded_graph_size)
+    j = 0
+    for n in range(1, min(max(sizes), len(table) - 1) + 1):
+        while sizes[j] < n:
+            j += 1
+        table[n] = sizes[j]
+    return table
+
+
+@contextlib.contextmanager
+def _padding(dispatcher: Any, table: list) -> Iterator[None]:
+    saved = dispatcher._bs_to_padded_graph_size
+    dispatcher._bs_to_padded_graph_size = table
+    try:
+        yield
+    finally:
+        dispatcher._bs_to_padded_graph_size = saved
+
+
+def single_token_keys(dispatcher: Any, max_num_seqs: int, sizes_before_rounding: list | None = None) -> list:
+    """The FULL uniform-decode keys of one-token batches (vLLM's descriptor at query length 1), one per
+    one-token capture size; the dispatcher keeps their padding table (``_twin_one_token_table``). None where
+    the dispatcher has no separate FULL decode routine or its query length is already 1."""
     from vllm.config import CUDAGraphMode
 
     mode = dispatcher.cudagraph_mode
     if (dispatcher.uniform_decode_query_len <= 1 or mode.decode_mode() != CUDAGraphMode.FULL
             or not mode.separate_routine()):
         return []
-    sizes = [s for s in dispatcher.compilation_config.cudagraph_capture_sizes or [] if s <= max_num_seqs]
+    sizes = one_token_sizes(dispatcher, sizes_before_rounding, max_num_seqs)
+    if not sizes:
+        return []
+    table = one_token_table(dispatcher, sizes)
     keys = []
-    with query_len(dispatcher, 1):
+    with query_len(dispatcher, 1), _padding(dispatcher, table):
         for size, loras in product(sizes, dispatcher._get_lora_cases()):
             keys.append(dispatcher._create_padded_batch_descriptor(size, True, loras > 0, loras))
+    dispatcher._twin_one_token_table = table
     return keys
+
+
+def dispatch_one_token(dispatch, dispatcher: Any, num_tokens: int, uniform_decode: bool = False, *args,
+                       **kwargs):
+    """vLLM's ``dispatch``; a uniform batch at query length 1 of an engine with the one-token family is
+    padded on that family's table first, and on vLLM's own where that finds no FULL graph."""
+    from vllm.config import CUDAGraphMode
+
+    table = getattr(dispatcher, "_twin_one_token_table", None)
+    if table is not None and uniform_decode and dispatcher.uniform_decode_query_len == 1:
+        with _padding(dispatcher, table):
+            mode, desc = dispatch(dispatcher, num_tokens, uniform_decode, *args, **kwargs)
+        if mode == CUDAGraphMode.FULL:
+            return mode, desc
+    return dispatch(dispatcher, num_tokens, uniform_decode, *args, **kwargs)
 
 
 def is_single_token_key(desc: Any) -> bool:
@@ -87,10 +140,12 @@ def _at_one_token(runner: Any, one_token: bool):
 
 
 def install(knobs: Any) -> None:
-    """Wrap vLLM's config override and the V1 runner's graph set-up, capture and batch planning (``full``)."""
+    """Wrap vLLM's config override, the V1 runner's graph set-up, capture and batch planning, and the
+    dispatcher's padding (``full``)."""
     if getattr(knobs, "target_graphs", "vllm") != "full":
         return
     from vllm.config import CUDAGraphMode, VllmConfig
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     if getattr(VllmConfig, "_twin_target_graphs", False):
@@ -110,9 +165,13 @@ def install(knobs: Any) -> None:
 
     @functools.wraps(setup)
     def with_single_token_keys(self, *args, **kwargs):
+        # vLLM rounds the capture sizes for the γ_max family inside ``setup``; keep its list from before
+        if getattr(self, "_twin_sizes_before_rounding", None) is None:
+            self._twin_sizes_before_rounding = list(self.compilation_config.cudagraph_capture_sizes or [])
         out = setup(self, *args, **kwargs)
         if schedule_on(self.vllm_config):
-            keys = single_token_keys(self.cudagraph_dispatcher, self.scheduler_config.max_num_seqs)
+            keys = single_token_keys(self.cudagraph_dispatcher, self.scheduler_config.max_num_seqs,
+                                     self._twin_sizes_before_rounding)
             for key in keys:
                 self.cudagraph_dispatcher.add_cudagraph_key(CUDAGraphMode.FULL, key)
             self._twin_single_token_graphs = len(keys)
@@ -141,3 +200,11 @@ def install(knobs: Any) -> None:
                             *args, **kwargs)
 
     GPUModelRunner._determine_batch_execution_and_padding = plan_at_its_length
+
+    dispatch = CudagraphDispatcher.dispatch
+
+    @functools.wraps(dispatch)
+    def dispatch_at_its_padding(self, *args, **kwargs):
+        return dispatch_one_token(dispatch, self, *args, **kwargs)
+
+    CudagraphDispatcher.dispatch = dispatch_at_its_padding

@@ -24,8 +24,10 @@ leg is a cost measurement and says "synthetic α" wherever it is shown.
 
 * ``none`` (default): the leg's fixed γ.
 * ``LO-HI:G/LO-HI:G/...``: explicit ranges, e.g. ``1-4:4/5-16:2/17-64:0``.
-* ``auto``: ``auto:`` the newest E16 run folder under the repository's ``results/E16`` whose cost table
-  has rows of the target's size (``32b`` for ``models/shapes/32b-target``) at two or more batch sizes.
+* ``auto``: ``auto:`` the E16 run folder under the repository's ``results/E16`` whose cost table has rows
+  of the target's size (``32b`` for ``models/shapes/32b-target``) at two or more batch sizes, measured on
+  the GPU model here where one is (else another card's, said on stderr and in the records), that reaches
+  the server's largest batch, of the fastest drafter setup, the newest (:func:`default_cost_run`).
 * ``auto:RUN_DIR``: from a cost-ladder run folder (E16: ``ladder_rows.jsonl`` / ``tables/cost_ratio.csv``,
   one row per batch and γ) and the leg's acceptance profile, the γ per batch size that maximises the
   predicted speedup; 0 where that is predicted faster than every γ. A step at γ 0 is not free under vLLM:
@@ -36,8 +38,10 @@ leg is a cost measurement and says "synthetic α" wherever it is shown.
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -371,13 +375,35 @@ def _setup_speed(rows: list[dict[str, Any]]) -> float:
     return max(r["S1"] for r in cells if r["batch"] == b0)
 
 
-def default_cost_run(target: str | None, root: Path = RESULTS_E16, max_batch: int | None = None) -> Path:
-    """The E16 run folder with cells of ``target``'s size at two or more batch sizes that reaches ``max_batch``
-    (the server's largest batch), or else reaches furthest (past a table's largest batch the schedule turns
-    speculation off); among those, the one whose drafter setup is fastest at its smallest batch (an older
-    table of a slower kernel or graph mode predicts that nothing pays), then the newest."""
+def run_card(run_dir: Path) -> str | None:
+    """The GPU a run folder was measured on (its ``env.json``), None where it names none."""
+    try:
+        env = json.loads((Path(run_dir) / "env.json").read_text())
+        return (env.get("gpu") or {}).get("devices", [{}])[0].get("name") or None
+    except (OSError, ValueError, AttributeError, IndexError, TypeError):
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def host_card() -> str | None:
+    """The GPU a leg here runs on (the first that CUDA_VISIBLE_DEVICES leaves), None without one."""
+    from workbench import placement
+
+    gpus = placement.capture("local").get("gpus") or []
+    return gpus[0].get("name") if gpus else None
+
+
+def default_cost_run(target: str | None, root: Path = RESULTS_E16, max_batch: int | None = None,
+                     card: str | None = None) -> Path:
+    """The E16 run folder with cells of ``target``'s size at two or more batch sizes, measured on ``card``
+    (the GPU here) where such a folder exists: a draft step's share of a target step differs by card (8B
+    shape: the twin at α 1, γ 4 behind a server on an H100 paid 1.59× at concurrency 4 where the H200's
+    table measured 1.03×). Among those, the one that reaches ``max_batch`` (the server's largest batch),
+    or else reaches furthest (past a table's largest batch the schedule turns speculation off); then the
+    one whose drafter setup is fastest at its smallest batch (an older table of a slower kernel or graph
+    mode predicts that nothing pays), then the newest."""
     size = Path(str(target or "")).name.split("-")[0]
-    found: list[tuple[int, float, Path]] = []
+    found: list[tuple[bool, int, float, Path]] = []
     for run in sorted(root.glob("*/tables/cost_ratio.csv"), reverse=True):
         try:
             rows = [r for r in _cost_rows(run.parents[1]) if r["size"].split(" ")[0] == size]
@@ -386,21 +412,23 @@ def default_cost_run(target: str | None, root: Path = RESULTS_E16, max_batch: in
         batches = {r["batch"] for r in rows}
         if len(batches) >= 2:
             reach = max(batches) if max_batch is None else min(max(batches), max_batch)
-            found.append((reach, _setup_speed(rows), run.parents[1]))
+            same = card is not None and run_card(run.parents[1]) == card
+            found.append((same, reach, _setup_speed(rows), run.parents[1]))
     if found:
-        return max(found, key=lambda f: (f[0], f[1]))[2]  # max keeps the first (newest) of equal keys
+        return max(found, key=lambda f: f[:3])[3]  # max keeps the first (newest) of equal keys
     raise AcceptanceError(f"knob 'gamma_schedule': auto found no E16 run of size {size!r} with two or more "
                           f"batch sizes under {root}; name one: auto:RUN_DIR")
 
 
 def resolve_schedule(spec: str, gamma: int, acceptance: str, max_batch: int, target: str | None = None,
-                     idle: str = "sync") -> tuple[list[Range] | None, list[dict] | None]:
-    """The schedule's ranges (None: fixed γ) and, for ``auto``, the table it was chosen from."""
+                     idle: str = "sync", card: str | None = None) -> tuple[list[Range] | None, list[dict] | None]:
+    """The schedule's ranges (None: fixed γ) and, for ``auto``, the table it was chosen from (``card``: the GPU
+    here, whose own table bare ``auto`` prefers)."""
     spec = str(spec).strip()
     if spec == "none":
         return None, None
     if spec == "auto":
-        spec = f"auto:{default_cost_run(target, max_batch=max_batch)}"
+        spec = f"auto:{default_cost_run(target, max_batch=max_batch, card=card)}"
     if spec.startswith("auto:"):
         def rates_of(g: int) -> list[float]:
             if acceptance == "real":
@@ -415,6 +443,27 @@ def resolve_schedule(spec: str, gamma: int, acceptance: str, max_batch: int, tar
     return ranges, None
 
 
+def _card_check(source: str | None, card: str | None) -> dict[str, Any]:
+    """Which GPU the schedule's cost table was measured on against the GPU here; a warning where they differ
+    (said once per process and table)."""
+    table_card = run_card(Path(source) if Path(source).is_absolute() else REPO / source) if source else None
+    same = None if table_card is None or card is None else table_card == card
+    if same is False:
+        _warn_once(f"gamma_schedule auto: the cost table {source} was measured on {table_card}, this leg runs on "
+                   f"{card}; a draft step's share of a target step differs by card, so its choice of γ may not "
+                   f"hold here (run E16 on this card and the schedule reads that table)")
+    return {"gamma_schedule_card": table_card, "gamma_schedule_host_card": card, "gamma_schedule_same_card": same}
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(text: str) -> None:
+    if text not in _WARNED:
+        _WARNED.add(text)
+        print(f"warning: {text}", file=sys.stderr, flush=True)
+
+
 def spec_config_extra(gamma: int, acceptance: str, schedule: str, max_batch: int, target: str | None = None,
                       idle: str = "sync") -> tuple[dict[str, Any], dict]:
     """The ``speculative_config`` fields these two knobs add, and what was resolved (for the records).
@@ -424,7 +473,8 @@ def spec_config_extra(gamma: int, acceptance: str, schedule: str, max_batch: int
     """
     extra: dict[str, Any] = {}
     info: dict[str, Any] = {}
-    ranges, table = resolve_schedule(schedule, gamma, acceptance, max_batch, target, idle)
+    card = host_card() if str(schedule).strip().startswith("auto") else None
+    ranges, table = resolve_schedule(schedule, gamma, acceptance, max_batch, target, idle, card)
     g = gamma
     if ranges is not None:
         g = max_gamma(ranges) if schedule.startswith("auto") else gamma
@@ -440,6 +490,7 @@ def spec_config_extra(gamma: int, acceptance: str, schedule: str, max_batch: int
         if table is not None:
             info["gamma_schedule_table"] = table
             info["gamma_schedule_source"] = table[0].get("source")
+            info.update(_card_check(table[0].get("source"), card))
     info["num_speculative_tokens"] = g
     rates = unconditional_rates(acceptance, g)
     if rates is not None:

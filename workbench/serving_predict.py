@@ -4,7 +4,8 @@ For a synthetic-acceptance leg (``acceptance`` not ``real``) the acceptance prof
 unconditional per-position rates vLLM drew against (``summary.speculative``), so a step yields
 E[tokens] = 1 + Σ rates[:γ]. The cost side is the cost ladder's c = (propose / γ) / verify step at that
 batch size and γ (E16: the table the leg's ``auto`` schedule priced that cell from, else the newest run folder
-with that cell for the target's size), and
+with that cell for the target's size, measured on the leg's GPU where one is; ``c_source`` names the card
+when it is not the leg's), and
 S(α, γ, c) = E[tokens] / (1 + γ c), the README's bound. Under a batch-size schedule γ is the schedule's
 at the cell's concurrency. At γ 0 (speculation off) S = 1 with knob ``draft_idle=skip``; with vLLM's
 ``sync`` the draft's pass over the batch still runs, S = 1 / (1 + c).
@@ -17,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from workbench.acceptance import RESULTS_E16, _shown
+from workbench.acceptance import REPO, RESULTS_E16, _shown, run_card
 
 __all__ = ["predicted_speedup"]
 
@@ -38,10 +39,14 @@ def _same_kernel(label: str, kernel: str) -> bool:
     return not named or (kernel if kernel in _KERNELS else "marlin") in named
 
 
-def _cost_cell(size: str, batch: int, gamma: int, kernel: str = "auto", root: Path = RESULTS_E16
-               ) -> tuple[float, str] | None:
-    """The lowest c of the newest E16 run with a (batch, γ) cell of ``size`` on the leg's draft kernel."""
-    for table in sorted(root.glob("*/tables/cost_ratio.csv"), reverse=True):
+def _cost_cell(size: str, batch: int, gamma: int, kernel: str = "auto", root: Path = RESULTS_E16,
+               card: str | None = None) -> tuple[float, str] | None:
+    """The lowest c of the newest E16 run with a (batch, γ) cell of ``size`` on the leg's draft kernel,
+    measured on ``card`` (the leg's GPU) where one is, else on any."""
+    tables = sorted(root.glob("*/tables/cost_ratio.csv"), reverse=True)
+    if card is not None:
+        tables = sorted(tables, key=lambda t: run_card(t.parents[1]) != card)  # stable: newest first in each
+    for table in tables:
         with table.open() as f:
             cs = [float(r["c"]) for r in csv.DictReader(f)
                   if r.get("size", "").split(" ")[0] == size and str(r.get("draft_graphs")) == "True"
@@ -49,6 +54,25 @@ def _cost_cell(size: str, batch: int, gamma: int, kernel: str = "auto", root: Pa
         if cs:
             return min(cs), _shown(table.parents[1])
     return None
+
+
+def _leg_card(leg_dir: Path) -> str | None:
+    """The GPU a leg ran on (its ``placement.json``)."""
+    try:
+        gpus = json.loads((leg_dir / "placement.json").read_text()).get("gpus") or []
+        return gpus[0].get("name") if gpus else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _with_card(source: str, card: str | None) -> str:
+    """``source`` (a run folder, maybe with a note) with the card it was measured on where that is not the
+    leg's: a draft step's share of a target step differs by card."""
+    run = source.split(" (")[0]
+    measured = run_card(Path(run) if Path(run).is_absolute() else REPO / run)
+    if measured and card and measured != card:
+        return f"{source}; measured on {measured}, the leg ran on {card}"
+    return source
 
 
 def _schedule_cell(info: dict, batch: int, gamma: int) -> tuple[float, str] | None:
@@ -77,16 +101,19 @@ def predicted_speedup(leg_dir: Path, summary: dict[str, Any], concurrency: int) 
         return {}
     kernel = str((summary.get("knobs") or {}).get("draft_linear_kernel") or "auto")
     size = Path(str(target)).name.split("-")[0]
+    card = _leg_card(leg_dir)
     if gamma == 0:  # vLLM's: the draft's pass over the batch still runs, about one draft step
-        cell = next((c for g in range(1, 9) if (c := _cost_cell(size, concurrency, g, kernel))), None)
+        cell = next((c for g in range(1, 9) if (c := _cost_cell(size, concurrency, g, kernel, card=card))), None)
         if cell is None:
             return {}
         return {"S_predicted": 1.0 / (1.0 + cell[0]), "c": cell[0],
-                "c_source": f"speculation off at this batch size, the draft's pass still runs; {cell[1]}",
+                "c_source": f"speculation off at this batch size, the draft's pass still runs; "
+                            f"{_with_card(cell[1], card)}",
                 "expected_tokens": 1.0}
-    cell = _schedule_cell(info, concurrency, gamma) or _cost_cell(size, concurrency, gamma, kernel)
+    cell = _schedule_cell(info, concurrency, gamma) or _cost_cell(size, concurrency, gamma, kernel, card=card)
     if cell is None:
         return {}
     c, source = cell
     tokens = 1.0 + sum(rates[:gamma])
-    return {"S_predicted": tokens / (1.0 + gamma * c), "c": c, "c_source": source, "expected_tokens": tokens}
+    return {"S_predicted": tokens / (1.0 + gamma * c), "c": c, "c_source": _with_card(source, card),
+            "expected_tokens": tokens}
