@@ -4,7 +4,10 @@ One E17 run under the tiny profile, as a user types it, in float32 with the twin
 (FlashAttention has no float32; vLLM picks its Triton attention): vanilla server, strict twin server (the
 plugin's real gate, async scheduling and the early output copy on, the CUDA defaults), vanilla server, each
 driven by vLLM's benchmark client at concurrency 1 and 8. The strict server's every answer must be the
-vanilla servers' text, at both concurrencies. Nothing here is a timing.
+vanilla servers' text, at both concurrencies. The second run does the same under a batch-size γ schedule
+(γ 6 at batch 1-2, off from 3, no draft pass when off) with the target's FULL graphs kept (knob
+``target_graphs=full``: a one-token step runs a vanilla engine's FULL graph, a γ 6 step vLLM's own).
+Nothing here is a timing.
 """
 
 from __future__ import annotations
@@ -31,10 +34,14 @@ def _texts(leg: Path) -> dict[tuple[int, int], str]:
     return out
 
 
-def test_strict_serving_on_cuda_equals_vanilla_at_concurrency_1_and_8(tiny_models, tmp_path):
+SCHEDULED = ["-p", "gamma_schedule=1-2:6/3-8:0", "-p", "draft_idle=skip", "-p", "target_graphs=full"]
+
+
+@pytest.mark.parametrize("extra", [[], SCHEDULED], ids=["fixed-gamma", "schedule-full-graphs"])
+def test_strict_serving_on_cuda_equals_vanilla_at_concurrency_1_and_8(tiny_models, tmp_path, extra):
     cmd = [sys.executable, "-m", "workbench.cli", "run", "E17", "--profile", "tiny", "-p", "dtype=float32",
            "-p", "legs=strict_g{gamma}", "-p", "concurrencies=1/8", "-p", "n=13", "-p", "max_tokens=64",
-           "--model-path", f"twin={tiny_models['twin-dequant']}", "--results", str(tmp_path),
+           *extra, "--model-path", f"twin={tiny_models['twin-dequant']}", "--results", str(tmp_path),
            "--formats", "html", "--no-notebook"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -48,3 +55,6 @@ def test_strict_serving_on_cuda_equals_vanilla_at_concurrency_1_and_8(tiny_model
     report = summary["engine_report"]
     assert report["async_scheduling"] is True and (report.get("early_output_steps") or 0) >= 1
     assert summary["cells"] and all(c["spec"]["num_drafts"] > 0 for c in summary["cells"])
+    if extra:
+        assert report["target_cudagraph_mode"] == "FULL_AND_PIECEWISE" and report["gamma_schedule_dynamic"]
+        assert report["target_single_token_graphs"] > 0 and report.get("draft_idle_skips", 0) > 0

@@ -289,7 +289,7 @@ def cmd_export(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="workbench", description="Twin-draft speculative decoding workbench")
     sub = ap.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="the experiment catalogue E1-E16").set_defaults(func=cmd_list)
+    sub.add_parser("list", help="the experiment catalogue E1-E18").set_defaults(func=cmd_list)
 
     def plan_args(p, smoke=True):
         p.add_argument("experiment", help="experiment id, e.g. E4")

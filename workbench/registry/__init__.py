@@ -1,4 +1,4 @@
-"""E1–E16 declared as data (experiments.yaml) and the model profiles (profiles.yaml).
+"""E1–E18 declared as data (experiments.yaml) and the model profiles (profiles.yaml).
 
 Both files are validated when loaded: a typo in a knob name, a role that no
 profile binds, or a value of the wrong type is an error naming the experiment
