@@ -206,46 +206,7 @@ def twin_linear(x: torch.Tensor, st: dict, bias: torch.Tensor | None = None) -> 
 
 # ---------------------------------------------------------------- static compile check (no GPU)
 
-_PTXAS = re.compile(r"Compiling entry function '(\S+)' for '(\w+)'.*?Used (\d+) registers", re.S)
-_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
-_MANGLED = re.compile(r"w4a16_decodeILi(\d)ELi(\d)ELi(\d)ELb(\d)E")
-
-
-def instance_name(r: int, nt: int, gs: int, z: bool) -> str:
-    return f"r{r}-nt{nt}-g{32 * gs}-{'zp' if z else 'sym'}"
-
-
-def compile_cubin(out_dir: Path, arch: str = "sm_90a", nvcc: str = "nvcc") -> tuple[Path, dict]:
-    """Every instance compiled by ``nvcc`` (no torch headers) to one cubin; ``{instance: ptxas facts}``."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    src = out_dir / "twin_w4a16_all.cu"
-    src.write_text('#include "twin_w4a16.cuh"\nnamespace twin_w4 {\nTWIN_W4_FOR_EACH(TWIN_W4_INSTANTIATE)\n}\n')
-    cubin = out_dir / f"twin_w4a16_{arch}.cubin"
-    res = subprocess.run([nvcc, "-O3", "-std=c++17", f"-arch={arch}", "-cubin", "-Xptxas", "-v", "-I", str(CSRC),
-                          "-o", str(cubin), str(src)], capture_output=True, text=True)
-    if res.returncode:
-        raise RuntimeError(f"nvcc failed:\n{res.stderr[-4000:]}")
-    info = {}
-    blocks = res.stderr.split("Compiling entry function")[1:]
-    for b in blocks:
-        m = _MANGLED.search(b)
-        regs = re.search(r"Used (\d+) registers", b)
-        spill = _SPILL.search(b)
-        stack = re.search(r"(\d+) bytes stack frame", b)
-        smem = re.search(r"(\d+) bytes smem", b)
-        if not m or not regs:
-            continue
-        r, nt, gs, z = (int(v) for v in m.groups())
-        info[instance_name(r, nt, gs, bool(z))] = {
-            "regs": int(regs.group(1)), "spill_bytes": int(spill.group(1)) + int(spill.group(2)) if spill else 0,
-            "stack_bytes": int(stack.group(1)) if stack else 0, "smem_bytes": int(smem.group(1)) if smem else 0}
-    return cubin, info
-
-
-def compile_check(out_dir: Path, arch: str = "sm_90a") -> dict:
-    """``compile_cubin``'s per-instance registers / spills / stack / shared memory."""
-    return compile_cubin(out_dir, arch)[1]
+from .twin_cuda_compile import compile_check, compile_cubin, instance_name  # noqa: E402,F401
 
 
 # ---------------------------------------------------------------- the vLLM kernel class

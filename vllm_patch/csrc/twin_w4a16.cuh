@@ -18,7 +18,9 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#ifndef __CUDACC_RTC__  // NVRTC (the CPU compile check, twin_cuda_compile.py) has no <stdint.h>: it defines them
 #include <stdint.h>
+#endif
 
 #include "twin_w4a16_api.h"
 
@@ -278,11 +280,15 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
   epilogue<R, NT>(p, acc, tile0, active, m0, g, t);
 }
 
+#ifndef __CUDACC_RTC__
 template <int R, int NT, int GS, bool HAS_Z>
 void launch(const Params& p, dim3 grid, cudaStream_t stream) {
   w4a16_decode<R, NT, GS, HAS_Z><<<grid, kWarps * 32, 0, stream>>>(p);
 }
 
 #define TWIN_W4_INSTANTIATE(R, NT, GS, HZ) template void launch<R, NT, GS, HZ>(const Params&, dim3, cudaStream_t);
+#endif
+// The kernel instances alone (device code: what NVRTC compiles)
+#define TWIN_W4_INSTANTIATE_KERNEL(R, NT, GS, HZ) template __global__ void w4a16_decode<R, NT, GS, HZ>(const Params);
 
 }  // namespace twin_w4

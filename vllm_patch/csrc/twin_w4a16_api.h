@@ -1,7 +1,9 @@
 // Host-side interface of the W4A16 decode kernel (twin_w4a16.cuh): parameters and the launch template.
 #pragma once
 
+#ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
+#endif
 
 namespace twin_w4 {
 
@@ -21,8 +23,10 @@ struct Params {
 
 constexpr int kWarps = 4;  // warps per CTA: each its own R row tiles, all on the CTA's k range
 
+#ifndef __CUDACC_RTC__
 template <int R, int NT, int GS, bool HAS_Z>
 void launch(const Params& p, dim3 grid, cudaStream_t stream);
+#endif
 
 // Every instance: R in {1, 2, 4} row tiles a warp, NT in {1, 2} token tiles of 8, GS = group / 32.
 #define TWIN_W4_FOR_EACH_R_NT(X, GS, HZ) \
