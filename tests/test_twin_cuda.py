@@ -2,6 +2,7 @@
 against the dequantized checkpoint; its source compiled for sm_90a where nvcc is on PATH."""
 import shutil
 import subprocess
+from itertools import product
 
 import pytest
 import torch
@@ -109,16 +110,22 @@ def test_cuda_source_compiles_for_sm90a_without_spills(nvrtc_info):
     for name, r in info.items():
         assert r["spill_bytes"] == 0 or r["regs"] >= 250, (name, r)  # only the widest tiles may spill
         assert r["regs"] <= 255 and r["smem_bytes"] < 1024, (name, r)
-    # the M <= 8 instances of the default plans (r 1 / 2 / 4, one token tile) never spill
+    # the M <= 8 instances of the default plans (r 1 / 2 / 4, one token tile) never spill, nor the deep scale
+    # ring's at r 1 and 2 (the plans that carry it; r 4 is already at 255 registers without it)
     assert all(info[twin_cuda.instance_name(r, 1, gs, z)]["spill_bytes"] == 0
                for r in (1, 2, 4) for gs in (1, 2, 4) for z in (False, True))
+    assert all(info[twin_cuda.instance_name(r, 1, gs, z, True)]["spill_bytes"] == 0
+               for r in (1, 2) for gs in (2, 4) for z in (False, True))
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on PATH to compare NVRTC's build with")
 def test_nvrtc_builds_the_kernel_nvcc_builds(nvrtc_info, tmp_path):
-    """The source NVRTC sees (host code guarded by __CUDACC_RTC__) is the kernel nvcc builds: same registers."""
-    by_nvcc = twin_cuda.compile_cubin(tmp_path, arch="sm_90a")[1]
-    assert {k: v["regs"] for k, v in by_nvcc.items()} == {k: v["regs"] for k, v in nvrtc_info.items()}
+    """The source NVRTC sees (host code guarded by __CUDACC_RTC__) is the kernel nvcc builds: same registers
+    (the one-token-tile instances of group 128, both flavours, both scale rings: a compile of all takes minutes)."""
+    some = [i for i in twin_cuda.INSTANCES if i[1] == 1 and i[2] == 4]
+    by_nvcc = twin_cuda.compile_cubin(tmp_path, arch="sm_90a", instances=some)[1]
+    assert len(by_nvcc) == len(some) == 12
+    assert {k: v["regs"] for k, v in by_nvcc.items()} == {k: nvrtc_info[k]["regs"] for k in by_nvcc}
 
 
 @pytest.mark.gpu
@@ -134,11 +141,13 @@ def test_cuda_kernel_matches_the_dequantized_reference(group, symmetric):
         for m in (1, 3, 8, 9, 16, 33):
             x = torch.randn(m, k, device=dev).to(torch.bfloat16)
             ref = x.float() @ ref_w.t()
-            for r in (1, 2, 4):
-                for waves in (1.0, 4.0, 16.0):  # one split and several
-                    p = twin_cuda.plan(n, k, m, group, twin_cuda.sm_count(dev), r=r, waves=waves)
-                    y = twin_cuda.w4a16_mm(x, st, p).float()
-                    err = float((y - ref).abs().max() / ref.abs().max())
-                    assert err < 8e-3, (n, k, m, r, p, err)  # bf16 output rounding
-                    assert torch.equal(y, twin_cuda.w4a16_mm(x, st, p).float())  # deterministic split-K
+            for r, waves, deep in product((1, 2, 4), (1.0, 4.0, 16.0), (False, True)):  # one split and several
+                p = twin_cuda.plan(n, k, m, group, twin_cuda.sm_count(dev), r=r, waves=waves, deep=deep)
+                y = twin_cuda.w4a16_mm(x, st, p).float()
+                err = float((y - ref).abs().max() / ref.abs().max())
+                assert err < 8e-3, (n, k, m, r, p, err)  # bf16 output rounding
+                assert torch.equal(y, twin_cuda.w4a16_mm(x, st, p).float())  # deterministic split-K
+                if deep:  # the same sums in the same order: the deep scale ring changes when, not what
+                    flat = twin_cuda.plan(n, k, m, group, twin_cuda.sm_count(dev), r=r, waves=waves)
+                    assert torch.equal(y, twin_cuda.w4a16_mm(x, st, flat).float())
     assert int(twin_cuda.counters(dev).abs().sum()) == 0  # every call leaves the counters zero

@@ -111,6 +111,21 @@ __device__ __forceinline__ void load_meta(const Params& p, const int (&tiles)[R]
     }
 }
 
+// The same into slot j of a ring of NM spans (the DEEP instances).
+template <int R, int NM, int E, bool HAS_Z>
+__device__ __forceinline__ void load_meta_slot(const Params& p, const int (&tiles)[R], int grp, int g, int j,
+                                               uint32_t (&s)[R][NM][E], uint32_t (&z)[R][NM][E]) {
+  uint32_t s1[R][E], z1[R][E];
+  load_meta<R, E, HAS_Z>(p, tiles, grp, g, s1, z1);
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      s[r][j][e] = s1[r][e];
+      z[r][j][e] = z1[r][e];
+    }
+}
+
 // A_z fragment (rows g, g + 8, g, g + 8): bf16 pairs -(128 + z) = 0xC300 | z (uint4b8: z = 8).
 template <bool HAS_Z>
 __device__ __forceinline__ void zero_words(uint32_t zb, uint32_t (&az)[4]) {
@@ -173,11 +188,16 @@ __host__ __device__ constexpr int ring_depth() {  // chunks per ring: even, a mu
 // R: row tiles of 16 per warp; NT: token tiles of 8 (M <= 8: 1, else 2; gridDim.z covers more);
 // GS: group / 32 (1, 2, 4); HAS_Z: zero points (uint4), else uint4b8. Every group boundary sits at a
 // static step of the unrolled ring (splits start on a group, the ring is a multiple of the span).
-template <int R, int NT, int GS, bool HAS_Z>
+// DEEP: the scales and zero points of a span are loaded from a ring of two weight rings' spans (2 RD / SPAN
+// slots, each refilled NM spans ahead, further ahead than the weights), else one span ahead: they come from
+// DRAM like the weights, and at 9-15 % occupancy a wait on them is not hidden (Nsight Compute, H100).
+template <int R, int NT, int GS, bool HAS_Z, bool DEEP>
 __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
   constexpr int RD = ring_depth<R, GS>();
   constexpr int E = GS == 1 ? 2 : 1;     // groups whose meta a span needs
   constexpr int SPAN = GS == 4 ? 2 : 1;  // chunks per span
+  constexpr int UNR = DEEP ? 2 : 1;          // weight rings a pass of the unrolled loop covers
+  constexpr int NM = UNR * RD / SPAN;        // DEEP: meta ring slots (spans), 2 rings' worth
   static_assert(RD % 2 == 0 && RD % SPAN == 0, "ring depth");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int tile0 = (blockIdx.x * kWarps + warp) * R;
@@ -218,19 +238,31 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
       xv[0][nt][0] = __ldg(xp[nt]);
       xv[0][nt][1] = __ldg(xp[nt] + 4);
     }
-    int grp = c_begin * 2 / GS;
+    int grp = c_begin * 2 / GS;  // the split's first group: span sp holds groups grp + E sp ..
     uint32_t s_cur[R][E], z_cur[R][E], s_nxt[R][E], z_nxt[R][E], az[R][E][4];
-    load_meta<R, E, HAS_Z>(p, tiles, grp, g, s_cur, z_cur);
-    load_meta<R, E, HAS_Z>(p, tiles, grp + E, g, s_nxt, z_nxt);
+    uint32_t sm[R][NM][E], zm[R][NM][E];  // DEEP
+    if constexpr (DEEP) {
 #pragma unroll
-    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < NM; ++j) load_meta_slot<R, NM, E, HAS_Z>(p, tiles, grp + j * E, g, j, sm, zm);
 #pragma unroll
-      for (int e = 0; e < E; ++e) zero_words<HAS_Z>(z_cur[r][e], az[r][e]);
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int e = 0; e < E; ++e) zero_words<HAS_Z>(zm[r][0][e], az[r][e]);
+    } else {
+      load_meta<R, E, HAS_Z>(p, tiles, grp, g, s_cur, z_cur);
+      load_meta<R, E, HAS_Z>(p, tiles, grp + E, g, s_nxt, z_nxt);
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int e = 0; e < E; ++e) zero_words<HAS_Z>(z_cur[r][e], az[r][e]);
+    }
     float P[R][NT][4];
-    for (int c0 = 0; c0 < nck; c0 += RD) {
+    for (int c0 = 0; c0 < nck; c0 += UNR * RD) {
 #pragma unroll
-      for (int d = 0; d < RD; ++d) {
-        const int c = c0 + d;
+      for (int du = 0; du < UNR * RD; ++du) {
+        const int d = du % RD;  // the weight ring's slot
+        const int c = c0 + du;
+        const int j = du / SPAN;  // DEEP: the span's meta slot (static: the loop is unrolled)
         if (c < nck) {
           const int cn = min(c + 1, nck - 1);  // x of the next chunk, one chunk ahead
 #pragma unroll
@@ -255,7 +287,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
             if (last) {
               uint32_t s1[R];
 #pragma unroll
-              for (int r = 0; r < R; ++r) s1[r] = s_cur[r][e];
+              for (int r = 0; r < R; ++r) s1[r] = DEEP ? sm[r][j][e] : s_cur[r][e];
               fold<R, NT>(acc, P, s1);
             }
           }
@@ -263,15 +295,23 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
 #pragma unroll
             for (int r = 0; r < R; ++r) buf[d][r] = ld_stream(wp[r] + (c + RD) * 32);
           if (d % SPAN == SPAN - 1) {  // the span's groups are folded: next span's meta
+            if constexpr (DEEP) {  // the next slot's A_z; this slot takes the span NM ahead
 #pragma unroll
-            for (int r = 0; r < R; ++r)
+              for (int r = 0; r < R; ++r)
 #pragma unroll
-              for (int e = 0; e < E; ++e) {
-                s_cur[r][e] = s_nxt[r][e];
-                zero_words<HAS_Z>(z_nxt[r][e], az[r][e]);
-              }
-            grp += E;
-            load_meta<R, E, HAS_Z>(p, tiles, grp + E, g, s_nxt, z_nxt);
+                for (int e = 0; e < E; ++e) zero_words<HAS_Z>(zm[r][(j + 1) % NM][e], az[r][e]);
+              load_meta_slot<R, NM, E, HAS_Z>(p, tiles, grp + (c0 / SPAN + j + NM) * E, g, j, sm, zm);
+            } else {
+#pragma unroll
+              for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int e = 0; e < E; ++e) {
+                  s_cur[r][e] = s_nxt[r][e];
+                  zero_words<HAS_Z>(z_nxt[r][e], az[r][e]);
+                }
+              grp += E;
+              load_meta<R, E, HAS_Z>(p, tiles, grp + E, g, s_nxt, z_nxt);
+            }
           }
         }
       }
@@ -281,14 +321,16 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
 }
 
 #ifndef __CUDACC_RTC__
-template <int R, int NT, int GS, bool HAS_Z>
+template <int R, int NT, int GS, bool HAS_Z, bool DEEP>
 void launch(const Params& p, dim3 grid, cudaStream_t stream) {
-  w4a16_decode<R, NT, GS, HAS_Z><<<grid, kWarps * 32, 0, stream>>>(p);
+  w4a16_decode<R, NT, GS, HAS_Z, DEEP><<<grid, kWarps * 32, 0, stream>>>(p);
 }
 
-#define TWIN_W4_INSTANTIATE(R, NT, GS, HZ) template void launch<R, NT, GS, HZ>(const Params&, dim3, cudaStream_t);
+#define TWIN_W4_INSTANTIATE(R, NT, GS, HZ, DP) \
+  template void launch<R, NT, GS, HZ, DP>(const Params&, dim3, cudaStream_t);
 #endif
 // The kernel instances alone (device code: what NVRTC compiles)
-#define TWIN_W4_INSTANTIATE_KERNEL(R, NT, GS, HZ) template __global__ void w4a16_decode<R, NT, GS, HZ>(const Params);
+#define TWIN_W4_INSTANTIATE_KERNEL(R, NT, GS, HZ, DP) \
+  template __global__ void w4a16_decode<R, NT, GS, HZ, DP>(const Params);
 
 }  // namespace twin_w4

@@ -24,15 +24,19 @@ struct Params {
 constexpr int kWarps = 4;  // warps per CTA: each its own R row tiles, all on the CTA's k range
 
 #ifndef __CUDACC_RTC__
-template <int R, int NT, int GS, bool HAS_Z>
+template <int R, int NT, int GS, bool HAS_Z, bool DEEP>
 void launch(const Params& p, dim3 grid, cudaStream_t stream);
 #endif
 
-// Every instance: R in {1, 2, 4} row tiles a warp, NT in {1, 2} token tiles of 8, GS = group / 32.
-#define TWIN_W4_FOR_EACH_R_NT(X, GS, HZ) \
-  X(1, 1, GS, HZ) X(2, 1, GS, HZ) X(4, 1, GS, HZ) X(1, 2, GS, HZ) X(2, 2, GS, HZ) X(4, 2, GS, HZ)
+// Every instance: R in {1, 2, 4} row tiles a warp, NT in {1, 2} token tiles of 8, GS = group / 32, DEEP:
+// the scales' ring as deep as the weights' (else one span ahead).
+#define TWIN_W4_FOR_EACH_R_NT_D(X, GS, HZ, DP) \
+  X(1, 1, GS, HZ, DP) X(2, 1, GS, HZ, DP) X(4, 1, GS, HZ, DP) X(1, 2, GS, HZ, DP) X(2, 2, GS, HZ, DP) X(4, 2, GS, HZ, DP)
+#define TWIN_W4_FOR_EACH_R_NT(X, GS, HZ) TWIN_W4_FOR_EACH_R_NT_D(X, GS, HZ, false) TWIN_W4_FOR_EACH_R_NT_D(X, GS, HZ, true)
 #define TWIN_W4_FOR_EACH_GS(X, HZ) \
   TWIN_W4_FOR_EACH_R_NT(X, 1, HZ) TWIN_W4_FOR_EACH_R_NT(X, 2, HZ) TWIN_W4_FOR_EACH_R_NT(X, 4, HZ)
+#define TWIN_W4_FOR_EACH_GS_D(X, HZ, DP) \
+  TWIN_W4_FOR_EACH_R_NT_D(X, 1, HZ, DP) TWIN_W4_FOR_EACH_R_NT_D(X, 2, HZ, DP) TWIN_W4_FOR_EACH_R_NT_D(X, 4, HZ, DP)
 #define TWIN_W4_FOR_EACH(X) TWIN_W4_FOR_EACH_GS(X, false) TWIN_W4_FOR_EACH_GS(X, true)
 
 }  // namespace twin_w4

@@ -10,7 +10,7 @@ namespace {
 
 void w4a16_mm(const torch::Tensor& x, const torch::Tensor& qw, const torch::Tensor& sc,
               const c10::optional<torch::Tensor>& zp, torch::Tensor& y, torch::Tensor& ws, torch::Tensor& counters,
-              int64_t n, int64_t group, int64_t r, int64_t nt, int64_t cps) {
+              int64_t n, int64_t group, int64_t r, int64_t nt, int64_t cps, bool deep) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1, "x: bf16 [M, K]");
   TORCH_CHECK(reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 && x.stride(0) % 8 == 0, "x rows 16-byte aligned");
   TORCH_CHECK(qw.scalar_type() == at::kInt && qw.dim() == 4 && qw.is_contiguous(), "qw: int32 [T, C, 32, 4]");
@@ -54,9 +54,9 @@ void w4a16_mm(const torch::Tensor& x, const torch::Tensor& qw, const torch::Tens
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int gs = static_cast<int>(group / 32);
-#define TWIN_W4_DISPATCH(R_, NT_, GS_, HZ_)                                  \
-  if (r == R_ && nt == NT_ && gs == GS_ && has_z == HZ_) {                  \
-    twin_w4::launch<R_, NT_, GS_, HZ_>(p, grid, stream);                    \
+#define TWIN_W4_DISPATCH(R_, NT_, GS_, HZ_, DP_)                             \
+  if (r == R_ && nt == NT_ && gs == GS_ && has_z == HZ_ && deep == DP_) {  \
+    twin_w4::launch<R_, NT_, GS_, HZ_, DP_>(p, grid, stream);               \
     C10_CUDA_KERNEL_LAUNCH_CHECK();                                          \
     return;                                                                  \
   }
