@@ -20,7 +20,8 @@ in rotating order) and the effective bandwidth, for
 - ``own-cuda``: ``vllm_patch.twin_cuda`` (CUDA C++, tensor cores; built with the host's ``nvcc`` at
   first use), its default launch plan; ``--cuda-sweep`` adds its other row tiles per warp and CTA
   targets as ``own-cuda[r<R>-w<waves>]`` rows, and the deep scale ring (``own-cuda[deep]``,
-  ``own-cuda[r2-deep]``: scales and zero points loaded two weight rings ahead);
+  ``own-cuda[r2-deep]``: scales and zero points loaded two weight rings ahead) and the staged kernel
+  (``own-cuda[pipe]``, ``own-cuda[r1-pipe]``: loads by cp.async into shared memory);
 - ``gemlite``: GemLite's Triton W4A16 kernels (``pip install gemlite``; its GEMV
   / RevSplit-K / split-K choice and autotuning), on the same weights in its
   ``(W_q - zeros) * scales`` form (skipped, with the reason, where it is not installed).
@@ -376,7 +377,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--kernels", default=",".join(KERNEL_ORDER))
     ap.add_argument("--cuda-sweep", action="store_true",
                     help="own-cuda: also time R = 1, 2, 4 row tiles per warp at 1, 2, 3, 6 CTAs per SM, and the "
-                         "deep scale ring (own-cuda[deep], own-cuda[r2-deep])")
+                         "deep scale ring (own-cuda[deep], own-cuda[r2-deep]) and the staged kernel (own-cuda[pipe], "
+                         "own-cuda[r1-pipe])")
     ap.add_argument("--out-root", type=Path, default=REPO / "results" / "int4-gemm")
     ap.add_argument("--dry-run", action="store_true", help="CPU: shapes and the reference path only")
     return ap
@@ -388,6 +390,7 @@ def _kernels(wanted: set[str], cuda_sweep: bool) -> tuple[list[Kernel], dict[str
     if cuda_sweep and "own-cuda" in wanted:
         kernels += [OwnCuda(r, w) for r in (1, 2, 4) for w in (1.0, 2.0, 3.0, 6.0)]
         kernels += [OwnCuda(deep=True), OwnCuda(r=2, deep=True)]  # the scales' ring as deep as two weight rings
+        kernels += [OwnCuda(pipe=True), OwnCuda(r=1, pipe=True)]  # the staged kernel (cp.async, shared memory)
     vk, skipped = vllm_kernels() if {"machete", "marlin", "humming"} & wanted else ([], {})
     kernels += [k for k in vk if k.name in wanted]
     if "gemlite" in wanted:

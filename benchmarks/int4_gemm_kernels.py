@@ -128,12 +128,12 @@ class OwnCuda(Kernel):
 
     name = "own-cuda"
 
-    def __init__(self, r=None, waves=None, deep=False):
-        self.r, self.waves, self.deep = r, waves, deep
-        if r is not None or deep:
+    def __init__(self, r=None, waves=None, deep=False, pipe=False):
+        self.r, self.waves, self.deep, self.pipe = r, waves, deep, pipe
+        if r is not None or deep or pipe:
             self.name = "own-cuda[" + "-".join(
                 ([f"r{r}"] if r is not None else []) + ([f"w{waves:g}"] if waves is not None else [])
-                + (["deep"] if deep else [])) + "]"
+                + (["deep"] if deep else []) + (["pipe"] if pipe else [])) + "]"
 
     def prepare(self, packed, scales, zeros, group, dense_bf16):
         from vllm_patch import twin_cuda, twin_cuda_layout
@@ -141,11 +141,11 @@ class OwnCuda(Kernel):
         twin_cuda.counters(packed.device)  # before any graph capture
         twin_cuda.extension()  # built once (minutes), outside the timed region
         st = twin_cuda_layout.repack(packed, scales, zeros, group)
-        if self.r is not None or self.deep:
+        if self.r is not None or self.deep or self.pipe:
             n, k = st["n"], st["k"]
             sms = twin_cuda.sm_count(packed.device)
-            st["plans"] = {m: twin_cuda.plan(n, k, m, group, sms, r=self.r, waves=self.waves, deep=self.deep)
-                           for m in range(1, 17)}
+            st["plans"] = {m: twin_cuda.plan(n, k, m, group, sms, r=self.r, waves=self.waves, deep=self.deep,
+                                             pipe=self.pipe) for m in range(1, 17)}
         return st
 
     def run(self, state, x):

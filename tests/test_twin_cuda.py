@@ -79,6 +79,12 @@ def test_shapes_the_kernel_does_not_take_are_refused():
         L.repack(packed, scales, zeros, 256)
 
 
+def test_the_staged_kernel_takes_one_or_two_row_tiles_without_the_deep_ring():
+    for bad in ({"r": 4}, {"deep": True}):
+        with pytest.raises(ValueError, match="the staged kernel"):
+            twin_cuda.plan(5120, 8192, 1, 128, pipe=True, **bad)
+
+
 def test_launch_plan_covers_k_in_whole_groups_and_rings():
     for n, k, m in ((10240, 5120, 1), (5120, 8192, 4), (51200, 5120, 16), (5120, 25600, 1), (40, 128, 33)):
         for group in L.GROUPS:
@@ -88,6 +94,8 @@ def test_launch_plan_covers_k_in_whole_groups_and_rings():
             assert plan.splits == -(-c // plan.cps) and plan.splits * plan.cps >= c
             assert plan.nt == (1 if m <= 8 else 2) and plan.grid[2] == -(-m // (8 * plan.nt))
             assert plan.grid[0] * 4 * plan.r * 16 >= n
+            staged = twin_cuda.plan(n, k, m, group, sms=132, pipe=True)
+            assert staged.pipe and staged.r <= 2 and staged.cps % max(1, group // 64) == 0 or staged.cps >= c
             # the default's waves: 3 at one token tile (M <= 8), 2 above (the sweep's measurement)
             assert plan == twin_cuda.plan(n, k, m, group, sms=132, r=plan.r, waves=3.0 if m <= 8 else 2.0)
 
@@ -106,26 +114,37 @@ def nvrtc_info(tmp_path_factory):
 def test_cuda_source_compiles_for_sm90a_without_spills(nvrtc_info):
     """On any host: NVRTC (torch's CUDA wheels) compiles every instance for sm_90a, as ptxas reports them."""
     info = nvrtc_info
-    assert sorted(info) == sorted(twin_cuda.instance_name(*i) for i in twin_cuda.INSTANCES)
+    assert sorted(info) == sorted([twin_cuda.instance_name(*i) for i in twin_cuda.INSTANCES]
+                                  + [twin_cuda.instance_name(*i, pipe=True) for i in twin_cuda.PIPE_INSTANCES])
     for name, r in info.items():
         assert r["spill_bytes"] == 0 or r["regs"] >= 250, (name, r)  # only the widest tiles may spill
-        assert r["regs"] <= 255 and r["smem_bytes"] < 1024, (name, r)
+        assert r["regs"] <= 255 and (r["smem_bytes"] < 1024 or name.endswith("-pipe")), (name, r)
     # the M <= 8 instances of the default plans (r 1 / 2 / 4, one token tile) never spill, nor the deep scale
     # ring's at r 1 and 2 (the plans that carry it; r 4 is already at 255 registers without it)
     assert all(info[twin_cuda.instance_name(r, 1, gs, z)]["spill_bytes"] == 0
                for r in (1, 2, 4) for gs in (1, 2, 4) for z in (False, True))
     assert all(info[twin_cuda.instance_name(r, 1, gs, z, True)]["spill_bytes"] == 0
                for r in (1, 2) for gs in (2, 4) for z in (False, True))
+    # the staged kernel: one chunk in registers (3 CTAs an SM: at most 170 a thread), its ring in shared memory
+    for i in twin_cuda.PIPE_INSTANCES:
+        r = info[twin_cuda.instance_name(*i, pipe=True)]
+        assert r["spill_bytes"] == 0 and r["regs"] <= 170 and 24 * 1024 < r["smem_bytes"] <= 48 * 1024, (i, r)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on PATH to compare NVRTC's build with")
 def test_nvrtc_builds_the_kernel_nvcc_builds(nvrtc_info, tmp_path):
     """The source NVRTC sees (host code guarded by __CUDACC_RTC__) is the kernel nvcc builds: same registers
-    (the one-token-tile instances of group 128, both flavours, both scale rings: a compile of all takes minutes)."""
+    (the one-token-tile instances of group 128, both flavours, both scale rings and the staged kernel: a
+    compile of all takes minutes)."""
     some = [i for i in twin_cuda.INSTANCES if i[1] == 1 and i[2] == 4]
-    by_nvcc = twin_cuda.compile_cubin(tmp_path, arch="sm_90a", instances=some)[1]
-    assert len(by_nvcc) == len(some) == 12
-    assert {k: v["regs"] for k, v in by_nvcc.items()} == {k: nvrtc_info[k]["regs"] for k in by_nvcc}
+    pipe = [i for i in twin_cuda.PIPE_INSTANCES if i[1] == 1 and i[2] == 4]
+    by_nvcc = twin_cuda.compile_cubin(tmp_path, arch="sm_90a", instances=some, pipe_instances=pipe)[1]
+    assert len(by_nvcc) == len(some) + len(pipe) == 16
+    plain = [k for k in by_nvcc if not k.endswith("-pipe")]
+    assert {k: by_nvcc[k]["regs"] for k in plain} == {k: nvrtc_info[k]["regs"] for k in plain}
+    # the staged kernel's register counts differ by a few between the two front ends (its copy helper and
+    # lambda); both compile it without spills
+    assert all(by_nvcc[k]["spill_bytes"] == nvrtc_info[k]["spill_bytes"] == 0 for k in by_nvcc if k not in plain)
 
 
 @pytest.mark.gpu
@@ -141,13 +160,15 @@ def test_cuda_kernel_matches_the_dequantized_reference(group, symmetric):
         for m in (1, 3, 8, 9, 16, 33):
             x = torch.randn(m, k, device=dev).to(torch.bfloat16)
             ref = x.float() @ ref_w.t()
-            for r, waves, deep in product((1, 2, 4), (1.0, 4.0, 16.0), (False, True)):  # one split and several
-                p = twin_cuda.plan(n, k, m, group, twin_cuda.sm_count(dev), r=r, waves=waves, deep=deep)
+            variants = [(r, w, d, False) for r, w, d in product((1, 2, 4), (1.0, 4.0, 16.0), (False, True))]
+            variants += [(r, w, False, True) for r, w in product((1, 2), (1.0, 4.0, 16.0))]  # the staged kernel
+            for r, waves, deep, pipe in variants:  # one split and several
+                p = twin_cuda.plan(n, k, m, group, twin_cuda.sm_count(dev), r=r, waves=waves, deep=deep, pipe=pipe)
                 y = twin_cuda.w4a16_mm(x, st, p).float()
                 err = float((y - ref).abs().max() / ref.abs().max())
                 assert err < 8e-3, (n, k, m, r, p, err)  # bf16 output rounding
                 assert torch.equal(y, twin_cuda.w4a16_mm(x, st, p).float())  # deterministic split-K
-                if deep:  # the same sums in the same order: the deep scale ring changes when, not what
+                if deep or pipe:  # the same sums in the same order: the scale ring or staging changes when, not what
                     flat = twin_cuda.plan(n, k, m, group, twin_cuda.sm_count(dev), r=r, waves=waves)
                     assert torch.equal(y, twin_cuda.w4a16_mm(x, st, flat).float())
     assert int(twin_cuda.counters(dev).abs().sum()) == 0  # every call leaves the counters zero

@@ -32,7 +32,7 @@ from . import twin_gemv_kernel as _gemv_kernel
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("twin_w4a16_torch.cpp", "twin_w4a16_zp.cu", "twin_w4a16_zp_deep.cu", "twin_w4a16_sym.cu",
-           "twin_w4a16_sym_deep.cu")
+           "twin_w4a16_sym_deep.cu", "twin_w4a16_pipe.cu")
 WARPS = 4  # kWarps of twin_w4a16_api.h
 KERNEL_NAME = "TwinCudaLinearKernel"
 OP_NAMESPACE = "twin_spec"
@@ -41,6 +41,8 @@ MIN_CAPABILITY = 80  # mma.sync m16n8k16 bf16
 # (R, NT, group / 32, zero points, deep scale ring): every instance the extension has (TWIN_W4_FOR_EACH)
 INSTANCES = tuple((r, nt, gs, z, d) for z in (False, True) for gs in (1, 2, 4) for d in (False, True)
                   for nt in (1, 2) for r in (1, 2, 4))
+# (R, NT, group / 32, zero points): the staged kernel's instances (TWIN_W4_PIPE_FOR_EACH, twin_w4a16_pipe.cuh)
+PIPE_INSTANCES = tuple((r, nt, gs, z) for z in (False, True) for gs in (1, 2, 4) for nt in (1, 2) for r in (1, 2))
 
 
 # ---------------------------------------------------------------- launch plan
@@ -54,10 +56,11 @@ class Plan:
     splits: int
     grid: tuple[int, int, int]
     deep: bool = False  # scales and zero points loaded as far ahead as the weight ring (else one span)
+    pipe: bool = False  # the staged kernel (cp.async into shared memory, twin_w4a16_pipe.cuh), r 1 or 2
 
     @property
     def tag(self) -> str:
-        return f"r{self.r}-nt{self.nt}-s{self.splits}" + ("-deep" if self.deep else "")
+        return f"r{self.r}-nt{self.nt}-s{self.splits}" + ("-deep" if self.deep else "") + ("-pipe" if self.pipe else "")
 
 
 def ring_depth(r: int) -> int:
@@ -66,7 +69,7 @@ def ring_depth(r: int) -> int:
 
 
 def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = None,
-         waves: float | None = None, deep: bool = False) -> Plan:
+         waves: float | None = None, deep: bool = False, pipe: bool = False) -> Plan:
     """About ``waves * sms`` CTAs of 4 warps (launch bounds guarantee 2 resident per SM). ``waves`` None: 3 at
     M <= 8, 2 above (measured: the configuration sweep of ``benchmarks/int4_gemm.py --cuda-sweep`` on an H100,
     zero-point twin, 32B layer set: 3 waves take M = 1 from 147.7 to 133.6 µs and M = 4 from 155.0 to
@@ -74,7 +77,8 @@ def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = Non
     warp where the row blocks fit that, else 4 (the 32B gate_up: 400 CTAs of 2 would leave a tail). Split-K
     fills the wave where N is small; splits start on a group and a ring. ``deep``: the kernel instance whose
     scales' ring is as deep as the weights' (Nsight Compute: the kernel waits on memory at 9-15 % occupancy;
-    not yet measured, so not the default)."""
+    not yet measured, so not the default). ``pipe``: the staged kernel, its loads in shared memory (r at most 2;
+    not yet run on a GPU)."""
     nt = 1 if m <= 8 else 2
     if waves is None:
         waves = 3.0 if nt == 1 else 2.0
@@ -82,7 +86,9 @@ def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = Non
     t = -(-n // layout.TILE)
     token_blocks = -(-m // (8 * nt))
     if r is None:
-        r = 2 if -(-t // (WARPS * 2)) * token_blocks <= waves * sms else 4
+        r = 2 if pipe or -(-t // (WARPS * 2)) * token_blocks <= waves * sms else 4
+    if pipe and (r > 2 or deep):
+        raise ValueError(f"the staged kernel (pipe) takes r 1 or 2 without the deep scale ring, not r={r}, deep={deep}")
     ring = ring_depth(r)
     row_blocks = -(-t // (WARPS * r))
     want = max(1, int(waves * sms // (row_blocks * token_blocks)))
@@ -91,13 +97,15 @@ def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = Non
     if cps >= c:
         cps = c
     splits = -(-c // cps)
-    return Plan(r=r, nt=nt, ring=ring, cps=cps, splits=splits, grid=(row_blocks, splits, token_blocks), deep=deep)
+    return Plan(r=r, nt=nt, ring=ring, cps=cps, splits=splits, grid=(row_blocks, splits, token_blocks), deep=deep,
+                pipe=pipe)
 
 
 def sweep_plans(n: int, k: int, m: int, group: int, sms: int = 132) -> list[Plan]:
     """Alternatives the benchmark times beside ``plan``'s default."""
     out = [plan(n, k, m, group, sms, r=r, waves=w) for r in (1, 2, 4) for w in (1.0, 2.0, 3.0, 6.0)]
     out += [plan(n, k, m, group, sms, deep=True), plan(n, k, m, group, sms, r=2, deep=True)]
+    out += [plan(n, k, m, group, sms, r=r, pipe=True) for r in (1, 2)]
     return list(dict.fromkeys(out))
 
 
@@ -167,12 +175,12 @@ def w4a16_mm(x: torch.Tensor, st: dict, p: Plan | None = None) -> torch.Tensor:
         return y
     p = p or plan(n, st["k"], m, st["group"], sm_count(x.device))
     if p.nt != (1 if m <= 8 else 2):
-        p = plan(n, st["k"], m, st["group"], sm_count(x.device), r=p.r, deep=p.deep)
+        p = plan(n, st["k"], m, st["group"], sm_count(x.device), r=p.r, deep=p.deep, pipe=p.pipe)
     if p.grid[0] * p.grid[2] > COUNTER_SLOTS:
         raise ValueError(f"{p.grid[0] * p.grid[2]} row x token blocks > {COUNTER_SLOTS} counters")
     ws = torch.empty(p.splits * m * n if p.splits > 1 else 0, dtype=torch.float32, device=x.device)
     extension().w4a16_mm(x, st["qw"], st["sc"], st["zp"], y, ws, counters(x.device), n, st["group"], p.r, p.nt,
-                         p.cps, p.deep)
+                         p.cps, p.deep, p.pipe)
     return y
 
 

@@ -39,4 +39,14 @@ void launch(const Params& p, dim3 grid, cudaStream_t stream);
   TWIN_W4_FOR_EACH_R_NT_D(X, 1, HZ, DP) TWIN_W4_FOR_EACH_R_NT_D(X, 2, HZ, DP) TWIN_W4_FOR_EACH_R_NT_D(X, 4, HZ, DP)
 #define TWIN_W4_FOR_EACH(X) TWIN_W4_FOR_EACH_GS(X, false) TWIN_W4_FOR_EACH_GS(X, true)
 
+#ifndef __CUDACC_RTC__
+// The staged kernel (twin_w4a16_pipe.cuh): R in {1, 2}, NT in {1, 2}, GS, zero points.
+template <int R, int NT, int GS, bool HAS_Z>
+void launch_pipe(const Params& p, dim3 grid, cudaStream_t stream);
+#endif
+#define TWIN_W4_PIPE_FOR_EACH_GS(X, GS, HZ) X(1, 1, GS, HZ) X(2, 1, GS, HZ) X(1, 2, GS, HZ) X(2, 2, GS, HZ)
+#define TWIN_W4_PIPE_FOR_EACH_HZ(X, HZ) \
+  TWIN_W4_PIPE_FOR_EACH_GS(X, 1, HZ) TWIN_W4_PIPE_FOR_EACH_GS(X, 2, HZ) TWIN_W4_PIPE_FOR_EACH_GS(X, 4, HZ)
+#define TWIN_W4_PIPE_FOR_EACH(X) TWIN_W4_PIPE_FOR_EACH_HZ(X, false) TWIN_W4_PIPE_FOR_EACH_HZ(X, true)
+
 }  // namespace twin_w4

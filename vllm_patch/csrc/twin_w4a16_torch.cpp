@@ -10,7 +10,7 @@ namespace {
 
 void w4a16_mm(const torch::Tensor& x, const torch::Tensor& qw, const torch::Tensor& sc,
               const c10::optional<torch::Tensor>& zp, torch::Tensor& y, torch::Tensor& ws, torch::Tensor& counters,
-              int64_t n, int64_t group, int64_t r, int64_t nt, int64_t cps, bool deep) {
+              int64_t n, int64_t group, int64_t r, int64_t nt, int64_t cps, bool deep, bool pipe) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1, "x: bf16 [M, K]");
   TORCH_CHECK(reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 && x.stride(0) % 8 == 0, "x rows 16-byte aligned");
   TORCH_CHECK(qw.scalar_type() == at::kInt && qw.dim() == 4 && qw.is_contiguous(), "qw: int32 [T, C, 32, 4]");
@@ -23,6 +23,7 @@ void w4a16_mm(const torch::Tensor& x, const torch::Tensor& qw, const torch::Tens
   const bool has_z = zp.has_value();
   if (has_z) TORCH_CHECK(zp->scalar_type() == at::kByte && zp->sizes() == sc.sizes() && zp->is_contiguous(), "zp");
   TORCH_CHECK(r == 1 || r == 2 || r == 4, "r in 1, 2, 4");
+  TORCH_CHECK(!pipe || (r <= 2 && !deep), "the staged kernel (pipe): r in 1, 2, no deep scale ring");
   TORCH_CHECK(nt == 1 || nt == 2, "nt in 1, 2");
   if (m == 0) return;
   const int64_t splits = (c + cps - 1) / cps;
@@ -60,7 +61,17 @@ void w4a16_mm(const torch::Tensor& x, const torch::Tensor& qw, const torch::Tens
     C10_CUDA_KERNEL_LAUNCH_CHECK();                                          \
     return;                                                                  \
   }
-  TWIN_W4_FOR_EACH(TWIN_W4_DISPATCH)
+#define TWIN_W4_DISPATCH_PIPE(R_, NT_, GS_, HZ_)                             \
+  if (pipe && r == R_ && nt == NT_ && gs == GS_ && has_z == HZ_) {          \
+    twin_w4::launch_pipe<R_, NT_, GS_, HZ_>(p, grid, stream);               \
+    C10_CUDA_KERNEL_LAUNCH_CHECK();                                          \
+    return;                                                                  \
+  }
+  TWIN_W4_PIPE_FOR_EACH(TWIN_W4_DISPATCH_PIPE)
+#undef TWIN_W4_DISPATCH_PIPE
+  if (!pipe) {
+    TWIN_W4_FOR_EACH(TWIN_W4_DISPATCH)
+  }
 #undef TWIN_W4_DISPATCH
   TORCH_CHECK(false, "no kernel instance for r=", r, " nt=", nt, " group=", group);
 }
