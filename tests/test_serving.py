@@ -161,3 +161,25 @@ def test_serving_ladder_plans_under_the_shape_profiles_with_random_weights():
     assert json.loads(cmd[cmd.index("--speculative-config") + 1]) == {
         "method": "draft_model", "model": "/m/32b-twin", "num_speculative_tokens": 4}
     assert "--enforce-eager" not in cmd and cmd[cmd.index("--max-num-seqs") + 1] == "16"
+
+
+def test_every_server_times_its_steps_and_the_table_shows_where_the_first_token_goes(e17):
+    """The plugin's step timer runs in every server (vanilla's too): per cell, the prefill steps' target forward,
+    and in a spec server the drafter's work after it (its own prefill and first draft); the warm-up's steps
+    left out. serving_legs.csv shows the medians."""
+    import pandas as pd
+
+    for leg in (*VANILLA_LEGS, *SPEC_LEGS):
+        costs = json.loads((e17["run"] / "legs" / leg / "summary.json").read_text())["cells"][0]["step_costs"]
+        assert costs["prefill_ms"]["n"] >= 1 and costs["prefill_ms"]["median"] > 0, leg
+        # 6 requests at concurrency 2 (the cell; 2 more in its warm-up): a step at least per output token
+        assert costs["steps"] >= 6, leg
+        if leg in SPEC_LEGS:
+            assert costs["prefill_propose_ms"]["median"] > 0 and costs["verify_ms"]["n"] >= 1, leg
+            assert costs["propose_ms"]["median"] > 0, leg
+        else:
+            assert costs["prefill_propose_ms"] is None and costs["decode_ms"]["n"] >= 1, leg
+    table = pd.read_csv(e17["run"] / "tables" / "serving_legs.csv").set_index("leg")
+    assert (table.loc[list(SPEC_LEGS), "prefill_draft_ms"] > 0).all()
+    assert table.loc[list(VANILLA_LEGS), "prefill_draft_ms"].isna().all()
+    assert (table["prefill_target_ms"] > 0).all() and (table["step_target_ms"] > 0).all()

@@ -287,3 +287,26 @@ def test_the_target_graph_mode_comes_from_the_engine_report_else_from_the_server
     assert graphs["strict_c1"] == "PIECEWISE"
     assert graphs["vanilla_c1"] == "FULL_AND_PIECEWISE"
     assert graphs["relaxed_c1"] is None or pd.isna(graphs["relaxed_c1"])  # neither recorded
+
+
+def test_the_step_timers_medians_are_columns_of_the_leg_table(run):
+    """The engine's time per step (the plugin's step timer, per cell in summary.json): the prefill step's target
+    forward and drafter work, the decode step's verification and propose; NaN where a leg has none."""
+    path = run / "legs" / "strict_c1" / "summary.json"
+    s = json.loads(path.read_text())
+    s["step_costs"] = {"steps": 40, "decode_steps": 36, "decode_ms": None,
+                       "verify_ms": {"median": 18.2, "q1": 18.0, "q3": 18.4, "n": 30},
+                       "propose_ms": {"median": 36.5, "q1": 36.0, "q3": 37.0, "n": 30},
+                       "prefill_ms": {"median": 97.0, "q1": 95.0, "q3": 99.0, "n": 4},
+                       "prefill_propose_ms": {"median": 110.0, "q1": 108.0, "q3": 111.0, "n": 4}}
+    path.write_text(json.dumps(s))
+    vpath = run / "legs" / "vanilla_c1" / "summary.json"
+    v = json.loads(vpath.read_text())
+    v["step_costs"] = {"decode_ms": {"median": 18.3, "q1": 18.1, "q3": 18.5, "n": 40},
+                       "prefill_ms": {"median": 96.0, "q1": 95.0, "q3": 98.0, "n": 4}, "prefill_propose_ms": None}
+    vpath.write_text(json.dumps(v))
+    table = serving.load(run)[0].set_index("leg")
+    assert table.loc["strict_c1", ["prefill_target_ms", "prefill_draft_ms", "step_target_ms", "step_draft_ms"]
+                     ].tolist() == [97.0, 110.0, 18.2, 36.5]
+    assert table.loc["vanilla_c1", "step_target_ms"] == 18.3 and table.loc["vanilla_c1", "prefill_target_ms"] == 96.0
+    assert pd.isna(table.loc["vanilla_c1", "prefill_draft_ms"]) and pd.isna(table.loc["relaxed_c1", "step_target_ms"])

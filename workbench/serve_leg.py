@@ -144,6 +144,9 @@ def server_env(cfg: legmod.LegConfig, report_dir: Path, on_cuda: bool) -> dict[s
     env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     # the plugin's trace is flushed through the dev RPC route; the server listens on loopback only
     env["VLLM_SERVER_DEV_MODE"] = "1"
+    # the plugin's step timer on every server, vanilla's too: the target's forward and the drafter's work per
+    # engine step, prefill steps apart (where a first token's time goes), a few events a step
+    env["VLLM_SPEC_STEP_TIMING"] = "1"
     if not on_cuda:
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
@@ -234,10 +237,12 @@ def _records(cfg: legmod.LegConfig, prompts: list, bench: dict, trace: dict[str,
 
 
 def _run_client(cfg: legmod.LegConfig, server: Server, client: BenchClient, base_url: str, dataset: Path,
-                cell: Path, n: int, prefix: str, concurrency: int) -> tuple[dict, list, dict, dict]:
+                cell: Path, n: int, prefix: str, concurrency: int,
+                steps: "StepsTail | None" = None) -> tuple[dict, list, dict, dict]:
     """One cell: a warm-up at the cell's concurrency (its own request ids, outside the counters), the
     counters before, vLLM's client at ``concurrency``, the counters after; the server's memory sampled
-    meanwhile. Returns (bench.json, memory samples, counters before, after)."""
+    meanwhile. Returns (bench.json, memory samples, counters before, after); ``after["steps"]``: the step
+    timer's rows of the cell (the warm-up's left out)."""
     import threading
 
     (cell / BENCH_JSON).unlink(missing_ok=True)
@@ -249,6 +254,8 @@ def _run_client(cfg: legmod.LegConfig, server: Server, client: BenchClient, base
         # the scheduler's first steps; they run here, before the cell's counters are read
         client.run(client_args(cfg, base_url, dataset, cell, concurrency, f"{prefix}warm-", concurrency,
                                save=False), cell / "warmup.log", None, timeout)
+        if steps is not None:
+            steps.read_new()  # the warm-up's steps
         before = parse_metrics(_http(f"{base_url}/metrics"))
         stop_sampling, memory = threading.Event(), []
         sampler = threading.Thread(target=lambda: memory.extend(server.sample_memory(stop_sampling)),
@@ -271,7 +278,35 @@ def _run_client(cfg: legmod.LegConfig, server: Server, client: BenchClient, base
             {"method": "twin_spec_flush_trace"}).encode(), timeout=120))
         traced = sum(int(x or 0) for x in res.get("results", []))
     after = parse_metrics(_http(f"{base_url}/metrics"))
-    return json.loads((cell / BENCH_JSON).read_text()), memory, before, dict(after, traced=traced)
+    rows = steps.read_new() if steps is not None else []
+    return json.loads((cell / BENCH_JSON).read_text()), memory, before, dict(after, traced=traced, steps=rows)
+
+
+def _flush_steps(base_url: str) -> list[Path]:
+    """The step timer's files, written out through the dev RPC route (none: the timer is off)."""
+    try:
+        res = json.loads(_http(f"{base_url}/collective_rpc", json.dumps(
+            {"method": "twin_spec_flush_steps"}).encode(), timeout=120))
+    except Exception:  # noqa: BLE001 - timing is a measurement, never the leg's failure
+        return []
+    return [Path(p) for p in res.get("results", []) if p]
+
+
+class StepsTail:
+    """The step timer's rows written since the last call (rank 0's file of the server's engine)."""
+
+    def __init__(self, base_url: str):
+        self.base_url, self.offset = base_url, 0
+
+    def read_new(self) -> list[dict]:
+        paths = _flush_steps(self.base_url)
+        if not paths:
+            return []
+        with paths[0].open() as f:
+            f.seek(self.offset)
+            text = f.read()
+            self.offset = f.tell()
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def _cell_summary(cfg: legmod.LegConfig, rows: list[dict], bench: dict, before: dict, after: dict,
@@ -288,6 +323,10 @@ def _cell_summary(cfg: legmod.LegConfig, rows: list[dict], bench: dict, before: 
                         "e2el_ms": _pct([r["e2el_s"] for r in ok])},
         "spec": _counter_delta(after, before) if cfg.draft is not None else None,
         "trace_steps_flushed": after.get("traced", 0),
+        # the engine's time per step (the plugin's step timer): prefill steps (the target's forward, the
+        # drafter's work after it: where a first token's time goes) and decode steps, ms quartiles
+        "step_costs": legmod.step_costs_of(after["steps"], cfg.knobs.gamma if cfg.draft is not None else None)
+        if after.get("steps") else None,
         "client": {k: v for k, v in bench.items() if k not in ("ttfts", "itls", "generated_texts", "errors",
                                                                 "output_lens", "input_lens", "start_times")},
         # the server's resident memory (its whole process tree) while the client ran
@@ -342,6 +381,7 @@ def run_serving_leg(cfg: legmod.LegConfig) -> dict:
         t0 = time.perf_counter()
         client = BenchClient(out / "client-worker.log")  # imports vLLM's client while the server starts
         server.start(base_url)
+        steps = StepsTail(base_url)
         # which processes are this leg's server (a test, or a user, can check none outlives the leg)
         write_json_atomic(out / SERVER_JSON, {"pid": server.proc.pid if server.proc else None, "port": port,
                                               "base_url": base_url})
@@ -351,7 +391,8 @@ def run_serving_leg(cfg: legmod.LegConfig) -> dict:
             cell.mkdir(exist_ok=True)
             n = cell_requests(len(prompts), c) if multi else len(prompts)
             prefix = f"{cfg.leg or 'leg'}-c{c}-" if multi else f"{cfg.leg or 'leg'}-"
-            bench, memory, before, after = _run_client(cfg, server, client, base_url, dataset, cell, n, prefix, c)
+            bench, memory, before, after = _run_client(cfg, server, client, base_url, dataset, cell, n, prefix, c,
+                                                       steps)
             trace = trace_tail.read_new() if trace_tail is not None else {}
             cell_rows = _records(cfg, prompts, bench, trace, knobs, _latencies(cell / TIMINGS, prefix, n), prefix, c)
             failed = [r["request_id"] for r in cell_rows if r["error"]]

@@ -49,7 +49,11 @@ LEG_COLUMNS = (["leg", "leg_index", "mode", "tier", "acceptance", "gamma", "conc
                + [f"{m}_ms_{s}" for m in LATENCIES for s in STATS]
                + ["output_throughput", "request_throughput", "duration_s",
                   "acceptance_rate", "acceptance_length", "trace_acceptance_rate", "trace_acceptance_length",
-                  "placement", "target_graphs"])
+                  "placement", "target_graphs"]
+               # the engine's time per step (medians, ms; the plugin's step timer): a prefill step's target
+               # forward and the drafter's work after it (where a first token's time goes), a decode step's
+               # target forward (the verification where drafts were made) and the drafter's propose
+               + ["prefill_target_ms", "prefill_draft_ms", "step_target_ms", "step_draft_ms"])
 PAIR_METRICS = ("tpot_speedup", "throughput_ratio", "ttft_ratio")
 SPEEDUP_COLUMNS = (["leg", "leg_index", "tier", "acceptance", "gamma", "concurrency"]
                    + [f"{m}{s}" for m in PAIR_METRICS for s in ("", "_q25", "_q75", "_iqr")]
@@ -194,6 +198,18 @@ def _identity(leg: ServingLeg) -> dict[str, Any]:
             "concurrency": s.get("concurrency", first.get("concurrency"))}
 
 
+def _step_medians(costs: Any) -> dict[str, float]:
+    """The step timer's medians a leg table row shows (NaN where a leg has none: run before the timer was on,
+    or a step kind that did not occur)."""
+    def med(key: str) -> float:
+        q = costs.get(key) if isinstance(costs, dict) else None
+        return float(q["median"]) if isinstance(q, dict) and q.get("median") is not None else np.nan
+
+    verify = med("verify_ms")
+    return {"prefill_target_ms": med("prefill_ms"), "prefill_draft_ms": med("prefill_propose_ms"),
+            "step_target_ms": verify if np.isfinite(verify) else med("decode_ms"), "step_draft_ms": med("propose_ms")}
+
+
 def leg_table(legs: list[ServingLeg]) -> pd.DataFrame:
     """(a) One row per serving leg: request counts, latency statistics (ms), throughput, acceptance."""
     rows = []
@@ -201,7 +217,7 @@ def leg_table(legs: list[ServingLeg]) -> pd.DataFrame:
         ok = [r for r in leg.records if _ok(r)]
         row = _identity(leg)
         row.update(n=len(leg.records), completed=len(ok), placement=_placement(leg.path),
-                   target_graphs=_target_graphs(leg))
+                   target_graphs=_target_graphs(leg), **_step_medians(leg.summary.get("step_costs")))
         values = {"ttft": [_num(r["ttft_s"]) for r in ok],
                   "tpot": [_num(r["tpot_s"]) for r in ok if r["tpot_s"] is not None],
                   "itl": [float(x) for r in ok for x in (r["itl_s"] or [])],
