@@ -84,6 +84,17 @@ __device__ __forceinline__ void step(int i, const uint4 (&w)[R], const uint4 (&x
   }
 }
 
+// The accumulators at zero.
+template <int R, int NT>
+__device__ __forceinline__ void zero_acc(float (&acc)[R][NT][4]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[r][nt][c] = 0.0f;
+}
+
 // End of a group: acc += s * P per row (s: bf16 scales of rows g and g + 8).
 template <int R, int NT>
 __device__ __forceinline__ void fold(float (&acc)[R][NT][4], const float (&P)[R][NT][4], const uint32_t (&s)[R]) {
@@ -205,12 +216,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
   const int m0 = blockIdx.z * 8 * NT;
   const bool active = tile0 < p.T && nck > 0;
   float acc[R][NT][4];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[r][nt][c] = 0.0f;
+  zero_acc<R, NT>(acc);
 
   if (active) {
     int tiles[R];

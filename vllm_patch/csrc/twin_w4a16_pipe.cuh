@@ -64,12 +64,7 @@ __global__ void __launch_bounds__(kWarps * 32, 3) w4a16_decode_pipe(const Params
   const int rows = min(8 * NT, p.M - m0);  // x rows of the token block that exist
   const bool active = tile0 < p.T && nck > 0;
   float acc[R][NT][4];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[r][nt][c] = 0.0f;
+  zero_acc<R, NT>(acc);
 
   if (active) {
     PipeStage<R, NT, EC>* my = stages[warp];
