@@ -1,6 +1,7 @@
 """Where the own CUDA W4A16 kernel's time goes: Nsight Compute's counters per GEMM of a layer set.
 
-    python benchmarks/int4_ncu.py [--sizes 32b] [--ms 1,4,16] [--symmetric] [--out-root DIR]
+    python benchmarks/int4_ncu.py [--sizes 32b] [--ms 1,4,16] [--variants default,deep,pipe] [--symmetric]
+                                  [--out-root DIR]
 
 ``benchmarks/int4_gemm.py`` times ``own-cuda`` (``vllm_patch.twin_cuda``) against the byte floor; this
 says why a GEMM is where it is. It runs itself under ``ncu`` (Nsight Compute, on the GPU host's PATH or
@@ -41,6 +42,8 @@ for _p in (str(REPO), str(HERE)):  # the repository and the sibling benchmark mo
 
 KERNEL = "w4a16_decode"
 CALLS = 3  # per GEMM and M: two warm-up calls, the third is read
+# the kernel's launch-plan variants (twin_cuda.plan): its default, the deep scale ring, the staged kernel
+VARIANTS = {"default": {}, "deep": {"deep": True}, "pipe": {"pipe": True}}
 METRICS = {
     "gpu__time_duration.sum": "duration_ns",
     "dram__bytes_read.sum": "dram_read_bytes",
@@ -65,15 +68,15 @@ CORE = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__throughput.avg.
         "sm__throughput.avg.pct_of_peak_sustained_elapsed", "launch__registers_per_thread", "launch__grid_size")
 
 
-def _child(sizes: list[str], ms: list[int], symmetric: bool, group: int) -> int:
+def _child(sizes: list[str], ms: list[int], symmetric: bool, group: int, variants: list[str]) -> int:
     """Run every GEMM of the layer sets ``CALLS`` times per M, in the order ``_plan`` lists them."""
     import torch
 
     from int4_gemm_kernels import OwnCuda, random_layer
 
     gen = torch.Generator(device="cuda").manual_seed(0)
-    kernel = OwnCuda()
-    for size, gemm, n, k, m in _plan(sizes, ms):
+    for variant, size, gemm, n, k, m in _plan(sizes, ms, variants):
+        kernel = OwnCuda(**VARIANTS[variant])
         packed, scales, zeros = random_layer(n, k, group, symmetric, "cuda", gen)
         state = kernel.prepare(packed, scales, zeros, group, None)
         x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
@@ -84,10 +87,11 @@ def _child(sizes: list[str], ms: list[int], symmetric: bool, group: int) -> int:
     return 0
 
 
-def _plan(sizes: list[str], ms: list[int]) -> list[tuple[str, str, int, int, int]]:
+def _plan(sizes: list[str], ms: list[int], variants: list[str]) -> list[tuple[str, str, str, int, int, int]]:
     from int4_gemm_kernels import gemm_shapes
 
-    return [(size, g, n, k, m) for size in sizes for m in ms for g, (n, k) in gemm_shapes(size).items()]
+    return [(v, size, g, n, k, m) for v in variants for size in sizes for m in ms
+            for g, (n, k) in gemm_shapes(size).items()]
 
 
 def ncu_path() -> str | None:
@@ -120,9 +124,9 @@ def assign(plan: list[tuple], launches: list[dict]) -> list[dict]:
     if len(launches) != CALLS * len(plan):
         raise SystemExit(f"ncu profiled {len(launches)} launches of {KERNEL}, expected {CALLS * len(plan)}")
     rows = []
-    for i, (size, gemm, n, k, m) in enumerate(plan):
+    for i, (variant, size, gemm, n, k, m) in enumerate(plan):
         rec = dict(launches[CALLS * i + CALLS - 1])
-        rec.update(size=size, gemm=gemm, n=n, k=k, m=m)
+        rec.update(variant=variant, size=size, gemm=gemm, n=n, k=k, m=m)
         rows.append(rec)
     return rows
 
@@ -136,16 +140,16 @@ def report(rows: list[dict], title: str) -> str:
              "Nsight Compute counters of `own-cuda` (`w4a16_decode`), one launch per GEMM and M (the third call on "
              "fresh weights, caches flushed, clocks unlocked). TB/s: DRAM bytes read / duration. Stalls: cycles a "
              "warp waits per issued instruction, the three largest reasons.", "",
-             "| size | GEMM | M | µs | DRAM read MB | TB/s | DRAM % peak | SM % | issue % | occupancy % | tensor % "
-             "| regs | grid | top stalls |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| variant | size | GEMM | M | µs | DRAM read MB | TB/s | DRAM % peak | SM % | issue % | occupancy % "
+             "| tensor % | regs | grid | top stalls |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         us = r["duration_ns"] / 1e3 if isinstance(r["duration_ns"], float) else None
         tbps = (r["dram_read_bytes"] / r["duration_ns"] / 1e3) if us and isinstance(r["dram_read_bytes"], float) else None
         stalls = sorted(((r[f"stall_{s}"], s) for s in STALLS if isinstance(r.get(f"stall_{s}"), float)),
                         reverse=True)[:3]
         top = ", ".join(f"{s} {v:.2f}" for v, s in stalls)
-        lines.append(f"| {r['size']} | {r['gemm']} | {r['m']} | {_fmt(us, '.1f')} | "
+        lines.append(f"| {r.get('variant', 'default')} | {r['size']} | {r['gemm']} | {r['m']} | {_fmt(us, '.1f')} | "
                      f"{_fmt(r['dram_read_bytes'] / 1e6 if isinstance(r['dram_read_bytes'], float) else None, '.1f')} | "
                      f"{_fmt(tbps, '.2f')} | {_fmt(r['dram_pct_peak'], '.0f')} | {_fmt(r['sm_pct_peak'], '.0f')} | "
                      f"{_fmt(r['issue_active_pct'], '.0f')} | {_fmt(r['occupancy_pct'], '.0f')} | "
@@ -159,13 +163,20 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="32b")
     ap.add_argument("--ms", default="1,4,16")
     ap.add_argument("--group", type=int, default=128)
+    ap.add_argument("--variants", default="default",
+                    help="comma-separated launch-plan variants: default, deep (scale ring), pipe (staged kernel)")
     ap.add_argument("--symmetric", action="store_true", help="uint4b8 (zero point 8) instead of zero points")
     ap.add_argument("--out-root", default=str(REPO / "results" / "int4-ncu"))
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     sizes, ms = a.sizes.split(","), [int(v) for v in a.ms.split(",")]
+    variants = [v for v in a.variants.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants:
+        print(f"int4_ncu: --variants {a.variants!r}: each one of {', '.join(VARIANTS)}", file=sys.stderr)
+        return 2
     if a.child:
-        return _child(sizes, ms, a.symmetric, a.group)
+        return _child(sizes, ms, a.symmetric, a.group, variants)
     ncu = ncu_path()
     if ncu is None:
         print("int4_ncu: no `ncu` on PATH or in /usr/local/cuda/bin (Nsight Compute is needed)", file=sys.stderr)
@@ -177,9 +188,9 @@ def main(argv=None) -> int:
     if torch is None or not torch.cuda.is_available():
         print("int4_ncu: needs a CUDA GPU", file=sys.stderr)
         return 2
-    plan = _plan(sizes, ms)
+    plan = _plan(sizes, ms, variants)
     child = [sys.executable, str(Path(__file__).resolve()), "--child", "--sizes", a.sizes, "--ms", a.ms,
-             "--group", str(a.group)] + (["--symmetric"] if a.symmetric else [])
+             "--group", str(a.group), "--variants", ",".join(variants)] + (["--symmetric"] if a.symmetric else [])
     for metrics in (list(METRICS), list(CORE)):
         cmd = [ncu, "--csv", "--page", "raw", "--print-units", "base", "--clock-control", "none",
                "--cache-control", "all", "--kernel-name", f"regex:{KERNEL}", "--metrics", ",".join(metrics)] + child
@@ -194,7 +205,7 @@ def main(argv=None) -> int:
     tag = next((t.lower() for t in dev.split() if t[:1] in "ABHL" and t[1:4].isdigit()), "gpu")
     out = Path(a.out_root) / f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{tag}"
     out.mkdir(parents=True, exist_ok=True)
-    keys = ["size", "gemm", "n", "k", "m"] + list(METRICS.values())
+    keys = ["variant", "size", "gemm", "n", "k", "m"] + list(METRICS.values())
     with (out / "metrics.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         w.writeheader()

@@ -13,7 +13,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import int4_ncu  # noqa: E402
 
-PLAN = [("32b", "qkv", 10240, 5120, 1), ("32b", "o", 5120, 8192, 1)]
+PLAN = [("default", "32b", "qkv", 10240, 5120, 1), ("pipe", "32b", "o", 5120, 8192, 1)]
 
 
 def _raw_csv(durations_ns: list[float]) -> str:
@@ -47,11 +47,12 @@ def test_the_read_call_of_each_gemm_is_its_third_launch_and_the_report_names_its
     launches = int4_ncu.parse(_raw_csv(durations))
     assert len(launches) == 6 and all("w4a16_decode" in r["kernel"] for r in launches)  # the fill kernel dropped
     rows = int4_ncu.assign(PLAN, launches)
-    assert [(r["gemm"], r["duration_ns"]) for r in rows] == [("qkv", 17700.0), ("o", 15200.0)]
+    assert [(r["variant"], r["gemm"], r["duration_ns"]) for r in rows] == [("default", "qkv", 17700.0),
+                                                                           ("pipe", "o", 15200.0)]
     assert rows[0]["dram_read_bytes"] == 26214400.0 and rows[0]["stall_long_scoreboard"] == 7.5
     text = int4_ncu.report(rows, "t")
     qkv = next(line for line in text.splitlines() if "| qkv |" in line)
-    assert "| 17.7 |" in qkv and "| 26.2 |" in qkv and "| 1.48 |" in qkv  # µs, MB read, TB/s = bytes / time
+    assert qkv.startswith("| default | 32b | qkv | 1 | 17.7 |") and "| 26.2 | 1.48 |" in qkv  # µs, MB, TB/s
     assert qkv.split("| ")[-1].startswith("long_scoreboard 7.50, barrier 1.25, ")  # the largest first
 
 
@@ -64,3 +65,9 @@ def test_without_ncu_the_benchmark_says_so_before_anything_runs(monkeypatch, cap
     monkeypatch.setattr(int4_ncu, "ncu_path", lambda: None)
     assert int4_ncu.main(["--ms", "1"]) == 2
     assert "no `ncu`" in capsys.readouterr().err
+
+
+def test_an_unknown_variant_is_refused_before_anything_runs(monkeypatch, capsys):
+    monkeypatch.setattr(int4_ncu, "ncu_path", lambda: "/usr/bin/true")
+    assert int4_ncu.main(["--ms", "1", "--variants", "default,fast"]) == 2
+    assert "--variants 'default,fast': each one of default, deep, pipe" in capsys.readouterr().err
