@@ -202,7 +202,9 @@ def main(argv=None) -> int:
         return proc.returncode
     rows = assign(plan, parse(proc.stdout))
     dev = torch.cuda.get_device_name(0)
-    tag = next((t.lower() for t in dev.split() if t[:1] in "ABHL" and t[1:4].isdigit()), "gpu")
+    from int4_gemm import gpu_tag  # the int4 GEMM benchmark's folder tag for this GPU
+
+    tag = gpu_tag(dev)
     out = Path(a.out_root) / f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{tag}"
     out.mkdir(parents=True, exist_ok=True)
     keys = ["variant", "size", "gemm", "n", "k", "m"] + list(METRICS.values())

@@ -19,9 +19,7 @@ nvcc nor vLLM.
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 

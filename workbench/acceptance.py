@@ -443,10 +443,15 @@ def resolve_schedule(spec: str, gamma: int, acceptance: str, max_batch: int, tar
     return ranges, None
 
 
+def source_card(source: str | None) -> str | None:
+    """``run_card`` of a run folder as records name it (``_shown``: relative to the repository, or absolute)."""
+    return run_card(Path(source) if Path(source).is_absolute() else REPO / source) if source else None
+
+
 def _card_check(source: str | None, card: str | None) -> dict[str, Any]:
     """Which GPU the schedule's cost table was measured on against the GPU here; a warning where they differ
     (said once per process and table)."""
-    table_card = run_card(Path(source) if Path(source).is_absolute() else REPO / source) if source else None
+    table_card = source_card(source)
     same = None if table_card is None or card is None else table_card == card
     if same is False:
         _warn_once(f"gamma_schedule auto: the cost table {source} was measured on {table_card}, this leg runs on "

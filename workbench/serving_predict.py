@@ -18,7 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from workbench.acceptance import REPO, RESULTS_E16, _shown, run_card
+from workbench.acceptance import RESULTS_E16, _shown, run_card, source_card
+from workbench.runfolder import PLACEMENT, read_json
 
 __all__ = ["predicted_speedup"]
 
@@ -59,7 +60,7 @@ def _cost_cell(size: str, batch: int, gamma: int, kernel: str = "auto", root: Pa
 def _leg_card(leg_dir: Path) -> str | None:
     """The GPU a leg ran on (its ``placement.json``)."""
     try:
-        gpus = json.loads((leg_dir / "placement.json").read_text()).get("gpus") or []
+        gpus = read_json(leg_dir / PLACEMENT).get("gpus") or []
         return gpus[0].get("name") if gpus else None
     except (OSError, ValueError, AttributeError):
         return None
@@ -68,8 +69,7 @@ def _leg_card(leg_dir: Path) -> str | None:
 def _with_card(source: str, card: str | None) -> str:
     """``source`` (a run folder, maybe with a note) with the card it was measured on where that is not the
     leg's: a draft step's share of a target step differs by card."""
-    run = source.split(" (")[0]
-    measured = run_card(Path(run) if Path(run).is_absolute() else REPO / run)
+    measured = source_card(source.split(" (")[0])
     if measured and card and measured != card:
         return f"{source}; measured on {measured}, the leg ran on {card}"
     return source
