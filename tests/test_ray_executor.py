@@ -103,6 +103,35 @@ def _records(where: dict[str, str | None]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+NICER_TASK = """
+import os, sys
+from workbench import placement
+from workbench.ray_executor import _as_nice_as
+os.nice(5)                       # a worker of a cluster started with Ray's default niceness
+before = placement.niceness()
+_as_nice_as(before - 5)          # the driver's
+print(before, placement.niceness(), os.geteuid())
+"""
+
+
+def test_a_task_takes_the_drivers_niceness_where_it_may_and_a_nicer_group_is_warned_about(tmp_path):
+    out = subprocess.run([sys.executable, "-c", NICER_TASK], cwd=REPO, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    before, after, uid = (int(x) for x in out.stdout.split())
+    # lowering niceness needs CAP_SYS_NICE: root takes the driver's, anyone else keeps Ray's (placement says so)
+    assert after == (before - 5 if uid == 0 else before)
+    from workbench.ray_executor import _Board
+    g = bracket_groups(plan("E4", "tiny", TWO_BRACKETS, True, own_brackets=True).legs)
+    lines: list[str] = []
+    board = _Board(tmp_path, {}, g, g, "t", lines.append)
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    board.start(g[0], {"host": "h", "gpus": [], "niceness": mine})
+    assert not any("warning" in l for l in lines)
+    board.start(g[0], {"host": "h", "gpus": [], "niceness": mine + 15})
+    assert f"run at niceness {mine + 15}, this driver at {mine}" in lines[-1] and "RAY_worker_niceness=0" in lines[-1]
+
+
 def test_a_bracket_on_two_devices_is_refused_and_one_device_is_paired():
     one = {"vanilla_1": "h/GPU-a", "strict_g6": "h/GPU-a", "vanilla_2": "h/GPU-a"}
     assert bracketed_speedup(_records(one))["speedup"].tolist() == [1.5]
@@ -236,6 +265,9 @@ def _check_complete_run(rdir: Path, st: dict[str, str]) -> None:
     where = _placements(rdir)
     assert set(where) == set(st)
     assert all(w["executor"] == "ray" and w["node_id"] and w["device"] == "cpu" for w in where.values())
+    # Ray starts its workers 15 steps nicer than the driver unless told otherwise; the legs run at the driver's
+    # (a local instance is started with worker_niceness 0, so the task needs no privilege to undo it)
+    assert {(w["niceness"], w["niceness_from_ray"]) for w in where.values()} == {(os.getpriority(os.PRIO_PROCESS, 0),) * 2}
     by_group = {g["group"]: {placement_key(where[n]) for n in g["legs"]} for g in state["groups"]}
     assert all(len(keys) == 1 for keys in by_group.values()), by_group  # a bracket on one device
     from workbench.results import load_run

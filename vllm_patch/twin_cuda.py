@@ -74,9 +74,9 @@ def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = Non
     138.8, every GEMM faster; at M = 16 two waves stay ahead, 209.4 against 222.3). ``r`` None: 2 row tiles a
     warp where the row blocks fit that, else 4 (the 32B gate_up: 400 CTAs of 2 would leave a tail). Split-K
     fills the wave where N is small; splits start on a group and a ring. ``deep``: the kernel instance whose
-    scales' ring is as deep as the weights' (Nsight Compute: the kernel waits on memory at 9-15 % occupancy;
-    not yet measured, so not the default). ``pipe``: the staged kernel, its loads in shared memory (r at most 2;
-    not yet run on a GPU)."""
+    scales' ring is as deep as the weights' (H100, 32B layer set: 2 % slower than the default, so not the
+    default). ``pipe``: the staged kernel, its loads in shared memory (r at most 2; H100: 10 % slower at M = 1,
+    42 % at M = 16; docs/benchmarks.md)."""
     nt = 1 if m <= 8 else 2
     if waves is None:
         waves = 3.0 if nt == 1 else 2.0

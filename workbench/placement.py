@@ -20,7 +20,7 @@ import socket
 import subprocess
 from typing import Any
 
-__all__ = ["capture", "placement_key", "gpu_probe"]
+__all__ = ["capture", "placement_key", "gpu_probe", "niceness"]
 
 
 def _visible() -> list[str] | None:
@@ -67,14 +67,20 @@ def capture(executor: str, group: int | None = None, node_id: str | None = None,
     """Where a leg starts now: ``host``, ``node_id`` (Ray's, or None), ``device`` ``gpu`` | ``cpu``,
     ``gpus`` (index, uuid, name of each GPU the leg may use), ``cuda_visible_devices`` (as set: under Ray
     on a CPU host, the logical GPU the group holds), ``driver_version``, ``cuda_version``, ``executor``,
-    ``group``, ``pid`` (the process that starts the leg)."""
+    ``group``, ``pid`` (the process that starts the leg), ``niceness`` (its scheduling niceness, which the leg's
+    processes inherit: Ray starts its workers 15 steps nicer than its raylet unless told otherwise)."""
     probe = gpu_probe() if probe is None else probe
     visible = _visible()
     gpus = _select(probe["gpus"], visible) if probe and probe.get("gpus") else []
     return {"host": socket.gethostname(), "node_id": node_id, "device": "gpu" if gpus else "cpu",
             "gpus": gpus, "cuda_visible_devices": None if visible is None else ",".join(visible),
             "driver_version": (probe or {}).get("driver_version"), "cuda_version": (probe or {}).get("cuda_version"),
-            "executor": executor, "group": group, "pid": os.getpid()}
+            "executor": executor, "group": group, "pid": os.getpid(), "niceness": niceness()}
+
+
+def niceness() -> int:
+    """This process's scheduling niceness (0 for a process started as usual)."""
+    return os.getpriority(os.PRIO_PROCESS, 0)
 
 
 def placement_key(record: dict[str, Any] | None) -> str | None:

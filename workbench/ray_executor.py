@@ -69,17 +69,33 @@ def _completed_elsewhere(rdir: Path, done: list[str], here: str | None) -> list[
     return out
 
 
+def _as_nice_as(driver_nice: int | None) -> int:
+    """Bring this task's niceness back to the driver's where Ray started the worker nicer (Ray's default is
+    15 steps above its raylet's). Lowering it needs CAP_SYS_NICE on a cluster started without
+    ``RAY_worker_niceness=0``; where that is refused the legs keep Ray's and ``placement.json`` says so.
+    Returns the niceness Ray gave the worker."""
+    given = placement.niceness()
+    if driver_nice is not None and given > driver_nice:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, driver_nice)
+        except OSError:
+            pass
+    return given
+
+
 def group_task(run_dir: str, cfg: dict[str, Any], group: dict[str, Any], todo: list[str], opts: RunOptions,
-               token: str, driver_omp: str | None) -> dict[str, Any]:
+               token: str, driver_omp: str | None, driver_nice: int | None = None) -> dict[str, Any]:
     """Run one bracket group's unfinished legs in order (a Ray task; also callable as a plain function).
 
     When the group's finished legs ran on another device than this task's, the whole group runs again
-    here (those legs moved under attempts/): a bracket's legs are always on one placement."""
+    here (those legs moved under attempts/): a bracket's legs are always on one placement. The legs run
+    at the driver's niceness where this process may take it (``_as_nice_as``)."""
     import ray
 
     rdir = Path(run_dir)
+    given = _as_nice_as(driver_nice)
     where = placement.capture("ray", group=group["group"], node_id=ray.get_runtime_context().get_node_id())
-    where["token"] = token
+    where.update(token=token, niceness_from_ray=given)
     if not (rdir / RUN_JSON).is_file():
         raise ProtocolError(f"run folder {rdir} is not visible on node {where['host']}: the Ray executor needs "
                             "the results folder on a file system every node sees at the same path")
@@ -117,8 +133,9 @@ def _start_ray(ray, address: str | None, gpus: int | None) -> subprocess.Popen |
     before = set(_own_children())
     # Kept small: the tasks hold GPUs, not CPUs, and nothing large goes through the object store.
     # address="local": always an instance of this run's own, never a cluster `ray start` left on the host
+    # worker_niceness 0: the workers (and the legs they start) as nice as this driver, not Ray's default 15
     ray.init(address="local", num_cpus=1, num_gpus=gpus, include_dashboard=False, log_to_driver=False,
-             object_store_memory=80 * 2**20)
+             object_store_memory=80 * 2**20, _system_config={"worker_niceness": 0})
     roots = [str(p) for p in _own_children() if p not in before]
     return subprocess.Popen(childproc.wrap(os.getpid(), [sys.executable, "-m", "workbench.reaper", *roots]),
                             env=leg_env(), cwd=str(REPO_ROOT), start_new_session=True,
@@ -232,6 +249,11 @@ class _Board:
         self.rows[g.index].update(status="running", placement=where, started=_now())
         self.save()
         self.emit(f"group {g.index + 1}/{self.n} started on {_where_text(where)}: {', '.join(g.legs)}")
+        nice, mine = where.get("niceness"), placement.niceness()
+        if isinstance(nice, int) and nice > mine:
+            self.emit(f"  warning: group {g.index + 1}'s legs run at niceness {nice}, this driver at {mine}: on a "
+                      f"busy host their timings lose against a local run's; start the cluster's nodes with "
+                      f"RAY_worker_niceness=0 (docs/ray.md)")
 
     def finish(self, g: BracketGroup, statuses: dict[str, str], where: dict[str, Any] | None,
                error: str | None) -> None:
@@ -323,7 +345,8 @@ def run_groups(rdir: Path, cfg: dict[str, Any], legs: list[PlannedLeg], todo: li
         for g in pending:
             todo_g = [n for n in g.legs if n in names]
             refs[task.options(num_gpus=g.tp, name=f"{cfg['experiment']}-group{g.index + 1}").remote(
-                str(rdir), cfg, g.to_dict(), todo_g, opts, token, os.environ.get("OMP_NUM_THREADS"))] = g
+                str(rdir), cfg, g.to_dict(), todo_g, opts, token, os.environ.get("OMP_NUM_THREADS"),
+                placement.niceness())] = g
         caught: list[int] = []
         with _deferred_signals(caught):
             while refs:
