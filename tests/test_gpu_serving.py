@@ -13,6 +13,7 @@ Nothing here is a timing.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from workbench import childproc
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,
@@ -43,7 +45,8 @@ def test_strict_serving_on_cuda_equals_vanilla_at_concurrency_1_and_8(tiny_model
            "-p", "legs=strict_g{gamma}", "-p", "concurrencies=1/8", "-p", "n=13", "-p", "max_tokens=64",
            *extra, "--model-path", f"twin={tiny_models['twin-dequant']}", "--results", str(tmp_path),
            "--formats", "html", "--no-notebook"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
+    # behind the parent-death trampoline: a pytest ended by a job's time limit takes the run (and its servers) along
+    proc = subprocess.run(childproc.wrap(os.getpid(), cmd), cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run = next(tmp_path.glob("E17/*/"))
     van1, strict, van2 = (_texts(run / "legs" / leg) for leg in ("vanilla_1", "strict_g6", "vanilla_2"))
