@@ -180,23 +180,44 @@ def _by_drafter(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
-def step_costs(steps: pd.DataFrame) -> pd.DataFrame:
+ROLE_COLS = ["size", "batch", "gamma", "draft_graphs", "role", "rep", "ms"]
+SPEC_ROLES = ("target verify", "draft propose", "draft single-token step")
+
+
+def role_rows(steps: pd.DataFrame) -> pd.DataFrame:
+    """Every decode step's time under its cell and role (``ROLE_COLS``): the vanilla engine's one-token steps
+    (``target decode``), and for each spec step its verify, its propose and, from a step timer that marks
+    them, one of its γ − 1 single-token draft steps. Prefill steps and mixed steps are left out."""
     s = _by_drafter(steps[~steps["prefill"].astype(bool)].copy())
+    if "rep" not in s:
+        s["rep"] = 0
     g = s["gamma"].fillna(0).astype(int)
-    rows = []
     decode = s[(s["kind"] == "vanilla") & (s["tokens"] == s["batch"]) & (s["reqs"] == s["batch"])]
-    for keys, grp in decode.groupby(["size", "batch"]):
-        rows.append({"size": keys[0], "batch": keys[1], "gamma": None, "draft_graphs": None,
-                     "role": "target decode", **_iqr(grp["target_ms"])})
     spec = s[(s["kind"] == "spec") & (s["reqs"] == s["batch"]) & (s["tokens"] == s["batch"] * (g + 1))]
+    spec = spec.assign(gamma=spec["gamma"].astype(int), draft_graphs=spec["draft_graphs"].astype(bool))
+    parts = [decode.assign(gamma=None, draft_graphs=None, role="target decode", ms=decode["target_ms"]),
+             spec.assign(role=SPEC_ROLES[0], ms=spec["target_ms"]),
+             spec.assign(role=SPEC_ROLES[1], ms=spec["draft_ms"])]
+    if "draft_loop_ms" in spec:
+        loop = spec[(spec["gamma"] > 1) & spec["draft_loop_ms"].notna()]
+        parts.append(loop.assign(role=SPEC_ROLES[2], ms=loop["draft_loop_ms"] / (loop["gamma"] - 1)))
+    out = pd.concat([p[ROLE_COLS] for p in parts], ignore_index=True)
+    return out[out["ms"].notna()]
+
+
+def step_costs(steps: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    long = role_rows(steps)
+    for keys, grp in long[long["role"] == "target decode"].groupby(["size", "batch"]):
+        rows.append({"size": keys[0], "batch": keys[1], "gamma": None, "draft_graphs": None,
+                     "role": "target decode", **_iqr(grp["ms"])})
+    spec = long[long["role"] != "target decode"]
     for keys, grp in spec.groupby(["size", "batch", "gamma", "draft_graphs"]):
         base = {"size": keys[0], "batch": keys[1], "gamma": int(keys[2]), "draft_graphs": bool(keys[3])}
-        rows.append({**base, "role": "target verify", **_iqr(grp["target_ms"])})
-        rows.append({**base, "role": "draft propose", **_iqr(grp["draft_ms"].dropna())})
-        # one of the propose's gamma-1 single-token steps (rows from a step timer that marks them)
-        loop = grp["draft_loop_ms"].dropna() if "draft_loop_ms" in grp and int(keys[2]) > 1 else pd.Series(dtype=float)
-        if len(loop):
-            rows.append({**base, "role": "draft single-token step", **_iqr(loop / (int(keys[2]) - 1))})
+        for role in SPEC_ROLES:
+            ms = grp.loc[grp["role"] == role, "ms"]
+            if len(ms):
+                rows.append({**base, "role": role, **_iqr(ms)})
     out = pd.DataFrame(rows)
     if not out.empty:
         out["n"] = out["n"].astype(int)
@@ -382,8 +403,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", action="store_true", help="print the README table (the default)")
     ap.add_argument("--first-token", action="store_true",
                     help="print where the first token's time goes (prefill of target and draft) instead")
+    ap.add_argument("--against", type=Path, metavar="REFERENCE_RUN",
+                    help="print each cell's step time beside this run's, and whether they are equal within "
+                         "noise (workbench.ladder_compare) instead")
     args = ap.parse_args(argv)
-    print(first_token_markdown(args.run_dir) if args.first_token else summary_markdown(args.run_dir))
+    if args.against is not None:
+        from .ladder_compare import compare_markdown
+        print(compare_markdown(args.run_dir, args.against))
+    else:
+        print(first_token_markdown(args.run_dir) if args.first_token else summary_markdown(args.run_dir))
     return 0
 
 
