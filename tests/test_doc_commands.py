@@ -71,7 +71,7 @@ RUN_BY: dict[tuple[str, str], list[str]] = {
         "tests/test_organism_profile.py::test_e1_under_the_organism_profile",
         "tests/test_organism_profile.py::test_e14_under_the_organism_resolves_each_variants_models",
         "tests/test_experiments_smoke.py::test_experiment_smoke"],
-    ("docs/ray.md", "python -m workbench.ladder results/E16/20261205T190454Z-3310b937 --against"): [
+    ("docs/ray.md", "python -m workbench.ladder_compare results/E16/20261205T190454Z-3310b937 --against"): [
         "tests/test_ladder_compare.py::test_the_documented_command_prints_the_table"],
     ("docs/tensor-parallel.md", "workbench run E1 --profile tiny -p tensor_parallel_size=2"): [
         "tests/test_tensor_parallel.py::test_e1_at_tp2_is_exact_and_accepts_what_tp1_accepts",

@@ -42,7 +42,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("runners", ("workbench.leg", "workbench.leg.*", "workbench.score", "workbench.ladder_engine", "workbench.serve_leg",
                  "workbench.serve_server", "workbench.serve_client")),
     # reading a run folder: records, legs, the cost ladder's rows and tables
-    ("results", ("workbench.results", "workbench.ladder", "workbench.serving", "workbench.serving_predict",
+    ("results", ("workbench.results", "workbench.ladder", "workbench.ladder_compare", "workbench.serving", "workbench.serving_predict",
                  "workbench.serving_overtake")),
     ("plots", ("workbench.plots", "workbench.plots.*")),
     ("analyses", ("workbench.analyses", "workbench.analyses.*")),

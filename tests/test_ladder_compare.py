@@ -70,10 +70,13 @@ def test_a_run_against_itself_is_equal_everywhere_and_a_planted_change_is_found(
 def test_runs_with_no_cell_in_common_are_refused():
     with pytest.raises(ValueError, match="no cell in common"):
         compare_runs(OTHER_SIZE, LOCAL)
+    out = subprocess.run([sys.executable, "-m", "workbench.ladder_compare", str(OTHER_SIZE), "--against", str(LOCAL)],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "no cell in common" in out.stderr and not out.stdout
 
 
 def test_the_documented_command_prints_the_table():
-    out = subprocess.run([sys.executable, "-m", "workbench.ladder", str(RAY.relative_to(REPO)), "--against",
+    out = subprocess.run([sys.executable, "-m", "workbench.ladder_compare", str(RAY.relative_to(REPO)), "--against",
                           str(LOCAL.relative_to(REPO))], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "| 8b [marlin full_all] | 1 | 4 | eager | draft propose |" in out.stdout

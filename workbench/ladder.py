@@ -403,15 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", action="store_true", help="print the README table (the default)")
     ap.add_argument("--first-token", action="store_true",
                     help="print where the first token's time goes (prefill of target and draft) instead")
-    ap.add_argument("--against", type=Path, metavar="REFERENCE_RUN",
-                    help="print each cell's step time beside this run's, and whether they are equal within "
-                         "noise (workbench.ladder_compare) instead")
     args = ap.parse_args(argv)
-    if args.against is not None:
-        from .ladder_compare import compare_markdown
-        print(compare_markdown(args.run_dir, args.against))
-    else:
-        print(first_token_markdown(args.run_dir) if args.first_token else summary_markdown(args.run_dir))
+    print(first_token_markdown(args.run_dir) if args.first_token else summary_markdown(args.run_dir))
     return 0
 
 

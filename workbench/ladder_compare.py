@@ -1,6 +1,6 @@
 """Two cost-ladder runs of the same cells, side by side: is each cell's step time equal within noise?
 
-    python -m workbench.ladder RUN_DIR --against REFERENCE_RUN
+    python -m workbench.ladder_compare RUN_DIR --against REFERENCE_RUN
 
 For every cell and role both runs measured (``ladder.role_rows``: the vanilla decode step, the verify, the
 propose, a single-token draft step, per size, batch, γ and drafter graph mode), the median of each run's
@@ -12,6 +12,7 @@ Made for the same run done two ways (the local executor and Ray's, docs/ray.md),
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -61,3 +62,26 @@ def compare_markdown(run_dir: str | Path, reference: str | Path, floor: float = 
     lines += ["", f"{int(t['equal'].sum())} of {len(t)} cells equal within noise "
                   f"(the larger of the two runs' repeat spreads, at least {floor:.0%})"]
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m workbench.ladder_compare",
+                                 description="two cost-ladder runs (E16) cell by cell: step medians, each run's "
+                                             "repeat spread, equal within noise or not")
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--against", type=Path, required=True, metavar="REFERENCE_RUN", help="the run to compare with")
+    ap.add_argument("--floor", type=float, default=FLOOR,
+                    help=f"the smallest difference counted as noise, as a fraction (default {FLOOR})")
+    args = ap.parse_args(argv)
+    try:
+        print(compare_markdown(args.run_dir, args.against, args.floor))
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
