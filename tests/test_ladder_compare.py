@@ -14,7 +14,7 @@ import pytest
 
 from conftest import REPO
 from workbench import ladder
-from workbench.ladder_compare import compare_runs
+from workbench.ladder_compare import KEYS, compare_runs
 
 LOCAL = REPO / "results" / "E16" / "20261205T185901Z-dad0d920"
 RAY = REPO / "results" / "E16" / "20261205T190454Z-3310b937"
@@ -82,3 +82,82 @@ def test_the_documented_command_prints_the_table():
     assert "| 8b [marlin full_all] | 1 | 4 | eager | draft propose |" in out.stdout
     assert out.stdout.strip().endswith("24 of 30 cells equal within noise (the larger of the two runs' repeat "
                                        "spreads, at least 1%)")
+
+
+def _slowed(src, dst, factor, legs=None):
+    """A copy of run ``src`` whose steps (every role, in ``legs`` or all legs) took ``factor`` × as long."""
+    shutil.copytree(src, dst)
+    for steps in sorted((dst / "legs").glob("*/steps.jsonl")):
+        if legs is not None and steps.parent.name not in legs:
+            continue
+        rows = [json.loads(line) for line in steps.read_text().splitlines()]
+        for r in rows:
+            for key in ("target_ms", "draft_ms", "draft_loop_ms"):
+                if r.get(key) is not None:
+                    r[key] *= factor
+        steps.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return dst
+
+
+def test_two_references_count_their_run_to_run_spread_as_noise(tmp_path):
+    # two references 6 % apart: a run 4 % off the first is within their run-to-run noise, one 20 % off is not
+    ref2 = _slowed(LOCAL, tmp_path / "ref2", 1.06)
+    near = _slowed(LOCAL, tmp_path / "near", 1.04)
+    far = _slowed(LOCAL, tmp_path / "far", 1.20, legs={"forced_g4"})
+    one = compare_runs(near, LOCAL)
+    two = compare_runs(near, [LOCAL, ref2])
+    assert len(two) == len(one) == 30
+    assert (two["between_ref"].round(6) == 0.06).all()
+    # the reference is the references' median (of two: their mean) and the ratio is taken against it
+    assert two["ratio"].round(6).eq(round(1.04 / 1.03, 6)).all()
+    assert two["equal"].all()
+    assert not one.loc[one["spread_ref"].lt(0.04) & one["spread_run"].lt(0.04), "equal"].any()
+    t = compare_runs(far, [LOCAL, ref2])
+    spec = t["role"] != "target decode"
+    assert t.loc[~spec, "equal"].all()  # the vanilla leg was not slowed
+    assert not t.loc[spec & (t["noise"] < 0.1), "equal"].any()
+    out = subprocess.run([sys.executable, "-m", "workbench.ladder_compare", str(near), "--against", str(LOCAL),
+                          str(ref2)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "(their median)" in out.stdout and "| run to run |" in out.stdout
+    assert out.stdout.strip().endswith("30 of 30 cells equal within noise (the largest of the runs' repeat spreads "
+                                       "and the references' run-to-run spread, at least 1%)")
+
+
+def test_a_series_judges_each_run_between_its_neighbours(tmp_path):
+    from workbench.ladder_compare import series
+
+    slow = _slowed(LOCAL, tmp_path / "slow", 1.5, legs={"forced_g4"})
+    t = series([LOCAL, RAY, LOCAL, slow])
+    assert t["run"].tolist() == [RAY.name, LOCAL.name]
+    assert t["executor"].tolist() == ["ray", "local"]
+    # the Ray run between two copies of one local run: the pair's verdicts (no run-to-run spread to add)
+    assert (t.iloc[0]["equal"], t.iloc[0]["cells"]) == (24, 30)
+    assert t.iloc[0]["furthest"] == "draft propose, batch 1 eager" and t.iloc[0]["furthest_ratio"] > 2
+    # the local run between the Ray run and a copy whose spec leg took 1.5x: where the Ray run agreed, the
+    # references differ by 1.5x, noise now; in 5 of the 6 cells where Ray was 1.05-2.1x slower, the local run
+    # is further from the references' mean than they are from each other, and those stay unequal
+    t2 = compare_runs(LOCAL, [RAY, slow])
+    pair = compare_runs(RAY, LOCAL)
+    assert t.iloc[1]["equal"] == t2["equal"].sum() == 25
+    off, off_pair = t2.loc[~t2["equal"], KEYS], pair.loc[~pair["equal"], KEYS]
+    assert len(off.merge(off_pair)) == 5 and (pair.loc[~pair["equal"], "ratio"] > 1.05).all()
+    with pytest.raises(ValueError, match="at least 3 runs"):
+        series([LOCAL, RAY])
+    bad = subprocess.run([sys.executable, "-m", "workbench.ladder_compare", str(RAY), "--series", str(LOCAL)],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--series RUN RUN RUN" in bad.stderr
+
+
+def test_the_documented_series_is_what_the_command_prints():
+    runs = sorted((REPO / "results" / "E16").glob("20261205T21????Z-*"))
+    assert len(runs) == 13
+    out = subprocess.run([sys.executable, "-m", "workbench.ladder_compare", "--series",
+                          *(str(r.relative_to(REPO)) for r in runs)],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    page = (REPO / "docs" / "ray.md").read_text()
+    assert "<!-- ladder-series -->\n" + out.stdout.rstrip("\n") + "\n\n" in page
+    # the series the page describes: 6 Ray runs, 5 local ones judged, Ray within its neighbours' noise
+    assert "ray: 81 of 84 cells equal in 6 runs" in out.stdout
+    assert "local: 48 of 70 cells equal in 5 runs" in out.stdout
