@@ -143,3 +143,89 @@ def test_a_live_multiprocessing_semaphore_is_not_a_leftover():
     assert new, "a spawn-context lock makes a named semaphore in /dev/shm"
     assert not set(new) & set(shm.leftovers(before))
     del lock
+
+
+def _bind(path: Path, keep: bool):
+    """A Unix socket bound at ``path`` as ZeroMQ's ipc:// does; closed (its file left) unless ``keep``."""
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(path))
+    s.listen()
+    if keep:
+        return s
+    s.close()
+    return None
+
+
+def test_a_leftover_socket_is_new_uuid_named_and_bound_by_no_one(tmp_path):
+    root = tmp_path / "rpc"
+    root.mkdir()
+    old = str(uuid.uuid4())
+    _bind(root / old, keep=False)
+    before = shm.ipc_entries(root)
+    assert before == {old}
+    dead, live, plain = str(uuid.uuid4()), str(uuid.uuid4()), str(uuid.uuid4())
+    _bind(root / dead, keep=False)
+    held = _bind(root / live, keep=True)
+    (root / plain).write_text("a file, not a socket")
+    _bind(root / "not-a-uuid", keep=False)
+    assert str(root / live) in shm.bound_sockets() and str(root / dead) not in shm.bound_sockets()
+    assert shm.ipc_leftovers(before, root) == [dead]
+    held.close()
+    assert shm.ipc_leftovers(before, root) == sorted([dead, live])
+
+
+def test_a_killed_engines_sockets_are_removed_on_resume_and_a_live_ones_kept(tmp_path, leg, monkeypatch):
+    """vLLM's processes bind ipc:// sockets in VLLM_RPC_BASE_PATH; a kill -9 leaves their files. The leg here
+    binds two (one closed, one held by a process that outlives the run) and is killed with its run."""
+    runner, tag = leg
+    rpc = tmp_path / "rpc"
+    rpc.mkdir()
+    monkeypatch.setenv(shm.IPC_ENV, str(rpc))
+    monkeypatch.setenv(shm.ROOT_ENV, str(tmp_path / "shm"))
+    (tmp_path / "shm").mkdir()
+    rdir = _prepare(tmp_path)
+    hang, live_pid = tmp_path / "hang.pid", tmp_path / "live.pid"
+    leg_code = textwrap.dedent(f"""
+        import os, socket, subprocess, sys, time, uuid
+        rpc = os.environ["{shm.IPC_ENV}"]
+        s = socket.socket(socket.AF_UNIX); s.bind(os.path.join(rpc, str(uuid.uuid4()))); s.listen()
+        live = os.path.join(rpc, str(uuid.uuid4()))
+        subprocess.Popen([sys.executable, "-c", "import os, socket, sys, time; s = socket.socket(socket.AF_UNIX); "
+                          "s.bind(sys.argv[1]); s.listen(); open(sys.argv[2], 'w').write(str(os.getpid())); "
+                          "time.sleep(120)", live, {str(live_pid)!r}], start_new_session=True)
+        while not os.path.exists({str(live_pid)!r}):
+            time.sleep(0.02)
+        open({str(hang)!r}, "w").write(str(os.getpid()))
+        time.sleep(120)
+    """)
+    hanging = tmp_path / "hanging_leg.py"
+    hanging.write_text(leg_code)
+    code = ("from workbench import protocol\n"
+            f"protocol.execute({str(rdir)!r}, runner={[sys.executable, str(hanging)]!r}, log=lambda s: None)\n")
+    run = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=dict(os.environ))
+    try:
+        deadline = time.monotonic() + 60
+        while not hang.is_file():
+            assert run.poll() is None and time.monotonic() < deadline, "the first leg never started"
+            time.sleep(0.05)
+        leg_pid = int(hang.read_text())
+        run.send_signal(signal.SIGKILL)
+        run.wait(timeout=30)
+        deadline = time.monotonic() + 20  # the leg dies of its parent's death
+        while Path(f"/proc/{leg_pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = sorted(shm.ipc_entries(rpc))
+        assert len(left) == 2, "a kill -9 leaves the killed process's socket file"
+        statuses = protocol.execute(rdir, runner=runner, log=lambda s: None)
+        assert set(statuses.values()) == {"complete"}
+        kept = sorted(shm.ipc_entries(rpc))
+        assert len(kept) == 1 and str(rpc / kept[0]) in shm.bound_sockets()
+        state = json.loads((rdir / "protocol.json").read_text())
+        assert state["history"][-1]["shm_removed"]["vanilla_1"] == sorted(set(left) - set(kept))
+    finally:
+        if run.poll() is None:
+            run.kill()
+        if live_pid.is_file():
+            os.kill(int(live_pid.read_text()), signal.SIGKILL)
