@@ -52,6 +52,30 @@ def _tagged(tag: str) -> list[str]:
     return sorted(n for n in os.listdir(root) if tag in n)
 
 
+def _kill_run_mid_leg(rdir: Path, runner: list[str], hang: Path, env: dict[str, str], before_kill=lambda: None):
+    """Execute ``rdir``'s protocol in a process of its own, kill it with -9 once the first leg wrote its PID
+    to ``hang``, and wait for that leg to die of its parent's death. Returns ``before_kill()``."""
+    code = ("from workbench import protocol\n"
+            f"protocol.execute({str(rdir)!r}, runner={runner!r}, log=lambda s: None)\n")
+    run = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not hang.is_file():
+            assert run.poll() is None and time.monotonic() < deadline, "the first leg never started"
+            time.sleep(0.05)
+        leg_pid = int(hang.read_text())
+        seen = before_kill()
+        run.send_signal(signal.SIGKILL)
+        run.wait(timeout=30)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    deadline = time.monotonic() + 20  # the leg dies of its parent's death (the kernel's signal)
+    while Path(f"/proc/{leg_pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return seen
+
+
 @pytest.fixture
 def leg(tmp_path, monkeypatch):
     fake = tmp_path / "fake_leg.py"
@@ -91,25 +115,8 @@ def test_resume_after_kill_9_removes_the_killed_legs_leftovers(tmp_path, leg, mo
     monkeypatch.setenv(shm.ROOT_ENV, str(root))
     rdir = _prepare(tmp_path)
     hang = tmp_path / "hang.pid"
-    code = ("import functools, sys\nfrom workbench import protocol\n"
-            f"protocol.execute({str(rdir)!r}, runner={runner!r}, log=lambda s: None)\n")
-    env = {**os.environ, "SHM_HANG": str(hang)}
-    run = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env)
-    try:
-        deadline = time.monotonic() + 60
-        while not hang.is_file():
-            assert run.poll() is None and time.monotonic() < deadline, "the first leg never started"
-            time.sleep(0.05)
-        leg_pid = int(hang.read_text())
-        before_kill = _tagged(tag)
-        run.send_signal(signal.SIGKILL)
-        run.wait(timeout=30)
-    finally:
-        if run.poll() is None:
-            run.kill()
-    deadline = time.monotonic() + 20  # the leg dies of its parent's death (the kernel's signal)
-    while Path(f"/proc/{leg_pid}").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    before_kill = _kill_run_mid_leg(rdir, runner, hang, {**os.environ, "SHM_HANG": str(hang)},
+                                    lambda: _tagged(tag))
     assert len(before_kill) == 4
     assert _tagged(tag) == before_kill, "a kill -9 leaves the engine's segments"
     assert (rdir / "legs" / "vanilla_1" / shm.SNAPSHOT).is_file()
@@ -202,20 +209,8 @@ def test_a_killed_engines_sockets_are_removed_on_resume_and_a_live_ones_kept(tmp
     """)
     hanging = tmp_path / "hanging_leg.py"
     hanging.write_text(leg_code)
-    code = ("from workbench import protocol\n"
-            f"protocol.execute({str(rdir)!r}, runner={[sys.executable, str(hanging)]!r}, log=lambda s: None)\n")
-    run = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=dict(os.environ))
     try:
-        deadline = time.monotonic() + 60
-        while not hang.is_file():
-            assert run.poll() is None and time.monotonic() < deadline, "the first leg never started"
-            time.sleep(0.05)
-        leg_pid = int(hang.read_text())
-        run.send_signal(signal.SIGKILL)
-        run.wait(timeout=30)
-        deadline = time.monotonic() + 20  # the leg dies of its parent's death
-        while Path(f"/proc/{leg_pid}").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _kill_run_mid_leg(rdir, [sys.executable, str(hanging)], hang, dict(os.environ))
         left = sorted(shm.ipc_entries(rpc))
         assert len(left) == 2, "a kill -9 leaves the killed process's socket file"
         statuses = protocol.execute(rdir, runner=runner, log=lambda s: None)
@@ -225,7 +220,5 @@ def test_a_killed_engines_sockets_are_removed_on_resume_and_a_live_ones_kept(tmp
         state = json.loads((rdir / "protocol.json").read_text())
         assert state["history"][-1]["shm_removed"]["vanilla_1"] == sorted(set(left) - set(kept))
     finally:
-        if run.poll() is None:
-            run.kill()
         if live_pid.is_file():
             os.kill(int(live_pid.read_text()), signal.SIGKILL)
