@@ -128,12 +128,16 @@ class OwnCuda(Kernel):
 
     name = "own-cuda"
 
-    def __init__(self, r=None, waves=None, deep=False, pipe=False):
-        self.r, self.waves, self.deep, self.pipe = r, waves, deep, pipe
-        if r is not None or deep or pipe:
+    def __init__(self, r=None, waves=None, deep=False, pipe=False, pdl=False):
+        self.r, self.waves, self.deep, self.pipe, self.pdl = r, waves, deep, pipe, pdl
+        if self._variant:
             self.name = "own-cuda[" + "-".join(
                 ([f"r{r}"] if r is not None else []) + ([f"w{waves:g}"] if waves is not None else [])
-                + (["deep"] if deep else []) + (["pipe"] if pipe else [])) + "]"
+                + (["deep"] if deep else []) + (["pipe"] if pipe else []) + (["pdl"] if pdl else [])) + "]"
+
+    @property
+    def _variant(self) -> bool:
+        return self.r is not None or self.deep or self.pipe or self.pdl
 
     def prepare(self, packed, scales, zeros, group, dense_bf16):
         from vllm_patch import twin_cuda, twin_cuda_layout
@@ -141,11 +145,11 @@ class OwnCuda(Kernel):
         twin_cuda.counters(packed.device)  # before any graph capture
         twin_cuda.extension()  # built once (minutes), outside the timed region
         st = twin_cuda_layout.repack(packed, scales, zeros, group)
-        if self.r is not None or self.deep or self.pipe:
+        if self._variant:
             n, k = st["n"], st["k"]
             sms = twin_cuda.sm_count(packed.device)
             st["plans"] = {m: twin_cuda.plan(n, k, m, group, sms, r=self.r, waves=self.waves, deep=self.deep,
-                                             pipe=self.pipe) for m in range(1, 17)}
+                                             pipe=self.pipe, pdl=self.pdl) for m in range(1, 17)}
         return st
 
     def run(self, state, x):

@@ -1,8 +1,10 @@
 """The CUDA W4A16 decode kernel on a CPU: its layout and math, emulated with the kernel's own index math
 against the dequantized checkpoint; its source compiled for sm_90a where nvcc is on PATH."""
+import re
 import shutil
 import subprocess
 from itertools import product
+from pathlib import Path
 
 import pytest
 import torch
@@ -80,9 +82,24 @@ def test_shapes_the_kernel_does_not_take_are_refused():
 
 
 def test_the_staged_kernel_takes_one_or_two_row_tiles_without_the_deep_ring():
-    for bad in ({"r": 4}, {"deep": True}):
+    for bad in ({"r": 4}, {"deep": True}, {"pdl": True}):
         with pytest.raises(ValueError, match="the staged kernel"):
             twin_cuda.plan(5120, 8192, 1, 128, pipe=True, **bad)
+
+
+def test_programmatic_dependent_launch_is_a_variant_of_the_default_plan():
+    """``pdl`` changes how the default plan's kernel is launched, nothing of the plan itself; the sweep times it
+    (``own-cuda[pdl]``), the default leaves it off until it is measured ahead."""
+    for n, k, m in ((10240, 5120, 1), (5120, 25600, 4), (51200, 5120, 16)):
+        plain, pdl = twin_cuda.plan(n, k, m, 128), twin_cuda.plan(n, k, m, 128, pdl=True)
+        assert not plain.pdl and pdl.pdl and pdl.tag == plain.tag + "-pdl"
+        assert (pdl.r, pdl.nt, pdl.cps, pdl.splits, pdl.grid) == (plain.r, plain.nt, plain.cps, plain.splits, plain.grid)
+        assert pdl in twin_cuda.sweep_plans(n, k, m, 128) and plain in twin_cuda.sweep_plans(n, k, m, 128)
+    src = (twin_cuda.CSRC / "twin_w4a16.cuh").read_text()
+    body = src[src.index("w4a16_decode(const Params p)"):]
+    # the kernel reads x only after it waited for the kernel before (which writes x): the wait comes before the
+    # first load of x, and the weights' first ring before the wait
+    assert body.index("buf[d][r] = ld_stream") < body.index("pdl_wait();") < body.index("__ldg(xp[nt])")
 
 
 def test_launch_plan_covers_k_in_whole_groups_and_rings():
@@ -131,6 +148,27 @@ def test_cuda_source_compiles_for_sm90a_without_spills(nvrtc_info):
         assert r["spill_bytes"] == 0 and r["regs"] <= 170 and 24 * 1024 < r["smem_bytes"] <= 48 * 1024, (i, r)
 
 
+def test_under_pdl_the_weight_ring_is_loaded_before_the_wait(tmp_path):
+    """In the SASS NVRTC builds for sm_90a: the kernel lets its dependents start (PREEXIT) before anything else
+    it loads, and every 16-byte streaming load of the first weight ring (r 2: 4 chunks x 2 row tiles) comes
+    before the wait for the kernel before (ACQBULK). With the wait first written unconditionally after the
+    loads, ptxas hoisted it above all of them, and the early launch would have bought nothing."""
+    import triton
+
+    from vllm_patch import twin_cuda_compile as cc
+
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    assert cuobjdump.is_file(), f"Triton's NVIDIA backend ships cuobjdump; not found at {cuobjdump}"
+    cubin, _ = cc.compile_cubin_nvrtc(tmp_path, "sm_90a", instances=[(2, 1, 4, True, False)], pipe_instances=[])
+    sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    ops = [m.group(1).strip() for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+([^;]*);", sass)]
+    first = {name: next(i for i, op in enumerate(ops) if op.startswith(name)) for name in ("PREEXIT", "ACQBULK")}
+    loads = [i for i, op in enumerate(ops) if "LDG" in op]
+    ring = [i for i, op in enumerate(ops) if "LDG.E.NA.LTC256B.128" in op]  # ld_stream: the weights
+    assert first["PREEXIT"] < loads[0]
+    assert sum(i < first["ACQBULK"] for i in ring) == twin_cuda.ring_depth(2) * 2, ops[:first["ACQBULK"] + 1]
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on PATH to compare NVRTC's build with")
 def test_nvrtc_builds_the_kernel_nvcc_builds(nvrtc_info, tmp_path):
     """The source NVRTC sees (host code guarded by __CUDACC_RTC__) is the kernel nvcc builds: same registers
@@ -171,4 +209,51 @@ def test_cuda_kernel_matches_the_dequantized_reference(group, symmetric):
                 if deep or pipe:  # the same sums in the same order: the scale ring or staging changes when, not what
                     flat = twin_cuda.plan(n, k, m, group, twin_cuda.sm_count(dev), r=r, waves=waves)
                     assert torch.equal(y, twin_cuda.w4a16_mm(x, st, flat).float())
+                if not pipe:  # launched as a programmatic dependent: the same kernel, the same sums
+                    pdl = twin_cuda.plan(n, k, m, group, twin_cuda.sm_count(dev), r=r, waves=waves, deep=deep,
+                                         pdl=True)
+                    assert torch.equal(y, twin_cuda.w4a16_mm(x, st, pdl).float())
     assert int(twin_cuda.counters(dev).abs().sum()) == 0  # every call leaves the counters zero
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (and nvcc to build the extension)")
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "cuda-graph"])
+def test_a_chain_of_dependent_launches_reads_each_x_after_it_was_written(graph):
+    """Each GEMM's x is the output of the kernel before it (the GEMM before, or a torch op between two): with
+    programmatic dependent launch the next GEMM starts loading its weights early, and must still read x only
+    once written. The chain under PDL equals the chain launched plainly, bit for bit, eagerly and replayed
+    from a CUDA graph; split-K calls share the counters."""
+    dev = torch.device("cuda")
+    sms = twin_cuda.sm_count(dev)
+    layers = []
+    for i, (n, k) in enumerate(((4096, 4096), (11008, 4096), (4096, 11008), (4096, 4096)) * 2):
+        packed, scales, zeros = checkpoint(n, k, 128, i % 2 == 1, seed=100 + i)
+        layers.append(L.repack(packed.to(dev), scales.to(dev), None if zeros is None else zeros.to(dev), 128))
+
+    def chain(x, pdl):
+        for i, st in enumerate(layers):
+            p = twin_cuda.plan(st["n"], st["k"], x.shape[0], 128, sms, pdl=pdl)
+            x = twin_cuda.w4a16_mm(x, st, p)
+            x = x / x.float().abs().amax().clamp(min=1e-3).to(x.dtype) if i % 3 == 2 else x  # a torch op between
+        return x
+
+    for m in (1, 4, 16):
+        x = torch.randn(m, 4096, device=dev).to(torch.bfloat16)
+        want = chain(x, False)
+        if graph:
+            xs = x.clone()
+            for _ in range(2):
+                chain(xs, True)  # workspace and extension outside the capture
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                out = chain(xs, True)
+            for _ in range(3):
+                g.replay()
+                torch.cuda.synchronize()
+                assert torch.equal(out, want), m
+        else:
+            for _ in range(3):
+                assert torch.equal(chain(x, True), want), m
+    assert int(twin_cuda.counters(dev).abs().sum()) == 0

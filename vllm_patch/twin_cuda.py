@@ -55,10 +55,12 @@ class Plan:
     grid: tuple[int, int, int]
     deep: bool = False  # scales and zero points loaded as far ahead as the weight ring (else one span)
     pipe: bool = False  # the staged kernel (cp.async into shared memory, twin_w4a16_pipe.cuh), r 1 or 2
+    pdl: bool = False  # launched as a programmatic dependent (SM 9.0+): weights stream in while the kernel before ends
 
     @property
     def tag(self) -> str:
-        return f"r{self.r}-nt{self.nt}-s{self.splits}" + ("-deep" if self.deep else "") + ("-pipe" if self.pipe else "")
+        return (f"r{self.r}-nt{self.nt}-s{self.splits}" + ("-deep" if self.deep else "") + ("-pipe" if self.pipe else "")
+                + ("-pdl" if self.pdl else ""))
 
 
 def ring_depth(r: int) -> int:
@@ -67,7 +69,7 @@ def ring_depth(r: int) -> int:
 
 
 def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = None,
-         waves: float | None = None, deep: bool = False, pipe: bool = False) -> Plan:
+         waves: float | None = None, deep: bool = False, pipe: bool = False, pdl: bool = False) -> Plan:
     """About ``waves * sms`` CTAs of 4 warps (launch bounds guarantee 2 resident per SM). ``waves`` None: 3 at
     M <= 8, 2 above (measured: the configuration sweep of ``benchmarks/int4_gemm.py --cuda-sweep`` on an H100,
     zero-point twin, 32B layer set: 3 waves take M = 1 from 147.7 to 133.6 µs and M = 4 from 155.0 to
@@ -76,7 +78,8 @@ def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = Non
     fills the wave where N is small; splits start on a group and a ring. ``deep``: the kernel instance whose
     scales' ring is as deep as the weights' (H100, 32B layer set: 2 % slower than the default, so not the
     default). ``pipe``: the staged kernel, its loads in shared memory (r at most 2; H100: 10 % slower at M = 1,
-    42 % at M = 16; docs/benchmarks.md)."""
+    42 % at M = 16; docs/benchmarks.md). ``pdl``: launched as a programmatic dependent of the kernel before it
+    (the weight ring and scales load before the kernel waits for x; not measured yet, so not the default)."""
     nt = 1 if m <= 8 else 2
     if waves is None:
         waves = 3.0 if nt == 1 else 2.0
@@ -85,8 +88,9 @@ def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = Non
     token_blocks = -(-m // (8 * nt))
     if r is None:
         r = 2 if pipe or -(-t // (WARPS * 2)) * token_blocks <= waves * sms else 4
-    if pipe and (r > 2 or deep):
-        raise ValueError(f"the staged kernel (pipe) takes r 1 or 2 without the deep scale ring, not r={r}, deep={deep}")
+    if pipe and (r > 2 or deep or pdl):
+        raise ValueError("the staged kernel (pipe) takes r 1 or 2 without the deep scale ring and without "
+                         f"programmatic dependent launch, not r={r}, deep={deep}, pdl={pdl}")
     ring = ring_depth(r)
     row_blocks = -(-t // (WARPS * r))
     want = max(1, int(waves * sms // (row_blocks * token_blocks)))
@@ -96,7 +100,7 @@ def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = Non
         cps = c
     splits = -(-c // cps)
     return Plan(r=r, nt=nt, ring=ring, cps=cps, splits=splits, grid=(row_blocks, splits, token_blocks), deep=deep,
-                pipe=pipe)
+                pipe=pipe, pdl=pdl)
 
 
 def sweep_plans(n: int, k: int, m: int, group: int, sms: int = 132) -> list[Plan]:
@@ -104,6 +108,7 @@ def sweep_plans(n: int, k: int, m: int, group: int, sms: int = 132) -> list[Plan
     out = [plan(n, k, m, group, sms, r=r, waves=w) for r in (1, 2, 4) for w in (1.0, 2.0, 3.0, 6.0)]
     out += [plan(n, k, m, group, sms, deep=True), plan(n, k, m, group, sms, r=2, deep=True)]
     out += [plan(n, k, m, group, sms, r=r, pipe=True) for r in (1, 2)]
+    out += [plan(n, k, m, group, sms, pdl=True)]
     return list(dict.fromkeys(out))
 
 
@@ -173,12 +178,12 @@ def w4a16_mm(x: torch.Tensor, st: dict, p: Plan | None = None) -> torch.Tensor:
         return y
     p = p or plan(n, st["k"], m, st["group"], sm_count(x.device))
     if p.nt != (1 if m <= 8 else 2):
-        p = plan(n, st["k"], m, st["group"], sm_count(x.device), r=p.r, deep=p.deep, pipe=p.pipe)
+        p = plan(n, st["k"], m, st["group"], sm_count(x.device), r=p.r, deep=p.deep, pipe=p.pipe, pdl=p.pdl)
     if p.grid[0] * p.grid[2] > COUNTER_SLOTS:
         raise ValueError(f"{p.grid[0] * p.grid[2]} row x token blocks > {COUNTER_SLOTS} counters")
     ws = torch.empty(p.splits * m * n if p.splits > 1 else 0, dtype=torch.float32, device=x.device)
     extension().w4a16_mm(x, st["qw"], st["sc"], st["zp"], y, ws, counters(x.device), n, st["group"], p.r, p.nt,
-                         p.cps, p.deep, p.pipe)
+                         p.cps, p.deep, p.pipe, p.pdl)
     return y
 
 

@@ -34,6 +34,21 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
   return v;
 }
 
+// Programmatic dependent launch (SM 9.0+; no-ops below, and when the grid was launched without the attribute):
+// wait until the grids this one depends on have completed and their writes are visible; let the grids that
+// depend on this one be scheduled once every CTA of it has said so (or ended).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ uint32_t bf16_pair(uint32_t v) {  // (v & 0x000F000F) | 0x43004300
   uint32_t d;
   asm("lop3.b32 %0, %1, 0x000F000F, 0x43004300, 0xEA;\n" : "=r"(d) : "r"(v));
@@ -215,6 +230,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
   const int c_begin = blockIdx.y * p.cps, nck = min(p.cps, p.C - c_begin);
   const int m0 = blockIdx.z * 8 * NT;
   const bool active = tile0 < p.T && nck > 0;
+  // the next kernel (if launched as this one's programmatic dependent) may start its own weight loads once
+  // every CTA of this grid is resident: it waits for this grid's end before it reads y
+  pdl_launch_dependents();
   float acc[R][NT][4];
   zero_acc<R, NT>(acc);
 
@@ -238,30 +256,40 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
       if (d < nck)
 #pragma unroll
         for (int r = 0; r < R; ++r) buf[d][r] = ld_stream(wp[r] + d * 32);
-    uint4 xv[2][NT][2];  // x of chunks of even / odd ring slots
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      xv[0][nt][0] = __ldg(xp[nt]);
-      xv[0][nt][1] = __ldg(xp[nt] + 4);
-    }
     int grp = c_begin * 2 / GS;  // the split's first group: span sp holds groups grp + E sp ..
     uint32_t s_cur[R][E], z_cur[R][E], s_nxt[R][E], z_nxt[R][E], az[R][E][4];
     uint32_t sm[R][NM][E], zm[R][NM][E];  // DEEP
     if constexpr (DEEP) {
 #pragma unroll
       for (int j = 0; j < NM; ++j) load_meta_slot<R, NM, E, HAS_Z>(p, tiles, grp + j * E, g, j, sm, zm);
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int e = 0; e < E; ++e) zero_words<HAS_Z>(zm[r][0][e], az[r][e]);
     } else {
       load_meta<R, E, HAS_Z>(p, tiles, grp, g, s_cur, z_cur);
       load_meta<R, E, HAS_Z>(p, tiles, grp + E, g, s_nxt, z_nxt);
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int e = 0; e < E; ++e) zero_words<HAS_Z>(z_cur[r][e], az[r][e]);
     }
+    // Launched as a programmatic dependent (p.pdl), the kernel waits for the kernel before it (which writes x)
+    // here: the weights, scales and zero points, the model's, are loaded above, so that they stream in while
+    // that kernel ends; x and everything written (y, the split-K workspace and counters) only below. ptxas
+    // schedules the wait as early as it may (the ring's loads written above it sank below it), so the wait
+    // hangs on a branch on a word of each load, always taken (M >= 1 in every launch).
+    if (p.pdl) {
+      uint32_t dep = static_cast<uint32_t>(p.M > 0);
+#pragma unroll
+      for (int d = 0; d < RD; ++d)
+        if (d < nck)
+#pragma unroll
+          for (int r = 0; r < R; ++r) dep |= buf[d][r].x;
+      if (dep != 0u) pdl_wait();
+    }
+    uint4 xv[2][NT][2];  // x of chunks of even / odd ring slots
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      xv[0][nt][0] = __ldg(xp[nt]);
+      xv[0][nt][1] = __ldg(xp[nt] + 4);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int e = 0; e < E; ++e) zero_words<HAS_Z>(DEEP ? zm[r][0][e] : z_cur[r][e], az[r][e]);
     float P[R][NT][4];
     for (int c0 = 0; c0 < nck; c0 += UNR * RD) {
 #pragma unroll
@@ -323,17 +351,34 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
       }
     }
   }
+  if (!active && p.pdl) pdl_wait();  // the epilogue's counters are shared with the kernel before
   epilogue<R, NT>(p, acc, tile0, active, m0, g, t);
 }
 
 #ifndef __CUDACC_RTC__
+// pdl: launched as a programmatic dependent of the work before it on the stream (SM 9.0+, in CUDA graphs too):
+// its CTAs may start while that work ends, the kernel's pdl_wait() keeps its reads of x after it.
 template <int R, int NT, int GS, bool HAS_Z, bool DEEP>
-void launch(const Params& p, dim3 grid, cudaStream_t stream) {
-  w4a16_decode<R, NT, GS, HAS_Z, DEEP><<<grid, kWarps * 32, 0, stream>>>(p);
+void launch(const Params& p, dim3 grid, cudaStream_t stream, bool pdl) {
+  if (!pdl || !p.pdl) {
+    w4a16_decode<R, NT, GS, HAS_Z, DEEP><<<grid, kWarps * 32, 0, stream>>>(p);
+    return;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kWarps * 32);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cudaLaunchKernelEx(&cfg, w4a16_decode<R, NT, GS, HAS_Z, DEEP>, p);
 }
 
 #define TWIN_W4_INSTANTIATE(R, NT, GS, HZ, DP) \
-  template void launch<R, NT, GS, HZ, DP>(const Params&, dim3, cudaStream_t);
+  template void launch<R, NT, GS, HZ, DP>(const Params&, dim3, cudaStream_t, bool);
 #endif
 // The kernel instances alone (device code: what NVRTC compiles)
 #define TWIN_W4_INSTANTIATE_KERNEL(R, NT, GS, HZ, DP) \

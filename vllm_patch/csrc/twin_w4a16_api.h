@@ -19,13 +19,14 @@ struct Params {
   int cps;          // chunks per split (a multiple of the ring and the group's chunks, or all of K)
   int S;            // splits (gridDim.y)
   int ldx, ldy;     // row strides of x and y, elements
+  int pdl;          // launched as a programmatic dependent: wait for the kernel before (which writes x)
 };
 
 constexpr int kWarps = 4;  // warps per CTA: each its own R row tiles, all on the CTA's k range
 
 #ifndef __CUDACC_RTC__
 template <int R, int NT, int GS, bool HAS_Z, bool DEEP>
-void launch(const Params& p, dim3 grid, cudaStream_t stream);
+void launch(const Params& p, dim3 grid, cudaStream_t stream, bool pdl);
 #endif
 
 // Every instance: R in {1, 2, 4} row tiles a warp, NT in {1, 2} token tiles of 8, GS = group / 32, DEEP:

@@ -10,7 +10,7 @@ namespace {
 
 void w4a16_mm(const torch::Tensor& x, const torch::Tensor& qw, const torch::Tensor& sc,
               const c10::optional<torch::Tensor>& zp, torch::Tensor& y, torch::Tensor& ws, torch::Tensor& counters,
-              int64_t n, int64_t group, int64_t r, int64_t nt, int64_t cps, bool deep, bool pipe) {
+              int64_t n, int64_t group, int64_t r, int64_t nt, int64_t cps, bool deep, bool pipe, bool pdl) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1, "x: bf16 [M, K]");
   TORCH_CHECK(reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 && x.stride(0) % 8 == 0, "x rows 16-byte aligned");
   TORCH_CHECK(qw.scalar_type() == at::kInt && qw.dim() == 4 && qw.is_contiguous(), "qw: int32 [T, C, 32, 4]");
@@ -24,6 +24,7 @@ void w4a16_mm(const torch::Tensor& x, const torch::Tensor& qw, const torch::Tens
   if (has_z) TORCH_CHECK(zp->scalar_type() == at::kByte && zp->sizes() == sc.sizes() && zp->is_contiguous(), "zp");
   TORCH_CHECK(r == 1 || r == 2 || r == 4, "r in 1, 2, 4");
   TORCH_CHECK(!pipe || (r <= 2 && !deep), "the staged kernel (pipe): r in 1, 2, no deep scale ring");
+  TORCH_CHECK(!pipe || !pdl, "the staged kernel (pipe) is not launched as a programmatic dependent");
   TORCH_CHECK(nt == 1 || nt == 2, "nt in 1, 2");
   if (m == 0) return;
   const int64_t splits = (c + cps - 1) / cps;
@@ -50,6 +51,7 @@ void w4a16_mm(const torch::Tensor& x, const torch::Tensor& qw, const torch::Tens
   p.S = static_cast<int>(splits);
   p.ldx = static_cast<int>(x.stride(0));
   p.ldy = static_cast<int>(y.stride(0));
+  p.pdl = pdl ? 1 : 0;
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(splits),
                   static_cast<unsigned>(token_blocks));
   const c10::cuda::CUDAGuard guard(x.device());
@@ -57,7 +59,7 @@ void w4a16_mm(const torch::Tensor& x, const torch::Tensor& qw, const torch::Tens
   const int gs = static_cast<int>(group / 32);
 #define TWIN_W4_DISPATCH(R_, NT_, GS_, HZ_, DP_)                             \
   if (r == R_ && nt == NT_ && gs == GS_ && has_z == HZ_ && deep == DP_) {  \
-    twin_w4::launch<R_, NT_, GS_, HZ_, DP_>(p, grid, stream);               \
+    twin_w4::launch<R_, NT_, GS_, HZ_, DP_>(p, grid, stream, pdl);          \
     C10_CUDA_KERNEL_LAUNCH_CHECK();                                          \
     return;                                                                  \
   }
