@@ -165,9 +165,21 @@ def _bind(path: Path, keep: bool):
     return None
 
 
-def test_a_leftover_socket_is_new_uuid_named_and_bound_by_no_one(tmp_path):
-    root = tmp_path / "rpc"
-    root.mkdir()
+@pytest.fixture
+def rpc_root():
+    """A short folder of its own for the sockets: a Unix socket's path is at most 107 bytes, and pytest's
+    temporary folders under a test worker are longer than vLLM's temp folder (where its sockets go)."""
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="wbrpc-", dir="/tmp" if Path("/tmp").is_dir() else None))
+    assert len(str(root / str(uuid.uuid4()))) < 100
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_leftover_socket_is_new_uuid_named_and_bound_by_no_one(rpc_root):
+    root = rpc_root
     old = str(uuid.uuid4())
     _bind(root / old, keep=False)
     before = shm.ipc_entries(root)
@@ -183,12 +195,11 @@ def test_a_leftover_socket_is_new_uuid_named_and_bound_by_no_one(tmp_path):
     assert shm.ipc_leftovers(before, root) == sorted([dead, live])
 
 
-def test_a_killed_engines_sockets_are_removed_on_resume_and_a_live_ones_kept(tmp_path, leg, monkeypatch):
+def test_a_killed_engines_sockets_are_removed_on_resume_and_a_live_ones_kept(tmp_path, leg, monkeypatch, rpc_root):
     """vLLM's processes bind ipc:// sockets in VLLM_RPC_BASE_PATH; a kill -9 leaves their files. The leg here
     binds two (one closed, one held by a process that outlives the run) and is killed with its run."""
     runner, tag = leg
-    rpc = tmp_path / "rpc"
-    rpc.mkdir()
+    rpc = rpc_root
     monkeypatch.setenv(shm.IPC_ENV, str(rpc))
     monkeypatch.setenv(shm.ROOT_ENV, str(tmp_path / "shm"))
     (tmp_path / "shm").mkdir()
