@@ -41,8 +41,25 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_MODULES)))
 
 
+_IPC_BEFORE: set[str] = set()
+
+
+def pytest_sessionstart(session):
+    from workbench import shm
+
+    _IPC_BEFORE.update(shm.ipc_entries(shm.ipc_root()))
+
+
 def pytest_sessionfinish(session, exitstatus):
     leg_zygote.stop()
+    # the ipc:// socket files of the engines the tests started outside a run's legs (ZeroMQ leaves them even
+    # on a clean exit; a run's legs remove theirs, workbench.shm): new since this session began and bound by
+    # no live process
+    from workbench import shm
+
+    root = shm.ipc_root()
+    for name in shm.ipc_leftovers(_IPC_BEFORE, root):
+        (root / name).unlink(missing_ok=True)
 
 
 def pytest_xdist_make_scheduler(config, log):
