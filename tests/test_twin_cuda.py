@@ -99,7 +99,7 @@ def test_programmatic_dependent_launch_is_a_variant_of_the_default_plan():
     body = src[src.index("w4a16_decode(const Params p)"):]
     # the kernel reads x only after it waited for the kernel before (which writes x): the wait comes before the
     # first load of x, and the weights' first ring before the wait
-    assert body.index("buf[d][r] = ld_stream") < body.index("pdl_wait();") < body.index("__ldg(xp[nt])")
+    assert body.index("buf[d][r] = ld_stream") < body.index("pdl_wait();") < body.index("ld_x(xp[nt])")
 
 
 def test_launch_plan_covers_k_in_whole_groups_and_rings():
@@ -149,10 +149,11 @@ def test_cuda_source_compiles_for_sm90a_without_spills(nvrtc_info):
 
 
 def test_under_pdl_the_weight_ring_is_loaded_before_the_wait(tmp_path):
-    """In the SASS NVRTC builds for sm_90a: the kernel lets its dependents start (PREEXIT) before anything else
+    """In the SASS NVRTC builds for sm_90a: the kernel lets its dependents start (PREEXIT) before anything
     it loads, and every 16-byte streaming load of the first weight ring (r 2: 4 chunks x 2 row tiles) comes
-    before the wait for the kernel before (ACQBULK). With the wait first written unconditionally after the
-    loads, ptxas hoisted it above all of them, and the early launch would have bought nothing."""
+    before the wait for the kernel before (ACQBULK), and every load of x after it. With the wait first written
+    unconditionally after the loads, ptxas hoisted it above all of them (the early launch would have bought
+    nothing); with x read through the read-only path, ptxas moved x's first loads above the wait (a race)."""
     import triton
 
     from vllm_patch import twin_cuda_compile as cc
@@ -162,11 +163,17 @@ def test_under_pdl_the_weight_ring_is_loaded_before_the_wait(tmp_path):
     cubin, _ = cc.compile_cubin_nvrtc(tmp_path, "sm_90a", instances=[(2, 1, 4, True, False)], pipe_instances=[])
     sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
     ops = [m.group(1).strip() for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+([^;]*);", sass)]
-    first = {name: next(i for i, op in enumerate(ops) if op.startswith(name)) for name in ("PREEXIT", "ACQBULK")}
+    # (either may carry a predicate: both run only when the kernel was launched as a dependent)
+    first = {name: next(i for i, op in enumerate(ops) if name in op.split()) for name in ("PREEXIT", "ACQBULK")}
     loads = [i for i, op in enumerate(ops) if "LDG" in op]
     ring = [i for i, op in enumerate(ops) if "LDG.E.NA.LTC256B.128" in op]  # ld_stream: the weights
     assert first["PREEXIT"] < loads[0]
     assert sum(i < first["ACQBULK"] for i in ring) == twin_cuda.ring_depth(2) * 2, ops[:first["ACQBULK"] + 1]
+    # x (written by the kernel before) only by coherent loads, and only after the wait: read through the
+    # read-only path (__ldg), ptxas had moved its first loads above the wait
+    xs = [i for i, op in enumerate(ops) if "LDG.E.128" in op.split()]
+    assert xs and min(xs) > first["ACQBULK"], ops[:first["ACQBULK"] + 1]
+    assert not any("LDG.E.128.CONSTANT" in op.split() for op in ops)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on PATH to compare NVRTC's build with")

@@ -34,6 +34,17 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
   return v;
 }
 
+// x: an ordinary (coherent) load, never the read-only path (ld.global.nc, __ldg). Under programmatic dependent
+// launch x is written by the kernel before this one while this one starts, so it is not read-only for this
+// kernel's lifetime, and ptxas moved the read-only loads of x above the wait (griddepcontrol.wait orders the
+// coherent loads after it).
+__device__ __forceinline__ uint4 ld_x(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+  return v;
+}
+
 // Programmatic dependent launch (SM 9.0+; no-ops below, and when the grid was launched without the attribute):
 // wait until the grids this one depends on have completed and their writes are visible; let the grids that
 // depend on this one be scheduled once every CTA of it has said so (or ended).
@@ -230,9 +241,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
   const int c_begin = blockIdx.y * p.cps, nck = min(p.cps, p.C - c_begin);
   const int m0 = blockIdx.z * 8 * NT;
   const bool active = tile0 < p.T && nck > 0;
-  // the next kernel (if launched as this one's programmatic dependent) may start its own weight loads once
-  // every CTA of this grid is resident: it waits for this grid's end before it reads y
-  pdl_launch_dependents();
+  // launched as a programmatic dependent itself, the kernel lets the next one (if launched so too) start its
+  // own weight loads once every CTA of this grid is resident: that one waits for this grid's end before it
+  // reads y. A plain launch keeps the plain order for whatever follows.
+  if (p.pdl) pdl_launch_dependents();
   float acc[R][NT][4];
   zero_acc<R, NT>(acc);
 
@@ -283,8 +295,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
     uint4 xv[2][NT][2];  // x of chunks of even / odd ring slots
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      xv[0][nt][0] = __ldg(xp[nt]);
-      xv[0][nt][1] = __ldg(xp[nt] + 4);
+      xv[0][nt][0] = ld_x(xp[nt]);
+      xv[0][nt][1] = ld_x(xp[nt] + 4);
     }
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -301,8 +313,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
           const int cn = min(c + 1, nck - 1);  // x of the next chunk, one chunk ahead
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
-            xv[(d + 1) & 1][nt][0] = __ldg(xp[nt] + 8 * cn);
-            xv[(d + 1) & 1][nt][1] = __ldg(xp[nt] + 8 * cn + 4);
+            xv[(d + 1) & 1][nt][0] = ld_x(xp[nt] + 8 * cn);
+            xv[(d + 1) & 1][nt][1] = ld_x(xp[nt] + 8 * cn + 4);
           }
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
