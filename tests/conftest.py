@@ -57,9 +57,7 @@ def pytest_sessionfinish(session, exitstatus):
     # no live process
     from workbench import shm
 
-    root = shm.ipc_root()
-    for name in shm.ipc_leftovers(_IPC_BEFORE, root):
-        (root / name).unlink(missing_ok=True)
+    shm.clean_ipc(_IPC_BEFORE, shm.ipc_root())
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -71,8 +71,8 @@ def compare_runs(run_dir: str | Path, reference: str | Path | Sequence[str | Pat
     spread), ``ratio`` (``run_dir`` over the references' median), ``noise`` and ``equal``."""
     refs = _references(reference)
     ref = _reference_cells(refs)
-    both = ref.rename(columns={"between": "between_ref"}).add_suffix("_ref").rename(
-        columns={"between_ref_ref": "between_ref"}).join(_cells(run_dir).add_suffix("_run"), how="inner")
+    between = ref.pop("between")
+    both = ref.add_suffix("_ref").assign(between_ref=between).join(_cells(run_dir).add_suffix("_run"), how="inner")
     if both.empty:
         names = ", ".join(str(r) for r in refs)
         raise ValueError(f"{run_dir} and {names} have no cell in common (size, batch, γ, drafter graphs)")

@@ -35,7 +35,7 @@ from pathlib import Path
 from workbench.runfolder import write_json_atomic
 
 __all__ = ["SHM", "SNAPSHOT", "PATTERNS", "shm_root", "entries", "in_use", "leftovers", "ipc_root", "ipc_entries",
-           "bound_sockets", "ipc_leftovers", "snapshot", "clean_after"]
+           "bound_sockets", "ipc_leftovers", "clean_ipc", "snapshot", "clean_after"]
 
 SHM = Path("/dev/shm")
 ROOT_ENV = "WORKBENCH_SHM_ROOT"  # another folder in place of /dev/shm (the suite's kill test: see shm_root)
@@ -159,6 +159,11 @@ def _remove(root: Path, names: list[str]) -> list[str]:
     return removed
 
 
+def clean_ipc(before: set[str], root: Path) -> list[str]:
+    """Remove the leftover sockets of ``root`` new since ``before`` (``ipc_leftovers``); returns their names."""
+    return _remove(root, ipc_leftovers(before, root))
+
+
 def clean_after(leg_folder: str | Path) -> list[str]:
     """Remove what the leg left in /dev/shm and the socket folder (its processes are gone); returns the names
     removed."""
@@ -170,7 +175,6 @@ def clean_after(leg_folder: str | Path) -> list[str]:
     root = Path(data.get("root") or shm_root())
     removed = _remove(root, leftovers(set(data.get("names") or []), root))
     if "ipc_root" in data:  # snapshots written before sockets were cleaned have none
-        ipc = Path(data["ipc_root"])
-        removed += _remove(ipc, ipc_leftovers(set(data.get("ipc_names") or []), ipc))
+        removed += clean_ipc(set(data.get("ipc_names") or []), Path(data["ipc_root"]))
     path.unlink(missing_ok=True)
     return removed

@@ -368,11 +368,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
 }
 
 #ifndef __CUDACC_RTC__
-// pdl: launched as a programmatic dependent of the work before it on the stream (SM 9.0+, in CUDA graphs too):
-// its CTAs may start while that work ends, the kernel's pdl_wait() keeps its reads of x after it.
+// p.pdl: launched as a programmatic dependent of the work before it on the stream (SM 9.0+, in CUDA graphs
+// too): its CTAs may start while that work ends, the kernel's pdl_wait() keeps its reads of x after it.
 template <int R, int NT, int GS, bool HAS_Z, bool DEEP>
-void launch(const Params& p, dim3 grid, cudaStream_t stream, bool pdl) {
-  if (!pdl || !p.pdl) {
+void launch(const Params& p, dim3 grid, cudaStream_t stream) {
+  if (!p.pdl) {
     w4a16_decode<R, NT, GS, HAS_Z, DEEP><<<grid, kWarps * 32, 0, stream>>>(p);
     return;
   }
@@ -390,7 +390,7 @@ void launch(const Params& p, dim3 grid, cudaStream_t stream, bool pdl) {
 }
 
 #define TWIN_W4_INSTANTIATE(R, NT, GS, HZ, DP) \
-  template void launch<R, NT, GS, HZ, DP>(const Params&, dim3, cudaStream_t, bool);
+  template void launch<R, NT, GS, HZ, DP>(const Params&, dim3, cudaStream_t);
 #endif
 // The kernel instances alone (device code: what NVRTC compiles)
 #define TWIN_W4_INSTANTIATE_KERNEL(R, NT, GS, HZ, DP) \

@@ -26,7 +26,7 @@ constexpr int kWarps = 4;  // warps per CTA: each its own R row tiles, all on th
 
 #ifndef __CUDACC_RTC__
 template <int R, int NT, int GS, bool HAS_Z, bool DEEP>
-void launch(const Params& p, dim3 grid, cudaStream_t stream, bool pdl);
+void launch(const Params& p, dim3 grid, cudaStream_t stream);
 #endif
 
 // Every instance: R in {1, 2, 4} row tiles a warp, NT in {1, 2} token tiles of 8, GS = group / 32, DEEP:

@@ -59,7 +59,7 @@ void w4a16_mm(const torch::Tensor& x, const torch::Tensor& qw, const torch::Tens
   const int gs = static_cast<int>(group / 32);
 #define TWIN_W4_DISPATCH(R_, NT_, GS_, HZ_, DP_)                             \
   if (r == R_ && nt == NT_ && gs == GS_ && has_z == HZ_ && deep == DP_) {  \
-    twin_w4::launch<R_, NT_, GS_, HZ_, DP_>(p, grid, stream, pdl);          \
+    twin_w4::launch<R_, NT_, GS_, HZ_, DP_>(p, grid, stream);               \
     C10_CUDA_KERNEL_LAUNCH_CHECK();                                          \
     return;                                                                  \
   }
