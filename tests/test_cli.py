@@ -102,3 +102,23 @@ def test_a_leg_timeout_that_cannot_hold_a_leg_is_refused_before_anything(tmp_pat
         main(["run", "E1", "--profile", "tiny", "--smoke", "--results", str(root), "--leg-timeout", value])
     assert err.value.code == 2 and "--leg-timeout" in capsys.readouterr().err
     assert not root.exists()
+
+
+def test_without_a_browser_a_bad_input_error_comes_alone(tmp_path, capsys, monkeypatch):
+    """The missing-browser warning is printed once the run's checks passed: a refused command prints only
+    its error (a host without Chromium, as a fresh laptop is)."""
+    from workbench import export
+
+    def no_browser():
+        raise export.BrowserError("none was found")
+
+    monkeypatch.delenv("BROWSER_PATH", raising=False)
+    monkeypatch.setattr(export, "find_browser", no_browser)
+    assert main(["run", "E1", "--profile", "tiny", "--resume", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --resume") and "not a run folder" in err and "warning" not in err
+    assert main(["export", str(tmp_path / "nowhere"), "--formats", "png"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "warning" not in err
+    assert export.usable_formats("png,html") == (("html",), export.usable_formats("png,html")[1])
+    assert "png figures skipped" in export.usable_formats("png,html")[1]

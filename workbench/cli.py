@@ -153,8 +153,9 @@ def run_notebook(run_dir: Path, params: dict[str, Any], notebook: Path = NOTEBOO
     return out
 
 
-def _formats(text: str) -> tuple[str, ...]:
-    """Formats this host can write; one warning when static ones are skipped for want of a browser.
+def _formats(text: str) -> tuple[tuple[str, ...], str | None]:
+    """Formats this host can write, and the warning to print when static ones are skipped for want of a
+    browser (printed by the caller once its other checks passed: an error comes first, alone).
 
     A BROWSER_PATH that points nowhere is refused here, before anything runs.
     """
@@ -171,9 +172,12 @@ def _formats(text: str) -> tuple[str, ...]:
         raise CliError(f"--formats: {exc}") from None
     except export.BrowserError as exc:
         raise CliError(f"--formats {text}: {exc}") from None
+    return fmts, skipped
+
+
+def _warn(skipped: str | None) -> None:
     if skipped:
         print(f"warning: {skipped}", file=sys.stderr)
-    return fmts
 
 
 def _read_run_json(rdir: Path, what: str) -> dict[str, Any]:
@@ -204,7 +208,7 @@ def cmd_run(args) -> int:
         from workbench.ray_executor import require_ray
         require_ray()  # before a run folder is made
     # with the other pre-flight checks: a browser that is not there is found now, not after the legs
-    formats = _formats(args.formats)
+    formats, skipped = _formats(args.formats)
     if args.resume:
         rdir = Path(args.resume)
         cfg = _read_run_json(rdir, "--resume")
@@ -223,6 +227,7 @@ def cmd_run(args) -> int:
                                     model_paths=model_paths, dataset_sources=sources,
                                     own_brackets=args.executor == "ray")
     cfg = json.loads((rdir / "run.json").read_text())
+    _warn(skipped)
     print(f"run folder: {rdir}", flush=True)
     # The legs run here, as children of this process: they stop when it stops, however it stops.
     statuses = protocol.execute(rdir, stop_on_failure=args.stop_on_failure, leg_timeout=args.leg_timeout,
@@ -267,7 +272,9 @@ def cmd_export(args) -> int:
     rdir = Path(args.run_dir)
     _read_run_json(rdir, "export")
     # every table and every figure of the analysis registry that the run's records support
-    out = export.export_run(rdir, formats=_formats(args.formats))
+    formats, skipped = _formats(args.formats)
+    _warn(skipped)
+    out = export.export_run(rdir, formats=formats)
     removed = out.pop("removed", [])
     for name, paths in sorted(out.items()):
         print(f"{name}: " + ", ".join(p.name for p in paths))
