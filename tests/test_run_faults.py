@@ -422,7 +422,7 @@ def test_a_browser_that_cannot_render_is_refused_before_any_leg_runs(tmp_path, c
     assert err.startswith("error: ") and "BROWSER_PATH='/bin/false' did not render" in err, err
     assert not results.exists()
     from workbench.cli import _formats
-    assert _formats("html") == ("html",)  # html needs no browser
+    assert _formats("html") == (("html",), None)  # html needs no browser (and no warning)
     assert export.browser_problem("/bin/false").startswith("did not render an empty page headless (exit status 1")
 
 
