@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -88,7 +89,7 @@ def test_run_with_float32_and_the_int4_twin_is_refused_before_anything(tmp_path,
     # the way out the message names is accepted (folder prepared, no leg run here)
     rdir = protocol.prepare_run("E1", "tiny", ["dtype=float32"], True, root,
                                 model_paths={"twin": "models/tiny/twin-dequant"})
-    assert json.loads((rdir / "run.json").read_text())["models"]["twin"] == "models/tiny/twin-dequant"
+    assert json.loads((rdir / "run.json").read_text())["models"]["twin"] == os.path.abspath("models/tiny/twin-dequant")
     with pytest.raises(ProtocolError, match="dtype float32"):
         protocol.prepare_run("E1", "tiny", ["dtype=float32"], True, tmp_path / "r2")
 

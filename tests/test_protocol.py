@@ -252,6 +252,28 @@ def test_prepare_run_writes_folder(tmp_path):
     assert not (tmp_path / "r2").exists(), "a run that cannot start leaves nothing behind"
 
 
+def test_a_run_started_outside_the_repository_finds_its_folder_and_checkpoints(tmp_path, fake, monkeypatch,
+                                                                                 tiny_models):
+    """Legs run in the repository (run.json's paths are relative to it); a run started in another folder with
+    the default relative results root, and a checkpoint named relative to that folder, still runs every leg
+    (every leg failed with FileNotFoundError on its leg.json, and a relative --model-path named no folder)."""
+    runner, calls = fake
+    here = tmp_path / "elsewhere"
+    here.mkdir()
+    (here / "mytwin").symlink_to(tiny_models["twin-int4"])
+    monkeypatch.chdir(here)
+    rdir = protocol.prepare_run("E4", "tiny", None, True, "results",
+                                model_paths={"target": "fake/target", "twin": "mytwin"})
+    assert not rdir.is_absolute()
+    cfg = json.loads((rdir / "run.json").read_text())
+    assert cfg["models"] == {"target": "fake/target", "twin": str(here / "mytwin")}  # a hub id stays as given
+    st = protocol.execute(rdir, runner=runner)
+    assert set(st.values()) == {"complete"} and len(calls()) == 4
+    # a resume from the same folder with the same relative name is the same checkpoint
+    assert protocol.prepare_run("E4", "tiny", None, True, run_dir=rdir,
+                                model_paths={"target": "fake/target", "twin": "mytwin"}) == rdir
+
+
 def test_execute_resume_and_analysis(tmp_path, fake):
     runner, calls = fake
     rdir = _prepare(tmp_path)

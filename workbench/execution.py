@@ -63,9 +63,11 @@ def execute(run_dir: str | Path, stop_on_failure: bool = False, leg_timeout: flo
     if leg_timeout is not None and not 0 < float(leg_timeout) < float("inf"):
         raise ProtocolError(f"leg_timeout must be a finite number of seconds above 0, got {leg_timeout!r}")
     opts = RunOptions(stop_on_failure, leg_timeout, python, runner, executor, address, gpus, allow_shared_host)
-    rdir = Path(run_dir)
+    # absolute: a leg runs in the repository (paths in run.json are relative to it), whatever folder the run
+    # was started from, so a run folder named relative to that folder (`--results results`) is found there too
+    rdir = Path(run_dir).resolve()
     if not (rdir / RUN_JSON).is_file():
-        raise ProtocolError(f"{rdir} is not a prepared run folder ({RUN_JSON} missing)")
+        raise ProtocolError(f"{run_dir} is not a prepared run folder ({RUN_JSON} missing)")
     try:
         cfg = read_json(rdir / RUN_JSON)
     except ValueError as exc:

@@ -70,7 +70,7 @@ def resolve_models(p: Plan, model_paths: dict[str, str] | None = None,
             # override applies (not where its stand_ins map that profile to another stand-in)
             explicit = model_paths.get(role) or os.environ.get(_env_key(role))
         if explicit:
-            out[ref] = str(explicit)
+            out[ref] = local_path(explicit)
             continue
         if prof.shapes:
             # configs of the published architecture, written on demand (no weights: load_format dummy)
@@ -90,6 +90,14 @@ def resolve_models(p: Plan, model_paths: dict[str, str] | None = None,
         else:
             out[ref] = prof.roles[role]
     return out
+
+
+def local_path(value: str) -> str:
+    """A checkpoint named on the command line or in the environment, as every leg finds it: a local folder
+    made absolute (a leg runs in the repository, not in the folder the run was started from), a hub id as
+    given."""
+    path = Path(str(value)).expanduser()
+    return os.path.abspath(path) if path.exists() else str(value)
 
 
 def _rebuild_missing_models(run_dir: Path, cfg: dict[str, Any], reg: Registry) -> None:
@@ -269,14 +277,14 @@ def _check_resume_inputs(run_dir, cfg: dict[str, Any], model_paths: dict[str, st
         if had is None:
             raise ProtocolError(f"cannot resume {run_dir} with --model-path {ref}={path}: the run has no "
                                 f"role {ref!r} (roles: {', '.join(models) or 'none'})")
-        if str(path) != str(had):
+        if local_path(path) != str(had) and str(path) != str(had):
             raise ProtocolError(f"cannot resume {run_dir} with --model-path {ref}={path}: the run was prepared "
                                 f"with {ref}={had}; a resumed run keeps its checkpoints (start a new run "
                                 f"for other weights)")
     for ref, had in models.items():  # the environment's checkpoints are held to the same rule
         key = _env_key(ref)
         path = os.environ.get(key)
-        if path and str(path) != str(had) and ref not in (model_paths or {}):
+        if path and local_path(path) != str(had) and str(path) != str(had) and ref not in (model_paths or {}):
             raise ProtocolError(f"cannot resume {run_dir} with {key}={path}: the run was prepared with "
                                 f"{ref}={had}; a resumed run keeps its checkpoints (unset {key}, or start "
                                 f"a new run for other weights)")
