@@ -22,8 +22,9 @@ in rotating order) and the effective bandwidth, for
   targets as ``own-cuda[r<R>-w<waves>]`` rows, and the deep scale ring (``own-cuda[deep]``,
   ``own-cuda[r2-deep]``: scales and zero points loaded two weight rings ahead) and the staged kernel
   (``own-cuda[pipe]``, ``own-cuda[r1-pipe]``: loads by cp.async into shared memory), and
-  ``own-cuda[pdl]``: each call launched as a programmatic dependent of the one before (SM 9.0+: its
-  weights stream in while the call before ends; in the layer set, the GEMM before);
+  ``own-cuda[plain]``: the default plan launched plainly (the default launches each call as a programmatic
+  dependent of the one before, SM 9.0+: its weights stream in while the call before ends; in the layer set,
+  the GEMM before; up to commit aede0ff the default was the plain launch and ``own-cuda[pdl]`` the variant);
 - ``gemlite``: GemLite's Triton W4A16 kernels (``pip install gemlite``; its GEMV
   / RevSplit-K / split-K choice and autotuning), on the same weights in its
   ``(W_q - zeros) * scales`` form (skipped, with the reason, where it is not installed).
@@ -380,7 +381,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--cuda-sweep", action="store_true",
                     help="own-cuda: also time R = 1, 2, 4 row tiles per warp at 1, 2, 3, 6 CTAs per SM, and the "
                          "deep scale ring (own-cuda[deep], own-cuda[r2-deep]), the staged kernel (own-cuda[pipe], "
-                         "own-cuda[r1-pipe]) and programmatic dependent launch (own-cuda[pdl])")
+                         "own-cuda[r1-pipe]) and the plain launch (own-cuda[plain]; the default is a programmatic "
+                         "dependent launch)")
     ap.add_argument("--out-root", type=Path, default=REPO / "results" / "int4-gemm")
     ap.add_argument("--dry-run", action="store_true", help="CPU: shapes and the reference path only")
     return ap
@@ -393,7 +395,7 @@ def _kernels(wanted: set[str], cuda_sweep: bool) -> tuple[list[Kernel], dict[str
         kernels += [OwnCuda(r, w) for r in (1, 2, 4) for w in (1.0, 2.0, 3.0, 6.0)]
         kernels += [OwnCuda(deep=True), OwnCuda(r=2, deep=True)]  # the scales' ring as deep as two weight rings
         kernels += [OwnCuda(pipe=True), OwnCuda(r=1, pipe=True)]  # the staged kernel (cp.async, shared memory)
-        kernels += [OwnCuda(pdl=True)]  # each call a programmatic dependent of the one before (weights load early)
+        kernels += [OwnCuda(pdl=False)]  # launched plainly (the default: a programmatic dependent of the call before)
     vk, skipped = vllm_kernels() if {"machete", "marlin", "humming"} & wanted else ([], {})
     kernels += [k for k in vk if k.name in wanted]
     if "gemlite" in wanted:

@@ -128,16 +128,19 @@ class OwnCuda(Kernel):
 
     name = "own-cuda"
 
-    def __init__(self, r=None, waves=None, deep=False, pipe=False, pdl=False):
+    def __init__(self, r=None, waves=None, deep=False, pipe=False, pdl=None):
+        # pdl None: the launch twin_cuda.plan picks (programmatic dependent launch but for the staged kernel);
+        # False: the plain launch, own-cuda[plain]
         self.r, self.waves, self.deep, self.pipe, self.pdl = r, waves, deep, pipe, pdl
         if self._variant:
             self.name = "own-cuda[" + "-".join(
                 ([f"r{r}"] if r is not None else []) + ([f"w{waves:g}"] if waves is not None else [])
-                + (["deep"] if deep else []) + (["pipe"] if pipe else []) + (["pdl"] if pdl else [])) + "]"
+                + (["deep"] if deep else []) + (["pipe"] if pipe else []) + (["plain"] if pdl is False else [])
+                + (["pdl"] if pdl is True else [])) + "]"
 
     @property
     def _variant(self) -> bool:
-        return self.r is not None or self.deep or self.pipe or self.pdl
+        return self.r is not None or self.deep or self.pipe or self.pdl is not None
 
     def prepare(self, packed, scales, zeros, group, dense_bf16):
         from vllm_patch import twin_cuda, twin_cuda_layout

@@ -23,12 +23,14 @@ def test_floor_divides_by_the_read_rate_and_names_the_copy_rate_beside_it():
 
 def test_the_cuda_sweep_times_every_own_kernel_variant_beside_the_default():
     """``--cuda-sweep``: the default launch plan, its row tiles x CTA targets, the deep scale ring, the staged
-    kernel and programmatic dependent launch, each its own row (what docs/benchmarks.md's tables name)."""
+    kernel and the plain launch (the default is a programmatic dependent launch), each its own row (what
+    docs/benchmarks.md's tables name)."""
     int4_gemm = _bench()
     ks, _ = int4_gemm._kernels({"own-cuda"}, cuda_sweep=True)
     names = [k.name for k in ks]
     assert names[0] == "own-cuda" and len(names) == len(set(names)) == 18
-    assert {"own-cuda[deep]", "own-cuda[r2-deep]", "own-cuda[pipe]", "own-cuda[r1-pipe]", "own-cuda[pdl]"} <= set(names)
-    pdl = next(k for k in ks if k.name == "own-cuda[pdl]")
-    assert (pdl.pdl, pdl.r, pdl.waves, pdl.deep, pdl.pipe) == (True, None, None, False, False)
+    assert {"own-cuda[deep]", "own-cuda[r2-deep]", "own-cuda[pipe]", "own-cuda[r1-pipe]", "own-cuda[plain]"} <= set(names)
+    plain = next(k for k in ks if k.name == "own-cuda[plain]")
+    assert (plain.pdl, plain.r, plain.waves, plain.deep, plain.pipe) == (False, None, None, False, False)
+    assert ks[0].pdl is None  # the default row launches as the engine does (twin_cuda.plan's default)
     assert [k.name for k in int4_gemm._kernels({"own-cuda"}, cuda_sweep=False)[0]] == ["own-cuda"]
