@@ -277,14 +277,14 @@ def _check_resume_inputs(run_dir, cfg: dict[str, Any], model_paths: dict[str, st
         if had is None:
             raise ProtocolError(f"cannot resume {run_dir} with --model-path {ref}={path}: the run has no "
                                 f"role {ref!r} (roles: {', '.join(models) or 'none'})")
-        if local_path(path) != str(had) and str(path) != str(had):
+        if str(had) not in (str(path), local_path(path)):  # as given, or as a run keeps a local folder
             raise ProtocolError(f"cannot resume {run_dir} with --model-path {ref}={path}: the run was prepared "
                                 f"with {ref}={had}; a resumed run keeps its checkpoints (start a new run "
                                 f"for other weights)")
     for ref, had in models.items():  # the environment's checkpoints are held to the same rule
         key = _env_key(ref)
         path = os.environ.get(key)
-        if path and local_path(path) != str(had) and str(path) != str(had) and ref not in (model_paths or {}):
+        if path and str(had) not in (path, local_path(path)) and ref not in (model_paths or {}):
             raise ProtocolError(f"cannot resume {run_dir} with {key}={path}: the run was prepared with "
                                 f"{ref}={had}; a resumed run keeps its checkpoints (unset {key}, or start "
                                 f"a new run for other weights)")
