@@ -432,3 +432,29 @@ def test_host_card_is_none_without_a_gpu(monkeypatch):
         assert acc.host_card() == "NVIDIA H200"
     finally:
         acc.host_card.cache_clear()
+
+
+def test_an_unresolvable_schedule_or_acceptance_is_refused_before_any_leg(tmp_path, tiny_models, monkeypatch, capsys):
+    """`gamma_schedule=auto` with no E16 cost table of the target's size, or `acceptance=from:` a folder that
+    holds no such leg, stops the run in its checks, naming the leg and the knob; a relative `from:` folder is
+    read from the repository (where legs run) whatever folder the run is started in."""
+    from workbench import cli, protocol
+    from workbench.planning import plan
+    from workbench.preparing import schedule_problems
+
+    monkeypatch.chdir(tmp_path)  # a user's own folder: the catalogue's relative from: still resolves
+    models = {"target": str(tiny_models["target"]), "twin": str(tiny_models["twin-int4"])}
+    p = plan("E18", "tiny", ["legs=twin_a0.9_auto,twin_organism"], True)
+    monkeypatch.setattr(acc, "RESULTS_E16", tmp_path / "no-E16")
+    problems = schedule_problems(p, models)
+    assert len(problems) == 1 and problems[0].startswith("leg twin_a0.9_auto: knob 'gamma_schedule': auto found no")
+    p = plan("E18", "tiny", ["legs=twin_organism", "acceptance=from:results/E1/no-such-run:strict_g6"], True)
+    assert [q.split(":")[0] for q in schedule_problems(p, models)] == ["leg twin_organism"]
+
+    monkeypatch.setattr(protocol, "execute", lambda *a, **k: pytest.fail("a leg was started"))
+    root = tmp_path / "results"
+    rc = cli.main(["run", "E18", "--profile", "tiny", "--smoke", "-p", "legs=twin_a1,twin_a0.9_auto",
+                   "--results", str(root), "--no-notebook", "--formats", "html"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "nothing was created" in err and "leg twin_a0.9_auto: knob 'gamma_schedule'" in err, err
+    assert not root.exists()

@@ -124,10 +124,10 @@ def expected_tokens(rates: list[float]) -> float:
 
 def rates_from_run(arg: str) -> tuple[list[float], str]:
     """Unconditional per-position rates a recorded spec leg measured, and which leg they came from."""
-    path, leg = Path(arg), None
+    path, leg = run_path(arg), None
     if not (path / "legs").is_dir() and ":" in arg:
         head, _, leg = arg.rpartition(":")
-        path = Path(head)
+        path = run_path(head)
     legs_dir = path / "legs"
     if not legs_dir.is_dir():
         raise AcceptanceError(f"knob 'acceptance': from:{arg}: {path} is not a run folder (no legs/)")
@@ -356,6 +356,13 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS_E16 = REPO / "results" / "E16"
 
 
+def run_path(text: str) -> Path:
+    """A run folder named by ``from:`` or ``auto:``: a relative one is read from the repository, where legs run
+    (the catalogue's own defaults are written so), wherever the run was started."""
+    path = Path(text)
+    return path if path.is_absolute() else REPO / path
+
+
 def _shown(path: Path) -> str:
     """A run folder as records keep it: relative to the repository when it is inside it."""
     try:
@@ -393,7 +400,7 @@ def host_card() -> str | None:
     return gpus[0].get("name") if gpus else None
 
 
-def default_cost_run(target: str | None, root: Path = RESULTS_E16, max_batch: int | None = None,
+def default_cost_run(target: str | None, root: Path | None = None, max_batch: int | None = None,
                      card: str | None = None) -> Path:
     """The E16 run folder with cells of ``target``'s size at two or more batch sizes, measured on ``card``
     (the GPU here) where such a folder exists: a draft step's share of a target step differs by card (8B
@@ -403,6 +410,7 @@ def default_cost_run(target: str | None, root: Path = RESULTS_E16, max_batch: in
     one whose drafter setup is fastest at its smallest batch (an older table of a slower kernel or graph
     mode predicts that nothing pays), then the newest."""
     size = Path(str(target or "")).name.split("-")[0]
+    root = RESULTS_E16 if root is None else root
     found: list[tuple[bool, int, float, Path]] = []
     for run in sorted(root.glob("*/tables/cost_ratio.csv"), reverse=True):
         try:
@@ -435,7 +443,7 @@ def resolve_schedule(spec: str, gamma: int, acceptance: str, max_batch: int, tar
                 raise AcceptanceError("knob 'gamma_schedule': auto needs an acceptance profile to predict "
                                       "from (knob 'acceptance': alpha:A, rates:..., length:L or from:RUN_DIR)")
             return unconditional_rates(acceptance, g) or []
-        return auto_schedule(Path(spec[5:].strip()), rates_of, max_batch, idle=idle)
+        return auto_schedule(run_path(spec[5:].strip()), rates_of, max_batch, idle=idle)
     ranges = parse_schedule(spec)
     if max_gamma(ranges) > gamma:
         raise AcceptanceError(f"knob 'gamma_schedule': {spec!r} asks for γ {max_gamma(ranges)} above the leg's "

@@ -264,7 +264,29 @@ def preflight_problems(p: Plan, models: dict[str, str], prompts: list | None) ->
     good = {ref: path for ref, path in models.items() if ref not in bad_models}
     problems += combination_problems(engine_legs, good, p.profile.device)
 
-    return problems + memory_problems(p, models, bad_models)
+    return problems + schedule_problems(p, models) + memory_problems(p, models, bad_models)
+
+
+def schedule_problems(p: Plan, models: dict[str, str]) -> list[str]:
+    """Spec legs whose ``acceptance`` (``from:RUN_DIR``) or ``gamma_schedule`` (``auto``: an E16 cost table of
+    the target's size) cannot be resolved: found here, from the run folders' tables, before any leg runs,
+    not inside the leg after the legs before it have run."""
+    from workbench.acceptance import AcceptanceError, resolve_schedule, unconditional_rates
+    from workbench.planning import _server_seqs
+
+    out: list[str] = []
+    for l in p.legs:
+        k = l.knobs
+        if l.kind != "spec" or k.get("gamma") is None:
+            continue
+        acceptance, schedule = str(k.get("acceptance") or "real"), str(k.get("gamma_schedule") or "none")
+        try:
+            unconditional_rates(acceptance, int(k["gamma"]))
+            resolve_schedule(schedule, int(k["gamma"]), acceptance, int(_server_seqs(k) or 1),
+                             models.get(l.model), str(k.get("draft_idle") or "sync"))
+        except AcceptanceError as exc:
+            out.append(f"leg {l.name}: {exc}")
+    return out
 
 
 def _check_resume_inputs(run_dir, cfg: dict[str, Any], model_paths: dict[str, str] | None,
