@@ -42,7 +42,8 @@ class EngineState:
         self.steps = steps
         self.batch_req_ids: list[str] | None = None
         self.draft_vision_calls = 0
-        self.draft_idle_skips = 0  # decode steps at γ 0 that ran no draft pass (knob draft_idle=skip)
+        self.draft_idle_skips = 0  # steps at γ 0 that ran no draft pass (knob draft_idle=skip / skip_all)
+        self.draft_idle_prompt_skips = 0  # of them, steps with prompt tokens (draft_idle=skip_all)
         self.early_output_steps = 0  # steps whose sampled tokens were copied before the drafter's work
 
     @classmethod

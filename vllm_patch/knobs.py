@@ -145,7 +145,8 @@ DRAFT_CUDAGRAPH_MODES = ("auto", "none", "piecewise", "full", "full_all")
 DRAFT_LINEAR_KERNELS = ("auto", "machete", "marlin", "humming", "exllama", "own", "own-cuda")
 OWN_KERNEL_MODULES = {"own": "twin_gemv", "own-cuda": "twin_cuda"}
 TARGET_GRAPHS = ("vllm", "full")  # under vLLM's γ schedule: its PIECEWISE target, or FULL graphs per length
-DRAFT_IDLE = ("sync", "skip")  # a step with γ 0: the draft's pass keeps its KV cache (vLLM), or none runs
+DRAFT_IDLE = ("sync", "skip", "skip_all")  # a step with γ 0: the draft's pass keeps its KV cache (vLLM), or none
+# runs at a decode-only step (skip), or none at any step, prompt tokens included (skip_all)
 DRAFT_LM_HEADS = ("model", "int4")  # model: as the checkpoint has it; int4: vllm_patch.draft_head
 
 
@@ -214,7 +215,9 @@ SWITCHES: dict[str, Knob] = {k.name: k for k in [
          "a decode step where the γ schedule says 0: sync (vLLM's: the draft's pass over the batch still runs, "
          "to keep its KV cache; the step costs vanilla + one draft pass) or skip (no draft pass: the step "
          "costs what vanilla's does; the draft's KV misses those tokens, so drafts after such a stretch read "
-         "stale entries: lower real acceptance, never a different output)",
+         "stale entries: lower real acceptance, never a different output), or skip_all (no draft pass at a "
+         "γ-0 step that admits prompt tokens either: such a step costs vanilla's too, and the draft's cache "
+         "lacks those prompts when γ > 0 returns)",
          env=ENV_DRAFT_IDLE, flag="--draft-idle", spec_only=True, column="leg"),
     # issue 36: TTFT. A twin's vision tower is the target's (not quantized): its outputs would be the target's
     Knob("draft_vision_share", bool, True, _any, "true or false",

@@ -289,6 +289,9 @@ def schedule_table(run_dir: Path, rates_of, max_batch: int) -> list[dict[str, An
     return out
 
 
+IDLE_FREE = ("skip", "skip_all")  # draft_idle values whose γ-0 decode step runs no draft pass
+
+
 def off_speedup(cells: list[dict[str, Any]], idle: str) -> float:
     """Predicted S of a step at γ 0 at one batch size (``cells``: that batch's measured cells).
 
@@ -297,7 +300,7 @@ def off_speedup(cells: list[dict[str, Any]], idle: str) -> float:
     step plus about one draft step, S = 1 / (1 + c) with c of the smallest measured γ at that batch
     (the ratio of a draft step to the verify step; the verify step of a small γ is close to vanilla's).
     """
-    if idle == "skip":
+    if idle in IDLE_FREE:
         return 1.0
     c = min(cells, key=lambda r: r["gamma"])["c"]
     return 1.0 / (1.0 + float(c))
@@ -321,7 +324,7 @@ def auto_schedule(run_dir: Path, rates_of, max_batch: int, min_gain: float = 1.0
         cand = [c for c in cells if c["batch"] == b]
         top = max(cand, key=lambda c: c["S_predicted"])
         s_off = off_speedup(cand, idle)
-        bar = min_gain if idle == "skip" else s_off
+        bar = min_gain if idle in IDLE_FREE else s_off
         choice[b] = top if top["S_predicted"] > bar else dict(top, gamma=0, S_predicted=s_off)
         for c in cand:
             c["S_off_predicted"] = s_off
@@ -329,7 +332,7 @@ def auto_schedule(run_dir: Path, rates_of, max_batch: int, min_gain: float = 1.0
     lo = 1
     for i, b in enumerate(batches):
         last = i == len(batches) - 1
-        hi = (max_batch if idle != "skip" else b) if last else max(lo, (b + batches[i + 1]) // 2)
+        hi = (max_batch if idle not in IDLE_FREE else b) if last else max(lo, (b + batches[i + 1]) // 2)
         hi = min(hi, max_batch)
         if lo > max_batch:
             break

@@ -92,7 +92,7 @@ def predicted_speedup(leg_dir: Path, summary: dict[str, Any], concurrency: int) 
     if summary.get("tier") != "synthetic" or not rates:
         return {}
     gamma = _gamma_at(info, concurrency)
-    if gamma == 0 and info.get("draft_idle", "sync") == "skip":
+    if gamma == 0 and info.get("draft_idle", "sync") in ("skip", "skip_all"):
         return {"S_predicted": 1.0, "c": None, "c_source": "speculation off at this batch size, no draft pass",
                 "expected_tokens": 1.0}
     try:
