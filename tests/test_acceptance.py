@@ -288,7 +288,8 @@ def test_schedule_turns_speculation_off_at_the_batch_sizes_it_names(tmp_path, ti
     skip = run_leg_process(tmp_path / "b4s", *common, "--leg", "b4s", "--max-num-seqs", "4",
                            "--draft-idle", "skip").ok()
     assert not batched.summary["engine_report"].get("draft_idle_skips")
-    assert skip.summary["engine_report"]["draft_idle_skips"] >= 1
+    # every decode step after the prompts' (16 tokens: 15 of them), counted to the leg's end
+    assert skip.summary["engine_report"]["draft_idle_skips"] >= 15
     assert skip.records[0]["knobs"]["draft_idle"] == "skip"
     assert [r["gen_ids"] for r in skip.records] == [r["gen_ids"] for r in batched.records]
     # skip_all: the step that admits the four prompts at once (batch 4, γ 0) runs no draft pass either
@@ -297,6 +298,7 @@ def test_schedule_turns_speculation_off_at_the_batch_sizes_it_names(tmp_path, ti
                                "--draft-idle", "skip_all").ok()
     report = skip_all.summary["engine_report"]
     assert report["draft_idle_prompt_skips"] >= 1 and report["knobs"]["draft_idle"] == "skip_all"
+    assert report["draft_idle_skips"] >= 15 + report["draft_idle_prompt_skips"]
     assert [r["gen_ids"] for r in skip_all.records] == [r["gen_ids"] for r in batched.records]
     # target_graphs=full: the engine starts with it and decodes the same tokens; a CPU has no graphs to keep
     full = run_leg_process(tmp_path / "b4f", *common, "--leg", "b4f", "--max-num-seqs", "4",

@@ -23,7 +23,7 @@ reads them and never writes them. So the copy only has to wait for the sampling:
 What changes for a request: TTFT loses the first step's drafting; each later step's tokens leave one
 draft earlier, so TPOT (the mean over a request's tokens) is the same within noise. Off (``0``), the
 copy waits as in stock vLLM. The engine report counts the steps whose copy went early
-(``early_output_steps``, written at the first and every 100th).
+(``early_output_steps``, written at the first and every 100th, and whole at the leg's end).
 """
 
 from __future__ import annotations

@@ -76,8 +76,17 @@ class EngineState:
                 self.steps.muted = True
 
     # -- what the worker RPC asks (see worker_rpc) ----------------------------------------------- #
+    def report_counts(self) -> None:
+        """The step counters as they stand (the report otherwise has them at their first and every 100th
+        step); a leg's end calls this through its flushes, so its summary holds the whole count."""
+        counts = {k: getattr(self, k) for k in ("draft_idle_skips", "draft_idle_prompt_skips", "early_output_steps")}
+        counts = {k: v for k, v in counts.items() if v}
+        if self.report is not None and counts:
+            self.report.update(**counts)
+
     def flush_trace(self) -> int:
         """Write out every traced step of this process; the number of steps traced."""
+        self.report_counts()
         return self.trace.flush() if self.trace is not None else 0
 
     def set_trace(self, on: bool) -> bool:
@@ -96,6 +105,7 @@ class EngineState:
 
     def flush_steps(self) -> str | None:
         """Write out the step timer's rows; its file (None: no step timer)."""
+        self.report_counts()
         if self.steps is None or self.steps.muted:
             return None
         self.steps.flush()
