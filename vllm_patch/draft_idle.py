@@ -36,8 +36,7 @@ def empty_draft(proposer, kwargs: dict) -> torch.Tensor | None:
     engine = proposer._twin_engine
     engine.draft_idle_skips += 1
     engine.draft_idle_prompt_skips += int(prompt)
-    if engine.report is not None and (engine.draft_idle_skips == 1 or engine.draft_idle_skips % 100 == 0
-                                      or (prompt and engine.draft_idle_prompt_skips == 1)):
+    if engine.report is not None and (engine.draft_idle_skips == 1 or engine.draft_idle_skips % 100 == 0):
         engine.report.update(draft_idle_skips=engine.draft_idle_skips,
                              draft_idle_prompt_skips=engine.draft_idle_prompt_skips)
     return torch.empty(cad.batch_size(), 0, dtype=torch.int64, device=proposer.device)

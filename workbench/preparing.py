@@ -271,19 +271,17 @@ def schedule_problems(p: Plan, models: dict[str, str]) -> list[str]:
     """Spec legs whose ``acceptance`` (``from:RUN_DIR``) or ``gamma_schedule`` (``auto``: an E16 cost table of
     the target's size) cannot be resolved: found here, from the run folders' tables, before any leg runs,
     not inside the leg after the legs before it have run."""
-    from workbench.acceptance import AcceptanceError, resolve_schedule, unconditional_rates
+    from workbench.acceptance import AcceptanceError
+    from workbench.knobs import Knobs
     from workbench.planning import _server_seqs
 
     out: list[str] = []
     for l in p.legs:
-        k = l.knobs
-        if l.kind != "spec" or k.get("gamma") is None:
+        if l.kind != "spec" or l.knobs.get("gamma") is None:
             continue
-        acceptance, schedule = str(k.get("acceptance") or "real"), str(k.get("gamma_schedule") or "none")
-        try:
-            unconditional_rates(acceptance, int(k["gamma"]))
-            resolve_schedule(schedule, int(k["gamma"]), acceptance, int(_server_seqs(k) or 1),
-                             models.get(l.model), str(k.get("draft_idle") or "sync"))
+        try:  # what the leg itself resolves when it builds its speculative config
+            Knobs.from_planned(l.knobs, f"leg {l.name}").spec_config_extra(int(_server_seqs(l.knobs) or 1),
+                                                                           models.get(l.model))
         except AcceptanceError as exc:
             out.append(f"leg {l.name}: {exc}")
     return out

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from workbench.acceptance import RESULTS_E16, _shown, run_card, source_card
+from workbench.acceptance import IDLE_FREE, RESULTS_E16, _shown, run_card, source_card
 from workbench.runfolder import PLACEMENT, read_json
 
 __all__ = ["predicted_speedup"]
@@ -92,7 +92,7 @@ def predicted_speedup(leg_dir: Path, summary: dict[str, Any], concurrency: int) 
     if summary.get("tier") != "synthetic" or not rates:
         return {}
     gamma = _gamma_at(info, concurrency)
-    if gamma == 0 and info.get("draft_idle", "sync") in ("skip", "skip_all"):
+    if gamma == 0 and info.get("draft_idle", "sync") in IDLE_FREE:
         return {"S_predicted": 1.0, "c": None, "c_source": "speculation off at this batch size, no draft pass",
                 "expected_tokens": 1.0}
     try:
