@@ -76,11 +76,13 @@ def set_process_env(cpu: bool, report_dir: str, knob_env: dict[str, str] | None 
 def engine(target: str, draft: str | None, gamma: int | None, max_seqs: int, cpu: bool, dummy: bool,
            dtype: str = "bfloat16", max_model_len: int = MAX_MODEL_LEN,
            gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION, engine_args: dict | None = None,
-           tensor_parallel_size: int = 1):
+           tensor_parallel_size: int = 1, spec_extra: dict | None = None):
     """An offline ``LLM`` of the target (with the twin drafting ``gamma`` tokens when ``draft``); its start time.
 
     ``engine_args``: what the leg's knobs add (``Knobs.engine_args``: async scheduling), spec engines only.
     ``tensor_parallel_size`` > 1: vLLM's multiprocess executor, one worker process per rank.
+    ``spec_extra``: the speculative_config fields of the acceptance and gamma_schedule knobs
+    (``Knobs.spec_config_extra``).
     """
     kw: dict[str, Any] = dict(model=target, dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_seqs,
                               seed=0, skip_tokenizer_init=True, limit_mm_per_prompt={"image": 0, "video": 0},
@@ -95,7 +97,7 @@ def engine(target: str, draft: str | None, gamma: int | None, max_seqs: int, cpu
     if tensor_parallel_size > 1:
         kw.update(tensor_parallel_size=tensor_parallel_size, distributed_executor_backend="mp")
     if draft is not None:
-        kw["speculative_config"] = engines.spec_config(draft, gamma)
+        kw["speculative_config"] = engines.spec_config(draft, gamma, spec_extra)
         kw.update(engine_args or {})
     return engines.build(kw)
 
