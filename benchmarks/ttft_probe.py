@@ -300,9 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         run_one(args, args.only)
         return 0
+    from workbench.childproc import wrap
+
     for kind in ("vanilla", "spec"):  # one engine per process: a second engine in one process lacks the memory
-        rc = subprocess.run([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),
-                             "--only", kind], cwd=REPO).returncode
+        cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--only", kind]
+        # the engine process dies with this one: a killed probe leaves no engine holding the GPU
+        rc = subprocess.run(wrap(os.getpid(), cmd), cwd=REPO, check=False).returncode
         if rc != 0:
             print(f"[probe] {kind} engine failed (exit {rc})", file=sys.stderr)
             return rc
