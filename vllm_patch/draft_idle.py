@@ -23,7 +23,11 @@ import torch
 
 def empty_draft(proposer, kwargs: dict) -> torch.Tensor | None:
     """The empty draft of a skipped step (``[batch, 0]``, as vLLM's own γ-0 path returns), or None: run it."""
-    idle = None if proposer._twin is None else proposer._twin_engine.knobs.draft_idle
+    if proposer._twin is None:
+        return None
+    engine = proposer._twin_engine
+    engine.draft_pass_queued = True  # this step's draft pass runs unless skipped below (read by early_release)
+    idle = engine.knobs.draft_idle
     if idle not in ("skip", "skip_all"):
         return None
     cad = kwargs.get("common_attn_metadata")
@@ -33,7 +37,7 @@ def empty_draft(proposer, kwargs: dict) -> torch.Tensor | None:
     if prompt and idle != "skip_all":
         return None
     proposer.num_speculative_tokens = 0
-    engine = proposer._twin_engine
+    engine.draft_pass_queued = False
     engine.draft_idle_skips += 1
     engine.draft_idle_prompt_skips += int(prompt)
     if engine.report is not None and (engine.draft_idle_skips == 1 or engine.draft_idle_skips % 100 == 0):

@@ -16,6 +16,7 @@ place; :func:`apply` installs it and the rest, one module per concern:
 * ``worker_rpc``      ``twin_spec_*`` methods the workbench calls through ``collective_rpc``
 * ``cpu_int4``        the CPU W4A16 fallback
 * ``early_output``    with async scheduling, a step's sampled tokens go to the host before the drafter's work
+* ``early_release``   with async scheduling, a step that gives a first token is handed over before the next launch
 * ``target_graphs``   the target's FULL decode graphs under vLLM's batch-size γ schedule (knob ``target_graphs``)
 * ``engine_state``    the per-engine state those share (knobs, report, trace, step timer)
 * ``engine_report``, ``telemetry``  the report, the trace writer and the step timer
@@ -69,8 +70,8 @@ def apply(knobs: EngineKnobs) -> EngineState:
     if installed is not None:
         return installed
     state = EngineState.create(knobs)
-    from . import (cpu_int4, early_output, quant_ignore, relaxed_gate, request_checks, runner_hooks, target_graphs,
-                   twin_proposer, worker_rpc)
+    from . import cpu_int4, early_output, early_release, quant_ignore, relaxed_gate, request_checks
+    from . import runner_hooks, target_graphs, twin_proposer, worker_rpc
 
     twin_proposer.install()  # the twin's drafting loop: vllm_patch/twin_proposer.py
     runner_hooks.install(state)
@@ -80,6 +81,7 @@ def apply(knobs: EngineKnobs) -> EngineState:
     worker_rpc.install(state)
     cpu_int4.install()
     early_output.install(state)  # after runner_hooks: its wrappers are the outer ones
+    early_release.install(state)
     target_graphs.install(knobs)  # knob target_graphs=full only
     publish(state)
     return state

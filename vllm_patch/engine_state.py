@@ -45,6 +45,8 @@ class EngineState:
         self.draft_idle_skips = 0  # steps at γ 0 that ran no draft pass (knob draft_idle=skip / skip_all)
         self.draft_idle_prompt_skips = 0  # of them, steps with prompt tokens (draft_idle=skip_all)
         self.early_output_steps = 0  # steps whose sampled tokens were copied before the drafter's work
+        self.early_release_steps = 0  # steps handed to the client before the next step's launch (early_release)
+        self.draft_pass_queued: bool | None = None  # whether the latest sample_tokens queued a draft pass
 
     @classmethod
     def create(cls, knobs: EngineKnobs, env=None) -> EngineState:
@@ -79,7 +81,8 @@ class EngineState:
     def report_counts(self) -> None:
         """The step counters as they stand (the report otherwise has them at their first and every 100th
         step); a leg's end calls this through its flushes, so its summary holds the whole count."""
-        counts = {k: getattr(self, k) for k in ("draft_idle_skips", "draft_idle_prompt_skips", "early_output_steps")}
+        counts = {k: getattr(self, k) for k in ("draft_idle_skips", "draft_idle_prompt_skips", "early_output_steps",
+                                                "early_release_steps")}
         counts = {k: v for k, v in counts.items() if v}
         if self.report is not None and counts:
             self.report.update(**counts)

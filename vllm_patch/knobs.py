@@ -39,6 +39,7 @@ ENV_LINEAR_KERNEL = "VLLM_SPEC_DRAFT_LINEAR_KERNEL"
 ENV_ASYNC = "VLLM_SPEC_ASYNC_SCHEDULING"
 ENV_LM_HEAD = "VLLM_SPEC_DRAFT_LM_HEAD"
 ENV_EARLY_OUTPUT = "VLLM_SPEC_EARLY_OUTPUT"
+ENV_EARLY_RELEASE = "VLLM_SPEC_EARLY_RELEASE"
 ENV_DRAFT_IDLE = "VLLM_SPEC_DRAFT_IDLE"
 ENV_VISION_SHARE = "VLLM_SPEC_DRAFT_VISION_SHARE"
 ENV_TARGET_GRAPHS = "VLLM_SPEC_TARGET_GRAPHS"
@@ -210,6 +211,11 @@ SWITCHES: dict[str, Knob] = {k.name: k for k in [
          "with async scheduling, copy each step's sampled tokens to the host as soon as the target has "
          "sampled, not after the drafter's passes (a new request's first token skips the draft's prefill)",
          env=ENV_EARLY_OUTPUT, flag="--early-output", spec_only=True, applies_on_cpu=False, column="leg"),
+    # issue 36: TTFT. vLLM launches the next step before it hands over the step that gave a first token
+    Knob("early_release", bool, True, _any, "true or false",
+         "with async scheduling, a step that gives a request its first token (and queued a draft pass) is "
+         "handed to the client before the engine launches the next step, not after it",
+         env=ENV_EARLY_RELEASE, flag="--early-release", spec_only=True, applies_on_cpu=False, column="leg"),
     # issue 36: under a γ schedule with γ 0, vLLM still runs the draft's pass over the batch every step
     Knob("draft_idle", str, "sync", lambda v: v in DRAFT_IDLE, "one of " + ", ".join(DRAFT_IDLE),
          "a decode step where the γ schedule says 0: sync (vLLM's: the draft's pass over the batch still runs, "
