@@ -19,7 +19,10 @@ its first token's release:
 * ``result``: the wait on a step's output (``AsyncOutputFuture.result``; a plain future on CPU);
 * blocking calls: ``torch.cuda.Event.synchronize``, ``Stream.synchronize``, ``torch.cuda.synchronize`` and
   ``.item()`` / ``.tolist()`` / ``.cpu()`` of a CUDA tensor, each with its call site (the nearest frames in
-  vLLM or the plugin), kept when longer than ``--min-ms``.
+  vLLM or the plugin), kept when longer than ``--min-ms``;
+* on CUDA, every other operation that synchronizes (a blocking device-to-host copy, ``nonzero``, ...), from
+  torch's sync debug mode (``torch.cuda.set_sync_debug_mode``), as ``sync-op`` events with their call site
+  (no duration: the time it waited lands in the enclosing phase).
 
 Output: ``probe_vanilla.json`` and ``probe_spec.json`` (raw events of the timed requests and a summary),
 ``summary.json`` (both, and the spec engine's extra time to the first token split by phase), printed as a
@@ -117,6 +120,44 @@ def install_blocking_probes(tl: Timeline) -> None:
         setattr(torch.Tensor, name, wrapper)
 
 
+class SyncOps:
+    """torch's sync debug mode while the timeline is on: each synchronizing CUDA operation is a ``sync-op`` event."""
+
+    def __init__(self, tl: Timeline):
+        self.tl = tl
+        self._show = None
+
+    def __enter__(self):
+        import warnings
+
+        import torch
+
+        if not torch.cuda.is_available():
+            return self
+        self._show = warnings.showwarning
+        warnings.filterwarnings("always", message=".*synchroniz.*")
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if "synchroniz" in str(message):
+                t = time.perf_counter()
+                self.tl.add("sync-op", t, t, call_site(skip=3))
+            else:
+                self._show(message, category, filename, lineno, file, line)
+        warnings.showwarning = show
+        torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc):
+        import warnings
+
+        import torch
+
+        if self._show is not None:
+            torch.cuda.set_sync_debug_mode("default")
+            warnings.showwarning = self._show
+        return False
+
+
 def install_engine_probes(llm, tl: Timeline) -> None:
     """Wrap the in-process engine core's calls on its instances (vLLM's classes stay as they are)."""
     core = llm.llm_engine.engine_core.engine_core  # InprocClient -> EngineCore
@@ -161,12 +202,15 @@ def request_windows(tl: Timeline) -> list[dict]:
         inside = [e for e in tl.events if t_arr <= e[1] < t_rel]
         by_kind: dict[str, float] = {}
         sites: dict[str, float] = {}
+        sync_ops: dict[str, int] = {}
         for kind, _t0, dur, detail in inside:
             by_kind[kind] = by_kind.get(kind, 0.0) + dur * 1e3
-            if kind.startswith("sync:"):
+            if kind == "sync-op":
+                sync_ops[detail] = sync_ops.get(detail, 0) + 1
+            elif kind.startswith("sync:"):
                 sites[f"{kind} {detail}"] = sites.get(f"{kind} {detail}", 0.0) + dur * 1e3
         rows.append({"request_id": rid, "ttft_host_ms": (t_rel - t_arr) * 1e3, "ms_by_kind": by_kind,
-                     "blocking_sites_ms": sites,
+                     "blocking_sites_ms": sites, "sync_ops": sync_ops,
                      "events": [[k, round((t0 - t_arr) * 1e3, 3), round(d * 1e3, 3), s] for k, t0, d, s in inside]})
     return rows
 
@@ -176,12 +220,14 @@ def summarize(rows: list[dict]) -> dict:
         raise SystemExit("no timed request released a first token: nothing to summarize")
     kinds = sorted({k for r in rows for k in r["ms_by_kind"]})
     sites = sorted({s for r in rows for s in r["blocking_sites_ms"]})
+    ops = sorted({s for r in rows for s in r["sync_ops"]})
     med = statistics.median
     return {"requests": len(rows),
             "ttft_host_ms": {"median": med(r["ttft_host_ms"] for r in rows),
                              "min": min(r["ttft_host_ms"] for r in rows), "max": max(r["ttft_host_ms"] for r in rows)},
             "median_ms_by_kind": {k: med(r["ms_by_kind"].get(k, 0.0) for r in rows) for k in kinds},
-            "median_blocking_sites_ms": {s: med(r["blocking_sites_ms"].get(s, 0.0) for r in rows) for s in sites}}
+            "median_blocking_sites_ms": {s: med(r["blocking_sites_ms"].get(s, 0.0) for r in rows) for s in sites},
+            "median_sync_ops": {s: med(r["sync_ops"].get(s, 0) for r in rows) for s in ops}}
 
 
 def _knobs(args):
@@ -224,13 +270,18 @@ def run_one(args, kind: str) -> dict:
     for _ in range(args.warmup):
         one()
     tl.on = True
-    for _ in range(args.requests):
-        one()
+    with SyncOps(tl):
+        for _ in range(args.requests):
+            one()
     tl.on = False
     rows = request_windows(tl)
     out = {"kind": kind, "size": args.size, "engine_start_s": start_s, "knobs": knobs.as_dict(),
            "summary": summarize(rows), "requests": rows}
     (args.out / f"probe_{kind}.json").write_text(json.dumps(out, indent=1))
+    if kind == "vanilla":
+        from workbench import envcapture
+
+        envcapture.write_env(args.out / "env.json", {"command": sys.argv[1:]})
     le.free(llm)
     return out
 
@@ -271,6 +322,8 @@ def compare(out: Path) -> dict:
               f"{extra[k]:>10.2f}")
     for s, ms in sorted(spec["median_blocking_sites_ms"].items(), key=lambda x: -x[1])[:8]:
         print(f"  spec blocking {ms:8.2f} ms  {s}")
+    for s, n in sorted(spec["median_sync_ops"].items(), key=lambda x: -x[1])[:8]:
+        print(f"  spec synchronizing op {n:g}x  {s}")
     return summary
 
 
