@@ -75,6 +75,8 @@ RUN_BY: dict[tuple[str, str], list[str]] = {
         "tests/test_ladder_compare.py::test_the_documented_command_prints_the_table"],
     ("docs/ray.md", "python -m workbench.ladder_compare --series results/E16/20261205T21????Z-*"): [
         "tests/test_ladder_compare.py::test_the_documented_series_is_what_the_command_prints"],
+    ("docs/benchmarks.md", "python benchmarks/idle_acceptance.py --out results/idle-acceptance/<id>"): [
+        "tests/test_idle_acceptance.py::test_skipped_passes_are_counted_drafting_resumes_and_outputs_stay_vanillas"],
     ("docs/tensor-parallel.md", "workbench run E1 --profile tiny -p tensor_parallel_size=2"): [
         "tests/test_tensor_parallel.py::test_e1_at_tp2_is_exact_and_accepts_what_tp1_accepts",
         "tests/test_tensor_parallel_legs.py::test_int4_twin_on_sharded_weights"],
