@@ -61,9 +61,10 @@ def _knobs(args, mode: str):
 def run_mode(args, mode: str) -> dict:
     """One engine in this process: the batch, its outputs and counters -> ``<mode>.json``."""
     from workbench import ladder_engine as le
+    from workbench.engine import cuda_present
 
     roles = _roles(args)
-    cpu = not _cuda()
+    cpu = not cuda_present()
     knobs = _knobs(args, mode)
     report = tempfile.mkdtemp(prefix="idle-acceptance-")
     le.set_process_env(cpu, report, {**knobs.to_env(report), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
@@ -83,7 +84,6 @@ def run_mode(args, mode: str) -> dict:
     for metric in llm.get_metrics():
         if metric.name in METRICS:
             counters[METRICS[metric.name]] = getattr(metric, "values", None) or getattr(metric, "value", 0)
-    ep.G.report_counts()
     state = ep.G
     out = {"mode": mode, "knobs": knobs.as_dict(), "spec_config_extra": extra,
            "outputs": [list(o.outputs[0].token_ids) for o in outs], **counters,
@@ -118,12 +118,6 @@ def summarize(out_dir: Path, modes: list[str]) -> dict:
         print(f"{mode:<10}{s['drafts']:>8}{length:>13}{s['draft_idle_skips']:>16}{s['draft_idle_prompt_skips']:>14}"
               f"{s['outputs_equal_to_vanilla']:>5}/{s['requests']}")
     return summary
-
-
-def _cuda() -> bool:
-    from workbench.engine import cuda_present
-
-    return cuda_present()
 
 
 def _roles(args) -> dict[str, str]:

@@ -88,18 +88,7 @@ def install_blocking_probes(tl: Timeline) -> None:
     import torch
 
     def wrap_sync(owner, name):
-        orig = getattr(owner, name)
-
-        @functools.wraps(orig)
-        def wrapper(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return orig(*args, **kwargs)
-            finally:
-                t1 = time.perf_counter()
-                if tl.on and t1 - t0 >= tl.min_s:
-                    tl.add(f"sync:{name}", t0, t1, call_site())
-        setattr(owner, name, wrapper)
+        setattr(owner, name, tl.timed(f"sync:{name}", getattr(owner, name), detail=lambda _args: call_site()))
 
     if torch.cuda.is_available():
         wrap_sync(torch.cuda.Event, "synchronize")
@@ -241,8 +230,9 @@ def run_one(args, kind: str) -> dict:
     import random
 
     from workbench import ladder_engine as le
+    from workbench.engine import cuda_present
 
-    cpu = args.size == "tiny" and not _cuda()
+    cpu = args.size == "tiny" and not cuda_present()
     knobs = _knobs(args)
     roles = _roles(args.size)
     report = args.out / f"report_{kind}"
@@ -284,12 +274,6 @@ def run_one(args, kind: str) -> dict:
         envcapture.write_env(args.out / "env.json", {"command": sys.argv[1:]})
     le.free(llm)
     return out
-
-
-def _cuda() -> bool:
-    from workbench.engine import cuda_present
-
-    return cuda_present()
 
 
 def _roles(size: str) -> dict[str, str]:
