@@ -30,7 +30,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,7 +65,9 @@ def run_mode(args, mode: str) -> dict:
     roles = _roles(args)
     cpu = not cuda_present()
     knobs = _knobs(args, mode)
-    report = tempfile.mkdtemp(prefix="idle-acceptance-")
+    report = args.out / f"engine-{mode}"  # the engine's report, kept in the run folder (nothing left in the temp dir)
+    report.mkdir(parents=True, exist_ok=True)
+    report = str(report)
     le.set_process_env(cpu, report, {**knobs.to_env(report), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     spec = mode != "vanilla"
     extra = knobs.spec_config_extra(len(args.lengths), roles["target"])[0] if spec else None

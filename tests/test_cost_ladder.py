@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 import subprocess
 import sys
@@ -357,11 +358,17 @@ def test_ladder_leg_status_follows_the_contract(tmp_path):
 
 @pytest.mark.vllm
 def test_workbench_run_e16_tiny_makes_a_complete_run_folder(tmp_path):
-    root = tmp_path / "results"
+    root, tmp = tmp_path / "results", tmp_path / "tmp"
+    tmp.mkdir()
     res = subprocess.run(workbench_cli("run", "E16", "--profile", "tiny", "--results", str(root), "--formats", "html"),
-                         cwd=str(REPO), capture_output=True, text=True, timeout=300)
+                         cwd=str(REPO), capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TMPDIR": str(tmp)})
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (rdir,) = list((root / "E16").iterdir())
+    # each engine's report is kept in its leg's folder; the run leaves nothing in the temp dir
+    for leg in ("vanilla", "forced_g2"):
+        assert list((rdir / "legs" / leg).glob("engine-*/engine-*.json")), leg
+    assert not [p.name for p in tmp.iterdir() if "engine" in p.name], list(tmp.iterdir())
     cfg = json.loads((rdir / "run.json").read_text())
     assert cfg["runner"] == "ladder" and cfg["ladder"]["size"] == "tiny" and cfg["prompts_file"] is None
     assert json.loads((rdir / "env.json").read_text())["git"]

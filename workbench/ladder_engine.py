@@ -305,7 +305,8 @@ def run_leg(conf: dict[str, Any]) -> dict[str, Any]:
     if conf.get("device") == "gpu" and cpu:
         raise RuntimeError(f"leg {conf['leg']}: its profile runs on a CUDA GPU and this host has none")
     knobs = Knobs(**conf["knobs"])
-    report_dir = tempfile.mkdtemp(prefix="ladder-engine-")
+    # the engine's report lands in the leg's folder, beside the rows that carry it (nothing left in the temp dir)
+    report_dir = tempfile.mkdtemp(prefix="engine-", dir=out)
     set_process_env(cpu, report_dir, knobs.to_env(report_dir))
     partial = {name: out / (name + ".partial") for name in (STEPS, WALLS)}
     t0 = time.perf_counter()
