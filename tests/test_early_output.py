@@ -104,6 +104,6 @@ def test_off_changes_nothing_and_the_knob_is_on_by_default():
     r.sample_tokens()
     assert r.stream.waits == [("stream", "default")] and state.early_output_steps == 0
     knob = SWITCHES["early_output"]
-    assert knob.default is True and knob.env == "VLLM_SPEC_EARLY_OUTPUT" and not knob.applies_on_cpu
-    assert read_knobs({"VLLM_SPEC_EARLY_OUTPUT": "0"}).early_output is False
-    assert read_knobs({}).early_output is True
+    assert knob.default is False and knob.env == "VLLM_SPEC_EARLY_OUTPUT" and not knob.applies_on_cpu
+    assert read_knobs({"VLLM_SPEC_EARLY_OUTPUT": "1"}).early_output is True
+    assert read_knobs({}).early_output is False

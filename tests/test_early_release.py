@@ -4,8 +4,8 @@ vLLM's CPU platform has no async scheduling, so its engine never takes ``step_wi
 runs vLLM 0.27.1's own ``EngineCore.step_with_batch_queue`` on an engine core whose scheduler and executor
 are stand-ins that log the order of calls: with the knob on, a step that gives a request its first token
 (and queued a draft pass) is handed over before the next step is scheduled; in every other case the order is
-vLLM's (schedule and launch the next step, then hand over the oldest). The GPU side is E18's `twin_a1_late`
-leg (both output knobs off) against `twin_a1`.
+vLLM's (schedule and launch the next step, then hand over the oldest). The GPU side is E18's `twin_a1_early`
+leg (both output knobs on) against `twin_a1` (both off, the default).
 """
 
 from __future__ import annotations
@@ -141,6 +141,6 @@ def test_otherwise_vllms_order_stays(case):
 
 def test_the_knob_reads_from_the_environment():
     knob = SWITCHES["early_release"]
-    assert knob.env == "VLLM_SPEC_EARLY_RELEASE" and knob.default is True and not knob.applies_on_cpu
-    assert read_knobs({"VLLM_SPEC_EARLY_RELEASE": "0"}).early_release is False
-    assert read_knobs({}).early_release is True
+    assert knob.env == "VLLM_SPEC_EARLY_RELEASE" and knob.default is False and not knob.applies_on_cpu
+    assert read_knobs({"VLLM_SPEC_EARLY_RELEASE": "1"}).early_release is True
+    assert read_knobs({}).early_release is False

@@ -93,8 +93,8 @@ def _legs_plan(m: dict[str, Path], unseen: Path = UNSEEN_ROOT) -> dict[str, list
         "fp32_async_c8": [*FP32, *dq, *g6, *c8, "--async-scheduling"],
         "fp32_full_async_c8": [*FP32, *dq, *g6, *c8, "--async-scheduling", "--draft-cudagraph-mode", "full"],
         "fp32_full_all_async_c8": [*FP32, *dq, *g6, *c8, "--async-scheduling", "--draft-cudagraph-mode", "full_all"],
-        # issue 36: the sampled tokens' copy behind the drafter, as stock vLLM orders it (early_output off)
-        "fp32_async_late_c8": [*FP32, *dq, *g6, *c8, "--async-scheduling", "--no-early-output"],
+        # issue 36: the sampled tokens' copy ahead of the drafter and the early hand-over (both off by default)
+        "fp32_async_early_c8": [*FP32, *dq, *g6, *c8, "--async-scheduling", "--early-output", "--early-release"],
         # FULL drafter graphs in bf16 (FA3) with the int4 twin: the drafts' acceptance beside piecewise graphs'
         **{f"bf16_graph_{mode}_{c}": [*BF16, *i4, *g6, "--draft-cudagraph-mode", mode, *extra]
            for mode in ("piecewise", "full", "full_all") for c, extra in (("c1", []), ("c8", c8))},
@@ -522,21 +522,23 @@ def test_async_scheduling_is_on_and_exact(legs, results_dir, name, ref):
     assert r["async_scheduling"] is True, "vLLM kept async scheduling on for the draft_model leg"
     assert spec.records[0]["knobs"]["async_scheduling"] is True
     assert not diffs, f"fp32 strict with async scheduling differs from vanilla on {diffs}"
-    # early_output (on by default): every step's tokens were copied before the drafter's work
-    assert (r.get("early_output_steps") or 0) >= 1, "no step's output went ahead of the drafter"
+    # early_output (off by default): vLLM's copy order
+    assert not r.get("early_output_steps"), "a step's output went ahead of the drafter with early_output off"
     s = spec.summary["spec"]
     assert sum(x["spec"]["accepted"] for x in spec.records) == s["num_accepted_tokens"]  # trace = counters
 
 
-def test_early_output_off_keeps_vllms_copy_order_and_is_exact(legs, results_dir):
-    van, late, early = _ok(legs, "fp32_vanilla_c8"), _ok(legs, "fp32_async_late_c8"), _ok(legs, "fp32_async_c8")
-    diffs = [pid for pid, r in late.by_pid().items() if r["gen_ids"] != van.by_pid()[pid]["gen_ids"]]
-    _record(results_dir, "fp32_async_late_c8", {"exact": len(late.records) - len(diffs), "n": len(late.records),
-                                                "early_output_steps": late.summary["engine_report"].get(
-                                                    "early_output_steps")})
-    assert not late.summary["engine_report"].get("early_output_steps")
-    assert late.records[0]["knobs"]["early_output"] is False and early.records[0]["knobs"]["early_output"] is True
-    assert not diffs, f"fp32 strict with early_output off differs from vanilla on {diffs}"
+def test_early_output_and_release_copy_ahead_of_the_drafter_and_stay_exact(legs, results_dir):
+    van, early, late = _ok(legs, "fp32_vanilla_c8"), _ok(legs, "fp32_async_early_c8"), _ok(legs, "fp32_async_c8")
+    diffs = [pid for pid, r in early.by_pid().items() if r["gen_ids"] != van.by_pid()[pid]["gen_ids"]]
+    report = early.summary["engine_report"]
+    _record(results_dir, "fp32_async_early_c8", {"exact": len(early.records) - len(diffs), "n": len(early.records),
+                                                 "early_output_steps": report.get("early_output_steps"),
+                                                 "early_release_steps": report.get("early_release_steps")})
+    assert (report.get("early_output_steps") or 0) >= 1, "no step's output went ahead of the drafter"
+    assert early.records[0]["knobs"]["early_output"] is True and late.records[0]["knobs"]["early_output"] is False
+    assert early.records[0]["knobs"]["early_release"] is True
+    assert not diffs, f"fp32 strict with early_output and early_release on differs from vanilla on {diffs}"
 
 
 def _refused_with_reason(legs, results_dir: Path, leg: str, kernel: str) -> bool:

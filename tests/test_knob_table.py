@@ -131,3 +131,32 @@ def test_the_trace_without_a_report_folder_goes_to_spec_trace(tmp_path, monkeypa
     assert default_report_dir(chosen) is None and chosen["VLLM_SPEC_REPORT_DIR"] == "elsewhere"
     for quiet in ({}, {"VLLM_SPEC_TRACE": "0"}, {"VLLM_SPEC_TRACE": "maybe"}):
         assert default_report_dir(quiet) is None and "VLLM_SPEC_REPORT_DIR" not in quiet
+
+
+def test_the_readmes_knob_table_states_each_knobs_default_and_option():
+    """README's knob table is what a user reads before a run: each row's leg default and leg option are the
+    table's (a default changed in code and not in the README fails here)."""
+    import re
+
+    from vllm_patch.knobs import SWITCHES
+    from workbench.knobs import KNOBS, Knobs
+
+    def shown(value) -> str:
+        if value is None:
+            return "none"
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, float) and value.is_integer():
+            return str(int(value))
+        return str(value)
+
+    text = (REPO / "README.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \| .*? \| `([^`]*)` \| `([^`]*)` \|", text, flags=re.M)
+    table = {name: (default, option) for name, default, option in rows if name in KNOBS}
+    assert set(SWITCHES) <= set(table), f"README's knob table lacks {sorted(set(SWITCHES) - set(table))}"
+    leg = Knobs()  # a leg's defaults (the engine's own may differ: the trace is off in a bare engine)
+    for name, (default, option) in table.items():
+        knob = KNOBS[name]
+        value = getattr(leg, name)
+        assert default == shown(value), f"README says {name} defaults to {default}, a leg to {value!r}"
+        assert option.replace("[no-]", "") == knob.flag, (name, option, knob.flag)

@@ -141,6 +141,24 @@ def test_serving_tables_pair_each_spec_leg_with_its_vanilla_brackets(e17):
     assert (e17["run"] / "figures" / "serving_latency.html").is_file()
 
 
+def test_every_server_sees_each_distinct_prompt_once_before_its_first_cell(e17):
+    """The prime pass: each prompt once, one at a time, a few tokens, before the first cell, so that no cell
+    (and no leg that happens to run first) pays for the first sight of an input shape."""
+    import re
+
+    from workbench.serve_leg import PRIME_TOKENS
+
+    for leg in (*VANILLA_LEGS, *SPEC_LEGS):
+        folder = e17["run"] / "legs" / leg
+        n_prompts = len({json.loads(x)["pid"] for x in (folder / "records.jsonl").read_text().splitlines()})
+        log = (folder / "prime.log").read_text()
+        assert int(re.search(r"Successful requests:\s+(\d+)", log).group(1)) == n_prompts, (leg, log[-2000:])
+        assert "max_concurrency=1," in log and f"custom_output_len={PRIME_TOKENS}," in log, leg
+        # before the first cell: the prime's log is older than the first cell's warm-up
+        first = min(folder.glob("c*/warmup.log"), key=lambda f: f.stat().st_mtime)
+        assert (folder / "prime.log").stat().st_mtime <= first.stat().st_mtime, leg
+
+
 def test_serving_ladder_plans_under_the_shape_profiles_with_random_weights():
     """The H200 serving ladder (E17 under 32b-shape / 8b-shape): the plan is accepted, one server per
     configuration swept over the concurrencies, and each leg's server loads random weights (load_format dummy)."""

@@ -206,13 +206,14 @@ SWITCHES: dict[str, Knob] = {k.name: k for k in [
          "vLLM's async scheduling for the draft_model leg (asked explicitly; the padded drafter batch "
          "stays on); vLLM's CPU platform always turns it off",
          env=ENV_ASYNC, flag="--async-scheduling", spec_only=True, applies_on_cpu=False, column="leg"),
-    # issue 36: TTFT. vLLM copies a step's sampled tokens to the host only after the drafter's work
-    Knob("early_output", bool, True, _any, "true or false",
+    # issue 36: TTFT. vLLM copies a step's sampled tokens to the host only after the drafter's work. Off by
+    # default: on one H100 (8B, E18 20261206T091621Z-553b266a) it showed no TTFT gain and cost 1-3 % TPOT
+    Knob("early_output", bool, False, _any, "true or false",
          "with async scheduling, copy each step's sampled tokens to the host as soon as the target has "
          "sampled, not after the drafter's passes (a new request's first token skips the draft's prefill)",
          env=ENV_EARLY_OUTPUT, flag="--early-output", spec_only=True, applies_on_cpu=False, column="leg"),
     # issue 36: TTFT. vLLM launches the next step before it hands over the step that gave a first token
-    Knob("early_release", bool, True, _any, "true or false",
+    Knob("early_release", bool, False, _any, "true or false",
          "with async scheduling, a step that gives a request its first token (and queued a draft pass) is "
          "handed to the client before the engine launches the next step, not after it",
          env=ENV_EARLY_RELEASE, flag="--early-release", spec_only=True, applies_on_cpu=False, column="leg"),

@@ -120,14 +120,15 @@ def server_command(cfg: legmod.LegConfig, port: int, on_cuda: bool, mem_plan=Non
 
 
 def client_args(cfg: legmod.LegConfig, base_url: str, dataset: Path, out: Path, n: int, prefix: str,
-                concurrency: int | None = None, save: bool = True) -> list[str]:
+                concurrency: int | None = None, save: bool = True, output_len: int | None = None) -> list[str]:
     """The arguments of ``vllm bench serve`` for one cell of this leg (vLLM's benchmark client);
-    ``save=False``: a warm-up (no result file, no endpoint check: the server is up)."""
+    ``save=False``: a warm-up (no result file, no endpoint check: the server is up); ``output_len``: other
+    than the leg's max_tokens (the prime pass)."""
     args = ["--backend", "openai-chat", "--base-url", base_url, "--endpoint", "/v1/chat/completions",
             "--model", cfg.target, "--dataset-name", "custom_image", "--dataset-path", str(dataset),
             "--disable-shuffle", "--num-prompts", str(n),
             "--max-concurrency", str(concurrency or cfg.max_num_seqs),
-            "--custom-output-len", str(cfg.max_tokens), "--temperature", "0", "--seed", str(cfg.seed),
+            "--custom-output-len", str(output_len or cfg.max_tokens), "--temperature", "0", "--seed", str(cfg.seed),
             "--request-id-prefix", prefix, "--percentile-metrics", "ttft,tpot,itl,e2el",
             "--metric-percentiles", ",".join(str(p) for p in PERCENTILES)]
     args += (["--save-result", "--save-detailed", "--result-dir", str(out), "--result-filename", BENCH_JSON]
@@ -234,6 +235,26 @@ def _records(cfg: legmod.LegConfig, prompts: list, bench: dict, trace: dict[str,
             rec["spec"] = legmod.per_prompt_spec(steps, cfg.knobs.gamma)
         rows.append(rec)
     return rows
+
+
+PRIME_LOG = "prime.log"
+PRIME_TOKENS = 4  # a prefill, the draft's prefill and first draft, a verify step: what a new input shape costs
+
+
+def _prime(cfg: legmod.LegConfig, client: BenchClient, base_url: str, dataset: Path, out: Path,
+           n_prompts: int) -> None:
+    """Every distinct prompt once, one at a time, before the first cell: what an input shape costs the first
+    time a server sees it (kernel autotuning and compiled graphs of the vision tower and the prefill, the
+    twin's too) is paid here, not by whichever cell and leg meet that shape first. Without it the first cell
+    (concurrency 1, warmed by one request) carried those costs, more for the legs that ran early in a run
+    than for the later ones whose compile caches were already on disk (8B H100: vanilla_1's TTFT median 77 ms
+    against vanilla_2's 52 ms in one run)."""
+    try:
+        client.run(client_args(cfg, base_url, dataset, out, n_prompts, f"{cfg.leg or 'leg'}-prime-", 1,
+                               save=False, output_len=PRIME_TOKENS), out / PRIME_LOG, None,
+                   max(600.0, 30.0 * n_prompts))
+    except ClientError as exc:
+        raise ServeError(f"vllm bench serve failed priming the server with the {n_prompts} prompts: {exc}") from None
 
 
 def _run_client(cfg: legmod.LegConfig, server: Server, client: BenchClient, base_url: str, dataset: Path,
@@ -386,6 +407,7 @@ def run_serving_leg(cfg: legmod.LegConfig) -> dict:
         write_json_atomic(out / SERVER_JSON, {"pid": server.proc.pid if server.proc else None, "port": port,
                                               "base_url": base_url})
         start_s = time.perf_counter() - t0
+        _prime(cfg, client, base_url, dataset, out, len(prompts))
         for c in concs:
             cell = out / f"c{c}" if multi else out
             cell.mkdir(exist_ok=True)
