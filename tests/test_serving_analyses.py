@@ -164,6 +164,12 @@ def test_paired_speedups_are_medians_over_the_bracketing_vanilla_legs_of_the_sam
         assert row["tpot_speedup_iqr"] == pytest.approx(q75 - q25)
         assert row["throughput_ratio_iqr"] == pytest.approx(np.subtract(*np.percentile(thr, [75, 25])))
         assert row["tpot_speedup"] > 1.4   # spec legs' ITL is half the vanilla legs'
+        # the bracket's own drift, after / before - 1, beside the ratios it bounds
+        before, after = t.loc[vans[0]], t.loc[vans[1]]
+        assert row["bracket_drift_tpot"] == pytest.approx(after["tpot_ms_median"] / before["tpot_ms_median"] - 1)
+        assert row["bracket_drift_ttft"] == pytest.approx(after["ttft_ms_median"] / before["ttft_ms_median"] - 1)
+        assert row["bracket_drift_throughput"] == pytest.approx(
+            after["output_throughput"] / before["output_throughput"] - 1)
 
 
 def test_a_failed_vanilla_leg_is_skipped_over_and_one_side_suffices(run):
@@ -176,6 +182,7 @@ def test_a_failed_vanilla_leg_is_skipped_over_and_one_side_suffices(run):
     t = table.set_index("leg")
     assert row["tpot_speedup"] == pytest.approx(t.loc["vanilla_c1", "tpot_ms_median"] / t.loc["strict_c1", "tpot_ms_median"])
     assert row["tpot_speedup_iqr"] == 0
+    assert pd.isna(row["bracket_drift_tpot"]) and pd.isna(row["bracket_drift_ttft"])  # one side: no drift known
 
 
 def test_registry_tables_and_figures(run):

@@ -55,9 +55,14 @@ LEG_COLUMNS = (["leg", "leg_index", "mode", "tier", "acceptance", "gamma", "conc
                # target forward (the verification where drafts were made) and the drafter's propose
                + ["prefill_target_ms", "prefill_draft_ms", "step_target_ms", "step_draft_ms"])
 PAIR_METRICS = ("tpot_speedup", "throughput_ratio", "ttft_ratio")
+DRIFT_METRICS = {"tpot": "tpot_ms_median", "ttft": "ttft_ms_median", "throughput": "output_throughput"}
 SPEEDUP_COLUMNS = (["leg", "leg_index", "tier", "acceptance", "gamma", "concurrency"]
                    + [f"{m}{s}" for m in PAIR_METRICS for s in ("", "_q25", "_q75", "_iqr")]
-                   + ["n_pairs", "vanilla_before", "vanilla_after", "S_predicted", "c", "c_source"])
+                   + ["n_pairs", "vanilla_before", "vanilla_after"]
+                   # how far the two vanilla legs of the bracket moved (after / before - 1): a ratio that differs
+                   # from 1 by less than this is not told apart from the drift between legs
+                   + [f"bracket_drift_{m}" for m in DRIFT_METRICS]
+                   + ["S_predicted", "c", "c_source"])
 REQUEST_COLUMNS = ["leg", "leg_index", "mode", "tier", "gamma", "concurrency", "pid", "request_index", "ok",
                    "ttft_ms", "tpot_ms", "e2el_ms", "itl_ms_mean", "output_tokens",
                    "drafts", "draft_tokens", "accepted", "acceptance_rate", "acceptance_length"]
@@ -279,6 +284,9 @@ def paired_speedups(table: pd.DataFrame, predictions: dict | None = None) -> pd.
                 st = metrics.median_iqr(vals)
                 row.update({m: st["median"], f"{m}_q25": st["q25"], f"{m}_q75": st["q75"], f"{m}_iqr": st["iqr"]})
             row.update(n_pairs=len(sides), vanilla_before=before, vanilla_after=after)
+            row.update({f"bracket_drift_{m}": (by_leg.loc[after, col] / by_leg.loc[before, col] - 1.0)
+                        if before is not None and after is not None else np.nan
+                        for m, col in DRIFT_METRICS.items()})
             row.update({k: v for k, v in predictions.get((leg, conc), {}).items() if k != "expected_tokens"})
             rows.append(row)
     out = pd.DataFrame(rows, columns=SPEEDUP_COLUMNS)
