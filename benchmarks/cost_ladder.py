@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -183,9 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     cpu = not torch.cuda.is_available()
-    report_dir = out / "engine"  # the engine's report, kept in the run folder (nothing left in the temp dir)
-    report_dir.mkdir(parents=True, exist_ok=True)
-    report_dir = str(report_dir)
+    # the engine's report, kept in the run folder (nothing left in the temp dir); a folder per process: each
+    # engine process (--only) reads its own reports and step timers, never another engine's
+    report_dir = tempfile.mkdtemp(prefix=f"engine-{args.only or 'ladder'}-", dir=out)
     le.set_process_env(cpu, report_dir, knobs.to_env())
     if not args.only:
         _env(out, sizes)
