@@ -150,10 +150,12 @@ def test_every_server_sees_each_distinct_prompt_once_before_its_first_cell(e17):
 
     for leg in (*VANILLA_LEGS, *SPEC_LEGS):
         folder = e17["run"] / "legs" / leg
-        n_prompts = len({json.loads(x)["pid"] for x in (folder / "records.jsonl").read_text().splitlines()})
+        requests = (folder / "requests.jsonl").read_text().splitlines()
+        n_prompts = len(set(requests))  # distinct by content: what the server receives
         log = (folder / "prime.log").read_text()
         assert int(re.search(r"Successful requests:\s+(\d+)", log).group(1)) == n_prompts, (leg, log[-2000:])
         assert "max_concurrency=1," in log and f"custom_output_len={PRIME_TOKENS}," in log, leg
+        assert not (folder / "prime-requests.jsonl").exists(), "the prime's dataset is derived, not kept"
         # before the first cell: the prime's log is older than the first cell's warm-up
         first = min(folder.glob("c*/warmup.log"), key=lambda f: f.stat().st_mtime)
         assert (folder / "prime.log").stat().st_mtime <= first.stat().st_mtime, leg
@@ -201,3 +203,13 @@ def test_every_server_times_its_steps_and_the_table_shows_where_the_first_token_
     assert (table.loc[list(SPEC_LEGS), "prefill_draft_ms"] > 0).all()
     assert table.loc[list(VANILLA_LEGS), "prefill_draft_ms"].isna().all()
     assert (table["prefill_target_ms"] > 0).all() and (table["step_target_ms"] > 0).all()
+
+
+def test_the_prime_dataset_is_each_distinct_request_once_in_order(tmp_path):
+    from workbench.serve_leg import prime_dataset
+
+    src, dst = tmp_path / "requests.jsonl", tmp_path / "prime.jsonl"
+    lines = ['{"content": "a"}', '{"content": "b"}', '{"content": "a"}', '{"content": "c"}', '{"content": "b"}']
+    src.write_text("\n".join(lines) + "\n")
+    assert prime_dataset(src, dst) == 3
+    assert dst.read_text().splitlines() == ['{"content": "a"}', '{"content": "b"}', '{"content": "c"}']

@@ -1,4 +1,4 @@
-"""Issue 20, continued (tests/test_serving.py has the E17 run): a bounded load test of one serving leg, 192
+"""Issue 20, continued (tests/test_serving.py has the E17 run): a bounded load test of one serving leg, 576
 requests with images at concurrency 16 against the twin drafting (strict) and against a vanilla server."""
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from serving_checks import alive, records
 pytestmark = pytest.mark.vllm
 
 
+# enough requests that the server's memory is sampled at least 8 times (every 0.5 s) after its prime pass
+N_LOAD = 576
+
 def _load_prompts(path: Path, n: int) -> Path:
     base = [json.loads(line) for line in TINY_PROMPTS.read_text().splitlines()]
     with path.open("w") as f:
@@ -28,12 +31,12 @@ def _load_prompts(path: Path, n: int) -> Path:
 
 
 def test_bounded_load_strict_twin_at_concurrency_16(tmp_path, tiny_models):
-    """192 requests (images included) at concurrency 16, strict twin vs a vanilla server: every request
+    """576 requests (images included) at concurrency 16, strict twin vs a vanilla server: every request
     answered, every output equal, counters = the per-request trace, the server's memory flat after warm-up."""
     from workbench.knobs import Knobs
     from workbench.leg import LegConfig
 
-    prompts = _load_prompts(tmp_path / "load.jsonl", 192)
+    prompts = _load_prompts(tmp_path / "load.jsonl", N_LOAD)
     summaries = {}
     for name, draft, knobs in (("vanilla", None, Knobs()),
                                ("strict", str(tiny_models["twin-dequant"]), Knobs(gamma=4))):  # float32, as in test_serving.py
@@ -49,7 +52,7 @@ def test_bounded_load_strict_twin_at_concurrency_16(tmp_path, tiny_models):
         summaries[name] = json.loads((out / "summary.json").read_text())
         assert not alive(json.loads((out / "server.json").read_text())["pid"])
     for s in summaries.values():
-        assert s["completed"] == s["n_requests"] == 192
+        assert s["completed"] == s["n_requests"] == N_LOAD
     van = sorted(records(tmp_path / "vanilla"), key=lambda r: r["request_index"])
     spec = sorted(records(tmp_path / "strict"), key=lambda r: r["request_index"])
     assert [r["generated_text"] for r in spec] == [r["generated_text"] for r in van]

@@ -238,23 +238,34 @@ def _records(cfg: legmod.LegConfig, prompts: list, bench: dict, trace: dict[str,
 
 
 PRIME_LOG = "prime.log"
+PRIME_REQUESTS = "prime-requests.jsonl"
 PRIME_TOKENS = 4  # a prefill, the draft's prefill and first draft, a verify step: what a new input shape costs
 
 
-def _prime(cfg: legmod.LegConfig, client: BenchClient, base_url: str, dataset: Path, out: Path,
-           n_prompts: int) -> None:
-    """Every distinct prompt once, one at a time, before the first cell: what an input shape costs the first
-    time a server sees it (kernel autotuning and compiled graphs of the vision tower and the prefill, the
-    twin's too) is paid here, not by whichever cell and leg meet that shape first. Without it the first cell
-    (concurrency 1, warmed by one request) carried those costs, more for the legs that ran early in a run
-    than for the later ones whose compile caches were already on disk (8B H100: vanilla_1's TTFT median 77 ms
-    against vanilla_2's 52 ms in one run)."""
+def prime_dataset(dataset: Path, path: Path) -> int:
+    """The distinct requests of ``dataset`` (by their content, what the server receives), in order, into
+    ``path``; returns how many."""
+    lines = list(dict.fromkeys(x for x in dataset.read_text().splitlines() if x.strip()))
+    path.write_text("".join(x + "\n" for x in lines))
+    return len(lines)
+
+
+def _prime(cfg: legmod.LegConfig, client: BenchClient, base_url: str, dataset: Path, out: Path) -> None:
+    """Every distinct prompt (by content) once, one at a time, a few tokens, before the first cell: what a
+    server pays the first time it sees an input shape is paid here, not by whichever cell meets that shape
+    first. Without it the first cell (concurrency 1, warmed by one request) carried it, and more so in the
+    legs that ran early in a run (8B H100, E18 20261206T091621Z-553b266a: the longest prompts' TTFT 350-430 ms
+    in the first vanilla and spec legs, 90-130 ms in the later ones; vanilla_1's median 77 ms against
+    vanilla_2's 52). Which part of the server pays it is not separated."""
+    n_prompts = prime_dataset(dataset, out / PRIME_REQUESTS)
     try:
-        client.run(client_args(cfg, base_url, dataset, out, n_prompts, f"{cfg.leg or 'leg'}-prime-", 1,
+        client.run(client_args(cfg, base_url, out / PRIME_REQUESTS, out, n_prompts, f"{cfg.leg or 'leg'}-prime-", 1,
                                save=False, output_len=PRIME_TOKENS), out / PRIME_LOG, None,
                    max(600.0, 30.0 * n_prompts))
     except ClientError as exc:
         raise ServeError(f"vllm bench serve failed priming the server with the {n_prompts} prompts: {exc}") from None
+    finally:
+        (out / PRIME_REQUESTS).unlink(missing_ok=True)  # derived from the leg's requests.jsonl
 
 
 def _run_client(cfg: legmod.LegConfig, server: Server, client: BenchClient, base_url: str, dataset: Path,
@@ -407,7 +418,7 @@ def run_serving_leg(cfg: legmod.LegConfig) -> dict:
         write_json_atomic(out / SERVER_JSON, {"pid": server.proc.pid if server.proc else None, "port": port,
                                               "base_url": base_url})
         start_s = time.perf_counter() - t0
-        _prime(cfg, client, base_url, dataset, out, len(prompts))
+        _prime(cfg, client, base_url, dataset, out)
         for c in concs:
             cell = out / f"c{c}" if multi else out
             cell.mkdir(exist_ok=True)
