@@ -30,6 +30,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,9 +66,7 @@ def run_mode(args, mode: str) -> dict:
     roles = _roles(args)
     cpu = not cuda_present()
     knobs = _knobs(args, mode)
-    report = args.out / f"engine-{mode}"  # the engine's report, kept in the run folder (nothing left in the temp dir)
-    report.mkdir(parents=True, exist_ok=True)
-    report = str(report)
+    report = tempfile.mkdtemp(prefix=f"engine-{mode}-", dir=args.out)  # the engine's report, in the run folder
     le.set_process_env(cpu, report, {**knobs.to_env(report), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     spec = mode != "vanilla"
     extra = knobs.spec_config_extra(len(args.lengths), roles["target"])[0] if spec else None

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -105,9 +106,7 @@ def _engine(args: argparse.Namespace, cpu: bool):
     """The engine (strict tier, the tiny int4 twin, trace on), the tiny prompts as its inputs, the sampling."""
     from workbench import engine as engines
 
-    report_dir = args.out / "engine"  # the engine's report, kept in the run folder (nothing left in the temp dir)
-    report_dir.mkdir(parents=True, exist_ok=True)
-    report_dir = str(report_dir)
+    report_dir = tempfile.mkdtemp(prefix="engine-", dir=args.out)  # the engine's report, in the run folder
     engines.knob_env({"VLLM_SPEC_TRACE": "1", "VLLM_SPEC_REPORT_DIR": report_dir})
     engines.in_process_env(cpu)
 
