@@ -382,13 +382,15 @@ def _parser() -> argparse.ArgumentParser:
                     help="own-cuda: also time R = 1, 2, 4 row tiles per warp at 1, 2, 3, 6 CTAs per SM, and the "
                          "deep scale ring (own-cuda[deep], own-cuda[r2-deep]), the staged kernel (own-cuda[pipe], "
                          "own-cuda[r1-pipe]) and the plain launch (own-cuda[plain]; the default is a programmatic "
-                         "dependent launch)")
+                         "dependent launch), and the TMA-fed kernel's plans (own-cuda[bulk], own-cuda[rR-wW-bulk])")
+    ap.add_argument("--bulk-sweep", action="store_true",
+                    help="own-cuda: of the sweep, only the TMA-fed kernel's plans (own-cuda[bulk], own-cuda[rR-wW-bulk])")
     ap.add_argument("--out-root", type=Path, default=REPO / "results" / "int4-gemm")
     ap.add_argument("--dry-run", action="store_true", help="CPU: shapes and the reference path only")
     return ap
 
 
-def _kernels(wanted: set[str], cuda_sweep: bool) -> tuple[list[Kernel], dict[str, str]]:
+def _kernels(wanted: set[str], cuda_sweep: bool, bulk_sweep: bool = False) -> tuple[list[Kernel], dict[str, str]]:
     """The kernels asked for that can run here, in ``KERNEL_ORDER``, and why each other one was skipped."""
     kernels: list[Kernel] = [k for k in (Cublas(), Tinygemm(), Ours(), OwnCuda()) if k.name in wanted]
     if cuda_sweep and "own-cuda" in wanted:
@@ -396,6 +398,8 @@ def _kernels(wanted: set[str], cuda_sweep: bool) -> tuple[list[Kernel], dict[str
         kernels += [OwnCuda(deep=True), OwnCuda(r=2, deep=True)]  # the scales' ring as deep as two weight rings
         kernels += [OwnCuda(pipe=True), OwnCuda(r=1, pipe=True)]  # the staged kernel (cp.async, shared memory)
         kernels += [OwnCuda(pdl=False)]  # launched plainly (the default: a programmatic dependent of the call before)
+    if (cuda_sweep or bulk_sweep) and "own-cuda" in wanted:  # the TMA-fed kernel (bulk copies, shared-memory ring)
+        kernels += [OwnCuda(bulk=True)] + [OwnCuda(r, w, bulk=True) for r in (1, 2, 4) for w in (1.5, 3.0, 6.0)]
     vk, skipped = vllm_kernels() if {"machete", "marlin", "humming"} & wanted else ([], {})
     kernels += [k for k in vk if k.name in wanted]
     if "gemlite" in wanted:
@@ -450,7 +454,7 @@ def main(argv=None) -> int:
     import triton
 
     wanted = set(args.kernels.split(","))
-    kernels, skipped = _kernels(wanted, args.cuda_sweep)
+    kernels, skipped = _kernels(wanted, args.cuda_sweep, args.bulk_sweep)
     for name, why in skipped.items():
         print(f"{name}: skipped ({why})")
 

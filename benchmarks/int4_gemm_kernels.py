@@ -128,19 +128,20 @@ class OwnCuda(Kernel):
 
     name = "own-cuda"
 
-    def __init__(self, r=None, waves=None, deep=False, pipe=False, pdl=None):
+    def __init__(self, r=None, waves=None, deep=False, pipe=False, pdl=None, bulk=False):
         # pdl None: the launch twin_cuda.plan picks (programmatic dependent launch but for the staged kernel);
-        # False: the plain launch, own-cuda[plain]
-        self.r, self.waves, self.deep, self.pipe, self.pdl = r, waves, deep, pipe, pdl
+        # False: the plain launch, own-cuda[plain]; bulk: the TMA-fed kernel, own-cuda[bulk]
+        self.r, self.waves, self.deep, self.pipe, self.pdl, self.bulk = r, waves, deep, pipe, pdl, bulk
         if self._variant:
             self.name = "own-cuda[" + "-".join(
                 ([f"r{r}"] if r is not None else []) + ([f"w{waves:g}"] if waves is not None else [])
-                + (["deep"] if deep else []) + (["pipe"] if pipe else []) + (["plain"] if pdl is False else [])
+                + (["deep"] if deep else []) + (["pipe"] if pipe else []) + (["bulk"] if bulk else [])
+                + (["plain"] if pdl is False else [])
                 + (["pdl"] if pdl is True else [])) + "]"
 
     @property
     def _variant(self) -> bool:
-        return self.r is not None or self.deep or self.pipe or self.pdl is not None
+        return self.r is not None or self.deep or self.pipe or self.pdl is not None or self.bulk
 
     def prepare(self, packed, scales, zeros, group, dense_bf16):
         from vllm_patch import twin_cuda, twin_cuda_layout
@@ -152,7 +153,7 @@ class OwnCuda(Kernel):
             n, k = st["n"], st["k"]
             sms = twin_cuda.sm_count(packed.device)
             st["plans"] = {m: twin_cuda.plan(n, k, m, group, sms, r=self.r, waves=self.waves, deep=self.deep,
-                                             pipe=self.pipe, pdl=self.pdl) for m in range(1, 17)}
+                                             pipe=self.pipe, pdl=self.pdl, bulk=self.bulk) for m in range(1, 17)}
         return st
 
     def run(self, state, x):

@@ -1,5 +1,6 @@
 """The CUDA W4A16 decode kernel on a CPU: its layout and math, emulated with the kernel's own index math
 against the dequantized checkpoint; its source compiled for sm_90a where nvcc is on PATH."""
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -87,6 +88,19 @@ def test_the_staged_kernel_takes_one_or_two_row_tiles_without_the_deep_ring():
             twin_cuda.plan(5120, 8192, 1, 128, pipe=True, **bad)
 
 
+def test_the_tma_fed_kernel_is_a_plan_of_its_own():
+    """``bulk`` changes which kernel runs, not the plan's tiles and splits, and takes neither the deep scale ring
+    nor the staging; the sweep holds its default plan."""
+    for bad in ({"deep": True}, {"pipe": True}):
+        with pytest.raises(ValueError, match="TMA-fed"):
+            twin_cuda.plan(5120, 8192, 1, 128, bulk=True, **bad)
+    for n, k, m in ((10240, 5120, 1), (5120, 25600, 4), (51200, 5120, 16)):
+        b, d = twin_cuda.plan(n, k, m, 128, bulk=True), twin_cuda.plan(n, k, m, 128)
+        assert b.bulk and b.pdl and b.tag == d.tag.replace("-pdl", "-bulk-pdl")
+        assert (b.r, b.nt, b.cps, b.splits, b.grid) == (d.r, d.nt, d.cps, d.splits, d.grid)
+        assert b in twin_cuda.sweep_plans(n, k, m, 128)
+
+
 def test_programmatic_dependent_launch_is_the_default_launch_of_the_default_plan():
     """``pdl`` changes how the default plan's kernel is launched, nothing of the plan itself. It is the default
     (measured ahead of the plain launch at every M, results/int4-gemm/20261206T015518Z-h100), except for the
@@ -135,10 +149,20 @@ def test_cuda_source_compiles_for_sm90a_without_spills(nvrtc_info):
     """On any host: NVRTC (torch's CUDA wheels) compiles every instance for sm_90a, as ptxas reports them."""
     info = nvrtc_info
     assert sorted(info) == sorted([twin_cuda.instance_name(*i) for i in twin_cuda.INSTANCES]
-                                  + [twin_cuda.instance_name(*i, pipe=True) for i in twin_cuda.PIPE_INSTANCES])
+                                  + [twin_cuda.instance_name(*i, pipe=True) for i in twin_cuda.PIPE_INSTANCES]
+                                  + [twin_cuda.instance_name(*i, bulk=True) for i in twin_cuda.BULK_INSTANCES])
     for name, r in info.items():
+        if name.endswith("-bulk"):
+            continue  # its own limits, below
         assert r["spill_bytes"] == 0 or r["regs"] >= 250, (name, r)  # only the widest tiles may spill
         assert r["regs"] <= 255 and (r["smem_bytes"] < 1024 or name.endswith("-pipe")), (name, r)
+    # the TMA-fed kernel: one chunk in registers (3 CTAs an SM: at most 168 a thread), its ring in dynamic shared
+    # memory (ptxas reports the static part: the barriers); spills only at 4 row tiles, never at group 128 and
+    # one token tile (the 32B gate_up's plan at M <= 8)
+    for i in twin_cuda.BULK_INSTANCES:
+        r = info[twin_cuda.instance_name(*i, bulk=True)]
+        assert r["regs"] <= 168 and r["smem_bytes"] < 1024 and (r["spill_bytes"] == 0 or i[0] == 4), (i, r)
+        assert r["spill_bytes"] == 0 or i[1:3] != (1, 4), (i, r)
     # the M <= 8 instances of the default plans (r 1 / 2 / 4, one token tile) never spill, nor the deep scale
     # ring's at r 1 and 2 (the plans that carry it; r 4 is already at 255 registers without it)
     assert all(info[twin_cuda.instance_name(r, 1, gs, z)]["spill_bytes"] == 0
@@ -163,7 +187,8 @@ def test_under_pdl_the_weight_ring_is_loaded_before_the_wait(tmp_path):
 
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     assert cuobjdump.is_file(), f"Triton's NVIDIA backend ships cuobjdump; not found at {cuobjdump}"
-    cubin, _ = cc.compile_cubin_nvrtc(tmp_path, "sm_90a", instances=[(2, 1, 4, True, False)], pipe_instances=[])
+    cubin, _ = cc.compile_cubin_nvrtc(tmp_path, "sm_90a", instances=[(2, 1, 4, True, False)], pipe_instances=[],
+                                      bulk_instances=[])
     sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
     ops = [m.group(1).strip() for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+([^;]*);", sass)]
     # (either may carry a predicate: both run only when the kernel was launched as a dependent)
@@ -179,19 +204,46 @@ def test_under_pdl_the_weight_ring_is_loaded_before_the_wait(tmp_path):
     assert not any("LDG.E.128.CONSTANT" in op.split() for op in ops)
 
 
+def test_the_tma_fed_kernel_issues_its_whole_ring_before_the_wait(tmp_path):
+    """In the SASS NVRTC builds for sm_90a of the TMA-fed kernel (r 2, group 128): dependents released first
+    (PREEXIT), then a stage's expected bytes, then the first ring's weight copies before the wait for the kernel
+    before (ACQBULK) and its x copies after it (the ring's depth is M's: the loops are not unrolled, so the
+    SASS has one copy instruction per loop, not one per stage); no 16-byte global loads (x comes by bulk copy)."""
+    import triton
+
+    from vllm_patch import twin_cuda_compile as cc
+
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    cubin, _ = cc.compile_cubin_nvrtc(tmp_path, "sm_90a", instances=[], pipe_instances=[],
+                                      bulk_instances=[(2, 1, 4, True)])
+    sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    ops = [m.group(1).strip() for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+([^;]*);", sass)]
+    wait = next(i for i, op in enumerate(ops) if "ACQBULK" in op.split())
+    pre = next(i for i, op in enumerate(ops) if "PREEXIT" in op.split())
+    copies = [i for i, op in enumerate(ops) if "UBLKCP" in op]
+    assert pre < min(copies) and any(i < wait for i in copies) and any(i > wait for i in copies), ops[:wait + 1]
+    arrives = [i for i, op in enumerate(ops) if "SYNCS.ARRIVE.TRANS64" in op]
+    assert min(arrives) < min(copies) < wait
+    # x comes by bulk copies too, after the wait: no 16-byte global loads to registers (LDGSTS: the scales'
+    # cp.async into shared memory)
+    assert not any(t.startswith("LDG.") and ".128" in t for op in ops for t in op.split())
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on PATH to compare NVRTC's build with")
 def test_nvrtc_builds_the_kernel_nvcc_builds(nvrtc_info, tmp_path):
     """The source NVRTC sees (host code guarded by __CUDACC_RTC__) is the kernel nvcc builds: same registers
-    (the one-token-tile instances of group 128, both flavours, both scale rings and the staged kernel: a
-    compile of all takes minutes)."""
+    (the one-token-tile instances of group 128, both flavours, both scale rings, the staged and the TMA-fed
+    kernel: a compile of all takes minutes)."""
     some = [i for i in twin_cuda.INSTANCES if i[1] == 1 and i[2] == 4]
     pipe = [i for i in twin_cuda.PIPE_INSTANCES if i[1] == 1 and i[2] == 4]
-    by_nvcc = twin_cuda.compile_cubin(tmp_path, arch="sm_90a", instances=some, pipe_instances=pipe)[1]
-    assert len(by_nvcc) == len(some) + len(pipe) == 16
-    plain = [k for k in by_nvcc if not k.endswith("-pipe")]
+    bulk = [i for i in twin_cuda.BULK_INSTANCES if i[1] == 1 and i[2] == 4]
+    by_nvcc = twin_cuda.compile_cubin(tmp_path, arch="sm_90a", instances=some, pipe_instances=pipe,
+                                      bulk_instances=bulk)[1]
+    assert len(by_nvcc) == len(some) + len(pipe) + len(bulk) == 22
+    plain = [k for k in by_nvcc if not k.endswith(("-pipe", "-bulk"))]
     assert {k: by_nvcc[k]["regs"] for k in plain} == {k: nvrtc_info[k]["regs"] for k in plain}
-    # the staged kernel's register counts differ by a few between the two front ends (its copy helper and
-    # lambda); both compile it without spills
+    # the staged and TMA-fed kernels' register counts differ by a few between the two front ends (their copy
+    # lambdas); both compile them without spills
     assert all(by_nvcc[k]["spill_bytes"] == nvrtc_info[k]["spill_bytes"] == 0 for k in by_nvcc if k not in plain)
 
 
@@ -208,34 +260,41 @@ def test_cuda_kernel_matches_the_dequantized_reference(group, symmetric):
         for m in (1, 3, 8, 9, 16, 33):
             x = torch.randn(m, k, device=dev).to(torch.bfloat16)
             ref = x.float() @ ref_w.t()
-            variants = [(r, w, d, False) for r, w, d in product((1, 2, 4), (1.0, 4.0, 16.0), (False, True))]
-            variants += [(r, w, False, True) for r, w in product((1, 2), (1.0, 4.0, 16.0))]  # the staged kernel
-            for r, waves, deep, pipe in variants:  # one split and several
-                p = twin_cuda.plan(n, k, m, group, twin_cuda.sm_count(dev), r=r, waves=waves, deep=deep, pipe=pipe)
+            variants = [(r, w, d, False, False) for r, w, d in product((1, 2, 4), (1.0, 4.0, 16.0), (False, True))]
+            variants += [(r, w, False, True, False) for r, w in product((1, 2), (1.0, 4.0, 16.0))]  # staged kernel
+            if torch.cuda.get_device_capability(dev)[0] >= 9:  # the TMA-fed kernel
+                variants += [(r, w, False, False, True) for r, w in product((1, 2, 4), (1.0, 4.0, 16.0))]
+            for r, waves, deep, pipe, bulk in variants:  # one split and several
+                p = twin_cuda.plan(n, k, m, group, twin_cuda.sm_count(dev), r=r, waves=waves, deep=deep, pipe=pipe,
+                                   bulk=bulk)
                 y = twin_cuda.w4a16_mm(x, st, p).float()
                 err = float((y - ref).abs().max() / ref.abs().max())
                 assert err < 8e-3, (n, k, m, r, p, err)  # bf16 output rounding
                 assert torch.equal(y, twin_cuda.w4a16_mm(x, st, p).float())  # deterministic split-K
-                if deep or pipe:  # the same sums in the same order: the scale ring or staging changes when, not what
-                    flat = twin_cuda.plan(n, k, m, group, twin_cuda.sm_count(dev), r=r, waves=waves)
+                if deep or pipe or bulk:  # the same sums in the same order: the scale ring, staging or TMA change
+                    # when the bytes arrive, not what is summed (the same tiles and splits: bulk caps a split)
+                    flat = dataclasses.replace(p, deep=False, pipe=False, bulk=False)
                     assert torch.equal(y, twin_cuda.w4a16_mm(x, st, flat).float())
                 if not pipe:  # launched plainly, not as a programmatic dependent: the same kernel, the same sums
                     assert p.pdl
                     plain = twin_cuda.plan(n, k, m, group, twin_cuda.sm_count(dev), r=r, waves=waves, deep=deep,
-                                           pdl=False)
+                                           pdl=False, bulk=bulk)
                     assert torch.equal(y, twin_cuda.w4a16_mm(x, st, plain).float())
     assert int(twin_cuda.counters(dev).abs().sum()) == 0  # every call leaves the counters zero
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (and nvcc to build the extension)")
+@pytest.mark.parametrize("bulk", [False, True], ids=["register-ring", "tma-fed"])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "cuda-graph"])
-def test_a_chain_of_dependent_launches_reads_each_x_after_it_was_written(graph):
+def test_a_chain_of_dependent_launches_reads_each_x_after_it_was_written(graph, bulk):
     """Each GEMM's x is the output of the kernel before it (the GEMM before, or a torch op between two): with
     programmatic dependent launch the next GEMM starts loading its weights early, and must still read x only
     once written. The chain under PDL equals the chain launched plainly, bit for bit, eagerly and replayed
     from a CUDA graph; split-K calls share the counters."""
     dev = torch.device("cuda")
+    if bulk and torch.cuda.get_device_capability(dev)[0] < 9:
+        pytest.skip("the TMA-fed kernel needs SM 9.0")
     sms = twin_cuda.sm_count(dev)
     layers = []
     for i, (n, k) in enumerate(((4096, 4096), (11008, 4096), (4096, 11008), (4096, 4096)) * 2):
@@ -244,7 +303,7 @@ def test_a_chain_of_dependent_launches_reads_each_x_after_it_was_written(graph):
 
     def chain(x, pdl):
         for i, st in enumerate(layers):
-            p = twin_cuda.plan(st["n"], st["k"], x.shape[0], 128, sms, pdl=pdl)
+            p = twin_cuda.plan(st["n"], st["k"], x.shape[0], 128, sms, pdl=pdl, bulk=bulk)
             x = twin_cuda.w4a16_mm(x, st, p)
             x = x / x.float().abs().amax().clamp(min=1e-3).to(x.dtype) if i % 3 == 2 else x  # a torch op between
         return x

@@ -30,7 +30,7 @@ from . import twin_gemv_kernel as _gemv_kernel
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("twin_w4a16_torch.cpp", "twin_w4a16_zp.cu", "twin_w4a16_zp_deep.cu", "twin_w4a16_sym.cu",
-           "twin_w4a16_sym_deep.cu", "twin_w4a16_pipe.cu")
+           "twin_w4a16_sym_deep.cu", "twin_w4a16_pipe.cu", "twin_w4a16_bulk.cu")
 WARPS = 4  # kWarps of twin_w4a16_api.h
 KERNEL_NAME = "TwinCudaLinearKernel"
 OP_NAMESPACE = "twin_spec"
@@ -41,6 +41,10 @@ INSTANCES = tuple((r, nt, gs, z, d) for z in (False, True) for gs in (1, 2, 4) f
                   for nt in (1, 2) for r in (1, 2, 4))
 # (R, NT, group / 32, zero points): the staged kernel's instances (TWIN_W4_PIPE_FOR_EACH, twin_w4a16_pipe.cuh)
 PIPE_INSTANCES = tuple((r, nt, gs, z) for z in (False, True) for gs in (1, 2, 4) for nt in (1, 2) for r in (1, 2))
+# (R, NT, group / 32, zero points): the TMA-fed kernel's instances (TWIN_W4_BULK_FOR_EACH, twin_w4a16_bulk.cuh)
+BULK_INSTANCES = tuple((r, nt, gs, z) for z in (False, True) for gs in (1, 2, 4) for nt in (1, 2) for r in (1, 2, 4))
+BULK_MIN_CAPABILITY = 90  # cp.async.bulk and mbarrier transaction counts
+BULK_META_BYTES = 8 * 1024  # kBulkMetaBytes of twin_w4a16_bulk.cuh: a warp's scales and zero points (48 B a group)
 
 
 # ---------------------------------------------------------------- launch plan
@@ -56,11 +60,12 @@ class Plan:
     deep: bool = False  # scales and zero points loaded as far ahead as the weight ring (else one span)
     pipe: bool = False  # the staged kernel (cp.async into shared memory, twin_w4a16_pipe.cuh), r 1 or 2
     pdl: bool = False  # launched as a programmatic dependent (SM 9.0+): weights stream in while the kernel before ends
+    bulk: bool = False  # the TMA-fed kernel (bulk copies into a shared-memory ring, twin_w4a16_bulk.cuh), SM 9.0+
 
     @property
     def tag(self) -> str:
         return (f"r{self.r}-nt{self.nt}-s{self.splits}" + ("-deep" if self.deep else "") + ("-pipe" if self.pipe else "")
-                + ("-pdl" if self.pdl else ""))
+                + ("-bulk" if self.bulk else "") + ("-pdl" if self.pdl else ""))
 
 
 def ring_depth(r: int) -> int:
@@ -69,7 +74,8 @@ def ring_depth(r: int) -> int:
 
 
 def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = None,
-         waves: float | None = None, deep: bool = False, pipe: bool = False, pdl: bool | None = None) -> Plan:
+         waves: float | None = None, deep: bool = False, pipe: bool = False, pdl: bool | None = None,
+         bulk: bool = False) -> Plan:
     """About ``waves * sms`` CTAs of 4 warps (launch bounds guarantee 2 resident per SM). ``waves`` None: 3 at
     M <= 8, 2 above (measured: the configuration sweep of ``benchmarks/int4_gemm.py --cuda-sweep`` on an H100,
     zero-point twin, 32B layer set: 3 waves take M = 1 from 147.7 to 133.6 µs and M = 4 from 155.0 to
@@ -81,7 +87,9 @@ def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = Non
     42 % at M = 16; docs/benchmarks.md). ``pdl``: launched as a programmatic dependent of the kernel before it
     (the weight ring and scales load before the kernel waits for x); None: on, except for the staged kernel
     (H100, the layer set against the plain launch: 32B 129.3 -> 122.4 µs at M = 1, 134.5 -> 128.3 at 4,
-    209.2 -> 204.4 at 16, either flavour; 8B 59.4 -> 53.2 at M = 1; bit for bit the same output)."""
+    209.2 -> 204.4 at 16, either flavour; 8B 59.4 -> 53.2 at M = 1; bit for bit the same output). ``bulk``: the
+    TMA-fed kernel (its weights by bulk copies into a 16 KB shared-memory ring a warp; SM 9.0+), without the deep
+    scale ring or the staged kernel."""
     if pdl is None:
         pdl = not pipe
     nt = 1 if m <= 8 else 2
@@ -95,16 +103,20 @@ def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = Non
     if pipe and (r > 2 or deep or pdl):
         raise ValueError("the staged kernel (pipe) takes r 1 or 2 without the deep scale ring and without "
                          f"programmatic dependent launch, not r={r}, deep={deep}, pdl={pdl}")
+    if bulk and (deep or pipe):
+        raise ValueError(f"the TMA-fed kernel (bulk) has neither the deep scale ring nor staging: deep={deep}, pipe={pipe}")
     ring = ring_depth(r)
     row_blocks = -(-t // (WARPS * r))
     want = max(1, int(waves * sms // (row_blocks * token_blocks)))
     cps = -(-c // want)
     cps = -(-cps // ring) * ring  # a multiple of the ring (and so of group 128's two chunks)
+    if bulk:  # the TMA-fed kernel holds a split's scales and zero points in shared memory: at most 8 KB a warp
+        cps = min(cps, max(ring, BULK_META_BYTES // (r * 48) * group // layout.CHUNK // ring * ring))
     if cps >= c:
         cps = c
     splits = -(-c // cps)
     return Plan(r=r, nt=nt, ring=ring, cps=cps, splits=splits, grid=(row_blocks, splits, token_blocks), deep=deep,
-                pipe=pipe, pdl=pdl)
+                pipe=pipe, pdl=pdl, bulk=bulk)
 
 
 def sweep_plans(n: int, k: int, m: int, group: int, sms: int = 132) -> list[Plan]:
@@ -113,6 +125,7 @@ def sweep_plans(n: int, k: int, m: int, group: int, sms: int = 132) -> list[Plan
     out += [plan(n, k, m, group, sms, deep=True), plan(n, k, m, group, sms, r=2, deep=True)]
     out += [plan(n, k, m, group, sms, r=r, pipe=True) for r in (1, 2)]
     out += [plan(n, k, m, group, sms, pdl=False)]  # the plain launch
+    out += [plan(n, k, m, group, sms, r=r, waves=w, bulk=True) for r in (None, 1, 2, 4) for w in (None, 1.5, 6.0)]
     return list(dict.fromkeys(out))
 
 
@@ -182,12 +195,13 @@ def w4a16_mm(x: torch.Tensor, st: dict, p: Plan | None = None) -> torch.Tensor:
         return y
     p = p or plan(n, st["k"], m, st["group"], sm_count(x.device))
     if p.nt != (1 if m <= 8 else 2):
-        p = plan(n, st["k"], m, st["group"], sm_count(x.device), r=p.r, deep=p.deep, pipe=p.pipe, pdl=p.pdl)
+        p = plan(n, st["k"], m, st["group"], sm_count(x.device), r=p.r, deep=p.deep, pipe=p.pipe, pdl=p.pdl,
+                 bulk=p.bulk)
     if p.grid[0] * p.grid[2] > COUNTER_SLOTS:
         raise ValueError(f"{p.grid[0] * p.grid[2]} row x token blocks > {COUNTER_SLOTS} counters")
     ws = torch.empty(p.splits * m * n if p.splits > 1 else 0, dtype=torch.float32, device=x.device)
     extension().w4a16_mm(x, st["qw"], st["sc"], st["zp"], y, ws, counters(x.device), n, st["group"], p.r, p.nt,
-                         p.cps, p.deep, p.pipe, p.pdl)
+                         p.cps, p.deep, p.pipe, p.pdl, p.bulk)
     return y
 
 

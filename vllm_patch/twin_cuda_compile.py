@@ -25,22 +25,27 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 _MANGLED = re.compile(r"w4a16_decodeILi(\d)ELi(\d)ELi(\d)ELb(\d)ELb(\d)E")
 _MANGLED_PIPE = re.compile(r"w4a16_decode_pipeILi(\d)ELi(\d)ELi(\d)ELb(\d)E")
+_MANGLED_BULK = re.compile(r"w4a16_decode_bulkILi(\d)ELi(\d)ELi(\d)ELb(\d)E")
 # NVRTC has no <stdint.h>: the fixed-width types the kernel uses
 _RTC_PRELUDE = ("typedef unsigned char uint8_t;\ntypedef unsigned short uint16_t;\ntypedef unsigned int uint32_t;\n"
                 "typedef unsigned long long uint64_t;\ntypedef long long int64_t;\ntypedef unsigned long long uintptr_t;\n")
 
 
-def instance_name(r: int, nt: int, gs: int, z: bool, deep: bool = False, pipe: bool = False) -> str:
-    return f"r{r}-nt{nt}-g{32 * gs}-{'zp' if z else 'sym'}" + ("-deep" if deep else "") + ("-pipe" if pipe else "")
+def instance_name(r: int, nt: int, gs: int, z: bool, deep: bool = False, pipe: bool = False,
+                  bulk: bool = False) -> str:
+    return (f"r{r}-nt{nt}-g{32 * gs}-{'zp' if z else 'sym'}" + ("-deep" if deep else "") + ("-pipe" if pipe else "")
+            + ("-bulk" if bulk else ""))
 
 
 def parse_ptxas(log: str) -> dict[str, dict[str, int]]:
     """ptxas ``-v``'s report, one entry per kernel instance: registers, spill bytes, stack, shared memory."""
     info = {}
     for b in log.split("Compiling entry function")[1:]:
-        m, pipe = _MANGLED.search(b), False
+        m, pipe, bulk = _MANGLED.search(b), False, False
         if m is None:
             m, pipe = _MANGLED_PIPE.search(b), True
+        if m is None:
+            m, pipe, bulk = _MANGLED_BULK.search(b), False, True
         regs = re.search(r"Used (\d+) registers", b)
         spill = _SPILL.search(b)
         stack = re.search(r"(\d+) bytes stack frame", b)
@@ -48,18 +53,18 @@ def parse_ptxas(log: str) -> dict[str, dict[str, int]]:
         if not m or not regs:
             continue
         r, nt, gs, z, *deep = (int(v) for v in m.groups())
-        info[instance_name(r, nt, gs, bool(z), bool(deep and deep[0]), pipe)] = {
+        info[instance_name(r, nt, gs, bool(z), bool(deep and deep[0]), pipe, bulk)] = {
             "regs": int(regs.group(1)), "spill_bytes": int(spill.group(1)) + int(spill.group(2)) if spill else 0,
             "stack_bytes": int(stack.group(1)) if stack else 0, "smem_bytes": int(smem.group(1)) if smem else 0}
     return info
 
 
-def _instantiations(kernel: bool, instances=None, pipe_instances=None) -> str:
-    """The source that instantiates ``instances`` ((R, NT, group / 32, zero points, deep) tuples) and the staged
-    kernel's ``pipe_instances`` ((R, NT, group / 32, zero points)); None: every one. ``kernel``: the kernels
-    themselves (NVRTC), else their host launchers (nvcc)."""
+def _instantiations(kernel: bool, instances=None, pipe_instances=None, bulk_instances=None) -> str:
+    """The source that instantiates ``instances`` ((R, NT, group / 32, zero points, deep) tuples), the staged
+    kernel's ``pipe_instances`` and the TMA-fed kernel's ``bulk_instances`` ((R, NT, group / 32, zero points));
+    None: every one. ``kernel``: the kernels themselves (NVRTC), else their host launchers (nvcc)."""
     suffix = "_KERNEL" if kernel else ""
-    out = '#include "twin_w4a16_pipe.cuh"\nnamespace twin_w4 {\n'
+    out = '#include "twin_w4a16_pipe.cuh"\n#include "twin_w4a16_bulk.cuh"\nnamespace twin_w4 {\n'
     if instances is None:
         out += f"TWIN_W4_FOR_EACH(TWIN_W4_INSTANTIATE{suffix})\n"
     else:
@@ -70,16 +75,21 @@ def _instantiations(kernel: bool, instances=None, pipe_instances=None) -> str:
     else:
         out += "".join(f"TWIN_W4_INSTANTIATE_PIPE{suffix}({r}, {nt}, {gs}, {str(z).lower()})\n"
                        for r, nt, gs, z in pipe_instances)
+    if bulk_instances is None:
+        out += f"TWIN_W4_BULK_FOR_EACH(TWIN_W4_INSTANTIATE_BULK{suffix})\n"
+    else:
+        out += "".join(f"TWIN_W4_INSTANTIATE_BULK{suffix}({r}, {nt}, {gs}, {str(z).lower()})\n"
+                       for r, nt, gs, z in bulk_instances)
     return out + "}\n"
 
 
 def compile_cubin(out_dir: Path, arch: str = "sm_90a", nvcc: str = "nvcc", instances=None,
-                  pipe_instances=None) -> tuple[Path, dict]:
+                  pipe_instances=None, bulk_instances=None) -> tuple[Path, dict]:
     """The instances (all: None) compiled by ``nvcc`` (no torch headers) to one cubin; ``{instance: ptxas facts}``."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     src = out_dir / "twin_w4a16_all.cu"
-    src.write_text(_instantiations(False, instances, pipe_instances))
+    src.write_text(_instantiations(False, instances, pipe_instances, bulk_instances))
     cubin = out_dir / f"twin_w4a16_{arch}.cubin"
     res = subprocess.run([nvcc, "-O3", "-std=c++17", f"-arch={arch}", "-cubin", "-Xptxas", "-v", "-I", str(CSRC),
                           "-o", str(cubin), str(src)], capture_output=True, text=True)
@@ -142,15 +152,15 @@ def nvrtc_compile(source: str, arch: str, include_dirs: list[Path], lib_path: Pa
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
-def compile_cubin_nvrtc(out_dir: Path, arch: str = "sm_90a", instances=None, pipe_instances=None
-                        ) -> tuple[Path, dict]:
+def compile_cubin_nvrtc(out_dir: Path, arch: str = "sm_90a", instances=None, pipe_instances=None,
+                        bulk_instances=None) -> tuple[Path, dict]:
     """The kernel instances (all: None) compiled by NVRTC (the wheels' runtime compiler) to one cubin;
     ptxas facts."""
     paths = nvrtc_paths()
     if paths is None:
         raise RuntimeError("no NVRTC: neither nvidia-cuda-nvrtc (CUDA 13: nvidia/cu13) nor CUDA 12's wheels")
     lib, inc = paths
-    src = _RTC_PRELUDE + _instantiations(True, instances, pipe_instances)
+    src = _RTC_PRELUDE + _instantiations(True, instances, pipe_instances, bulk_instances)
     cubin, log = nvrtc_compile(src, arch, [CSRC, inc], lib)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ struct Params {
   int S;            // splits (gridDim.y)
   int ldx, ldy;     // row strides of x and y, elements
   int pdl;          // launched as a programmatic dependent: wait for the kernel before (which writes x)
+  int ring;         // the TMA-fed kernel: stages in a warp's ring (set by its launcher)
 };
 
 constexpr int kWarps = 4;  // warps per CTA: each its own R row tiles, all on the CTA's k range
@@ -49,5 +50,18 @@ void launch_pipe(const Params& p, dim3 grid, cudaStream_t stream);
 #define TWIN_W4_PIPE_FOR_EACH_HZ(X, HZ) \
   TWIN_W4_PIPE_FOR_EACH_GS(X, 1, HZ) TWIN_W4_PIPE_FOR_EACH_GS(X, 2, HZ) TWIN_W4_PIPE_FOR_EACH_GS(X, 4, HZ)
 #define TWIN_W4_PIPE_FOR_EACH(X) TWIN_W4_PIPE_FOR_EACH_HZ(X, false) TWIN_W4_PIPE_FOR_EACH_HZ(X, true)
+
+constexpr int kBulkMetaBytes = 8 * 1024;  // the TMA-fed kernel: a warp's scales and zero points of its split, at most
+
+#ifndef __CUDACC_RTC__
+// The TMA-fed kernel (twin_w4a16_bulk.cuh, SM 9.0+): R in {1, 2, 4}, NT in {1, 2}, GS, zero points.
+template <int R, int NT, int GS, bool HAS_Z>
+void launch_bulk(const Params& p, dim3 grid, cudaStream_t stream);
+#endif
+#define TWIN_W4_BULK_FOR_EACH_GS(X, GS, HZ) \
+  X(1, 1, GS, HZ) X(2, 1, GS, HZ) X(4, 1, GS, HZ) X(1, 2, GS, HZ) X(2, 2, GS, HZ) X(4, 2, GS, HZ)
+#define TWIN_W4_BULK_FOR_EACH_HZ(X, HZ) \
+  TWIN_W4_BULK_FOR_EACH_GS(X, 1, HZ) TWIN_W4_BULK_FOR_EACH_GS(X, 2, HZ) TWIN_W4_BULK_FOR_EACH_GS(X, 4, HZ)
+#define TWIN_W4_BULK_FOR_EACH(X) TWIN_W4_BULK_FOR_EACH_HZ(X, false) TWIN_W4_BULK_FOR_EACH_HZ(X, true)
 
 }  // namespace twin_w4

@@ -10,7 +10,8 @@ namespace {
 
 void w4a16_mm(const torch::Tensor& x, const torch::Tensor& qw, const torch::Tensor& sc,
               const c10::optional<torch::Tensor>& zp, torch::Tensor& y, torch::Tensor& ws, torch::Tensor& counters,
-              int64_t n, int64_t group, int64_t r, int64_t nt, int64_t cps, bool deep, bool pipe, bool pdl) {
+              int64_t n, int64_t group, int64_t r, int64_t nt, int64_t cps, bool deep, bool pipe, bool pdl,
+              bool bulk) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1, "x: bf16 [M, K]");
   TORCH_CHECK(reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 && x.stride(0) % 8 == 0, "x rows 16-byte aligned");
   TORCH_CHECK(qw.scalar_type() == at::kInt && qw.dim() == 4 && qw.is_contiguous(), "qw: int32 [T, C, 32, 4]");
@@ -25,6 +26,7 @@ void w4a16_mm(const torch::Tensor& x, const torch::Tensor& qw, const torch::Tens
   TORCH_CHECK(r == 1 || r == 2 || r == 4, "r in 1, 2, 4");
   TORCH_CHECK(!pipe || (r <= 2 && !deep), "the staged kernel (pipe): r in 1, 2, no deep scale ring");
   TORCH_CHECK(!pipe || !pdl, "the staged kernel (pipe) is not launched as a programmatic dependent");
+  TORCH_CHECK(!bulk || (!pipe && !deep), "the TMA-fed kernel (bulk): no deep scale ring, no staging");
   TORCH_CHECK(nt == 1 || nt == 2, "nt in 1, 2");
   if (m == 0) return;
   const int64_t splits = (c + cps - 1) / cps;
@@ -71,7 +73,24 @@ void w4a16_mm(const torch::Tensor& x, const torch::Tensor& qw, const torch::Tens
   }
   TWIN_W4_PIPE_FOR_EACH(TWIN_W4_DISPATCH_PIPE)
 #undef TWIN_W4_DISPATCH_PIPE
-  if (!pipe) {
+#define TWIN_W4_DISPATCH_BULK(R_, NT_, GS_, HZ_)                             \
+  if (bulk && r == R_ && nt == NT_ && gs == GS_ && has_z == HZ_) {          \
+    twin_w4::launch_bulk<R_, NT_, GS_, HZ_>(p, grid, stream);               \
+    C10_CUDA_KERNEL_LAUNCH_CHECK();                                          \
+    return;                                                                  \
+  }
+  if (bulk) {
+    TORCH_CHECK(r * ((cps * 2 + group / 32 - 1) / (group / 32)) * 48 <= twin_w4::kBulkMetaBytes,
+                "the TMA-fed kernel (bulk): a warp's scales and zero points over ", cps,
+                " chunks exceed its shared memory; plan more splits (twin_cuda.plan(..., bulk=True) does)");
+    int dev = 0, major = 0;
+    C10_CUDA_CHECK(cudaGetDevice(&dev));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    TORCH_CHECK(major >= 9, "the TMA-fed kernel (bulk) needs compute capability 9.0 or newer");
+  }
+  TWIN_W4_BULK_FOR_EACH(TWIN_W4_DISPATCH_BULK)
+#undef TWIN_W4_DISPATCH_BULK
+  if (!pipe && !bulk) {
     TWIN_W4_FOR_EACH(TWIN_W4_DISPATCH)
   }
 #undef TWIN_W4_DISPATCH
