@@ -89,15 +89,15 @@ def test_the_staged_kernel_takes_one_or_two_row_tiles_without_the_deep_ring():
 
 
 def test_the_tma_fed_kernel_is_a_plan_of_its_own():
-    """``bulk`` changes which kernel runs, not the plan's tiles and splits, and takes neither the deep scale ring
-    nor the staging; the sweep holds its default plan."""
+    """``bulk`` changes which kernel runs, not the plan's row tiles and token tiles, and takes neither the deep
+    scale ring nor the staging; the sweep holds its default plan."""
     for bad in ({"deep": True}, {"pipe": True}):
         with pytest.raises(ValueError, match="TMA-fed"):
             twin_cuda.plan(5120, 8192, 1, 128, bulk=True, **bad)
     for n, k, m in ((10240, 5120, 1), (5120, 25600, 4), (51200, 5120, 16)):
         b, d = twin_cuda.plan(n, k, m, 128, bulk=True), twin_cuda.plan(n, k, m, 128)
-        assert b.bulk and b.pdl and b.tag == d.tag.replace("-pdl", "-bulk-pdl")
-        assert (b.r, b.nt, b.cps, b.splits, b.grid) == (d.r, d.nt, d.cps, d.splits, d.grid)
+        assert b.bulk and b.pdl and (b.r, b.nt, b.grid[0], b.grid[2]) == (d.r, d.nt, d.grid[0], d.grid[2])
+        assert b.cps % b.ring == 0 or b.cps == -(-k // 64)  # splits on whole rings (each caps a split its own way)
         assert b in twin_cuda.sweep_plans(n, k, m, 128)
 
 
@@ -116,7 +116,7 @@ def test_programmatic_dependent_launch_is_the_default_launch_of_the_default_plan
     body = src[src.index("w4a16_decode(const Params p)"):]
     # the kernel reads x only after it waited for the kernel before (which writes x): the wait comes before the
     # first load of x, and the weights' first ring before the wait
-    assert body.index("buf[d][r] = ld_stream") < body.index("pdl_wait();") < body.index("ld_x(xp[nt])")
+    assert body.index("buf[d][r] = ld_stream") < body.index("pdl_wait();") < body.index("cp_async_b16(xs")
 
 
 def test_launch_plan_covers_k_in_whole_groups_and_rings():
@@ -197,11 +197,12 @@ def test_under_pdl_the_weight_ring_is_loaded_before_the_wait(tmp_path):
     ring = [i for i, op in enumerate(ops) if "LDG.E.NA.LTC256B.128" in op]  # ld_stream: the weights
     assert first["PREEXIT"] < loads[0]
     assert sum(i < first["ACQBULK"] for i in ring) == twin_cuda.ring_depth(2) * 2, ops[:first["ACQBULK"] + 1]
-    # x (written by the kernel before) only by coherent loads, and only after the wait: read through the
-    # read-only path (__ldg), ptxas had moved its first loads above the wait
-    xs = [i for i, op in enumerate(ops) if "LDG.E.128" in op.split()]
+    # x (written by the kernel before) only after the wait (read through the read-only path, __ldg, ptxas had
+    # moved its first loads above it): staged by the CTA into shared memory (cp.async: LDGSTS), never read from
+    # global memory into registers
+    xs = [i for i, op in enumerate(ops) if any(t.startswith("LDGSTS") for t in op.split())]
     assert xs and min(xs) > first["ACQBULK"], ops[:first["ACQBULK"] + 1]
-    assert not any("LDG.E.128.CONSTANT" in op.split() for op in ops)
+    assert not any(t.startswith("LDG.E.128") for op in ops for t in op.split())
 
 
 def test_the_tma_fed_kernel_issues_its_whole_ring_before_the_wait(tmp_path):
@@ -241,7 +242,10 @@ def test_nvrtc_builds_the_kernel_nvcc_builds(nvrtc_info, tmp_path):
                                       bulk_instances=bulk)[1]
     assert len(by_nvcc) == len(some) + len(pipe) + len(bulk) == 22
     plain = [k for k in by_nvcc if not k.endswith(("-pipe", "-bulk"))]
-    assert {k: by_nvcc[k]["regs"] for k in plain} == {k: nvrtc_info[k]["regs"] for k in plain}
+    # (within a few registers: the two front ends schedule the x staging's loop a little differently)
+    assert all(abs(by_nvcc[k]["regs"] - nvrtc_info[k]["regs"]) <= 4 for k in plain), (
+        {k: (by_nvcc[k]["regs"], nvrtc_info[k]["regs"]) for k in plain})
+    assert all(by_nvcc[k]["spill_bytes"] == nvrtc_info[k]["spill_bytes"] for k in plain)
     # the staged and TMA-fed kernels' register counts differ by a few between the two front ends (their copy
     # lambdas); both compile them without spills
     assert all(by_nvcc[k]["spill_bytes"] == nvrtc_info[k]["spill_bytes"] == 0 for k in by_nvcc if k not in plain)
@@ -327,3 +331,14 @@ def test_a_chain_of_dependent_launches_reads_each_x_after_it_was_written(graph, 
             for _ in range(3):
                 assert torch.equal(chain(x, True), want), m
     assert int(twin_cuda.counters(dev).abs().sum()) == 0
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on PATH: the walk probe is a host program")
+def test_the_walk_probe_builds(tmp_path):
+    """benchmarks/int4_walk_probe.cu, whose output backs the x staging (results/int4-probe), builds as its
+    header says (the GPU host runs it)."""
+    src = Path(__file__).resolve().parents[1] / "benchmarks" / "int4_walk_probe.cu"
+    res = subprocess.run(["nvcc", "-O3", "-std=c++17", "-arch=sm_90a", "-o", str(tmp_path / "probe"), str(src)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "nvcc -O3 -std=c++17 -arch=sm_90a -o int4_walk_probe benchmarks/int4_walk_probe.cu" in src.read_text()

@@ -44,6 +44,7 @@ PIPE_INSTANCES = tuple((r, nt, gs, z) for z in (False, True) for gs in (1, 2, 4)
 # (R, NT, group / 32, zero points): the TMA-fed kernel's instances (TWIN_W4_BULK_FOR_EACH, twin_w4a16_bulk.cuh)
 BULK_INSTANCES = tuple((r, nt, gs, z) for z in (False, True) for gs in (1, 2, 4) for nt in (1, 2) for r in (1, 2, 4))
 BULK_MIN_CAPABILITY = 90  # cp.async.bulk and mbarrier transaction counts
+X_STAGE_BYTES = 96 * 1024  # the default kernel's staged x rows of a split (x_stage_bytes of twin_w4a16.cuh), at most
 BULK_META_BYTES = 8 * 1024  # kBulkMetaBytes of twin_w4a16_bulk.cuh: a warp's scales and zero points (48 B a group)
 
 
@@ -88,8 +89,10 @@ def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = Non
     (the weight ring and scales load before the kernel waits for x); None: on, except for the staged kernel
     (H100, the layer set against the plain launch: 32B 129.3 -> 122.4 µs at M = 1, 134.5 -> 128.3 at 4,
     209.2 -> 204.4 at 16, either flavour; 8B 59.4 -> 53.2 at M = 1; bit for bit the same output). ``bulk``: the
-    TMA-fed kernel (its weights by bulk copies into a 16 KB shared-memory ring a warp; SM 9.0+), without the deep
-    scale ring or the staged kernel."""
+    TMA-fed kernel (its weights, x and the split's scales by bulk copies into shared memory; SM 9.0+), without
+    the deep scale ring or the staged kernel (H100, 32B layer set at M = 1: 137-146 µs against the default's
+    112-124 across its plans; docs/benchmarks.md). With one token tile the default kernel stages the CTA's x
+    rows over its split in shared memory (zero points), at most ``X_STAGE_BYTES``: splits are capped to that."""
     if pdl is None:
         pdl = not pipe
     nt = 1 if m <= 8 else 2
@@ -110,6 +113,10 @@ def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = Non
     want = max(1, int(waves * sms // (row_blocks * token_blocks)))
     cps = -(-c // want)
     cps = -(-cps // ring) * ring  # a multiple of the ring (and so of group 128's two chunks)
+    # one token tile: the CTA stages its x rows over the split in shared memory, at most X_STAGE_BYTES (every
+    # kernel's plan keeps to it, so that a plan stays valid for the default kernel with another flag turned off)
+    if nt == 1:
+        cps = min(cps, max(ring, (X_STAGE_BYTES // min(m, 8) // 16 - 1) // 8 // ring * ring))
     if bulk:  # the TMA-fed kernel holds a split's scales and zero points in shared memory: at most 8 KB a warp
         cps = min(cps, max(ring, BULK_META_BYTES // (r * 48) * group // layout.CHUNK // ring * ring))
     if cps >= c:

@@ -51,6 +51,7 @@ void launch_pipe(const Params& p, dim3 grid, cudaStream_t stream);
   TWIN_W4_PIPE_FOR_EACH_GS(X, 1, HZ) TWIN_W4_PIPE_FOR_EACH_GS(X, 2, HZ) TWIN_W4_PIPE_FOR_EACH_GS(X, 4, HZ)
 #define TWIN_W4_PIPE_FOR_EACH(X) TWIN_W4_PIPE_FOR_EACH_HZ(X, false) TWIN_W4_PIPE_FOR_EACH_HZ(X, true)
 
+constexpr int kXStageBytes = 96 * 1024;  // the default kernel: the CTA's staged x rows of its split, at most
 constexpr int kBulkMetaBytes = 8 * 1024;  // the TMA-fed kernel: a warp's scales and zero points of its split, at most
 
 #ifndef __CUDACC_RTC__

@@ -98,17 +98,6 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
   return policy;
 }
 
-// 16 / 8 bytes from global to shared memory by the thread (cp.async, L2 only), completed by cp_async_all()
-__device__ __forceinline__ void cp_async_b16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_b8(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
 template <int R>
 __host__ __device__ constexpr int bulk_chunks() {  // chunks a stage holds of each row tile (even: a group 128)
   return R == 1 ? 4 : 2;
