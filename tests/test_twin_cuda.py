@@ -130,8 +130,8 @@ def test_launch_plan_covers_k_in_whole_groups_and_rings():
             assert plan.grid[0] * 4 * plan.r * 16 >= n
             staged = twin_cuda.plan(n, k, m, group, sms=132, pipe=True)
             assert staged.pipe and staged.r <= 2 and staged.cps % max(1, group // 64) == 0 or staged.cps >= c
-            # the default's waves: 3 at one token tile (M <= 8), 2 above (the sweep's measurement)
-            assert plan == twin_cuda.plan(n, k, m, group, sms=132, r=plan.r, waves=3.0 if m <= 8 else 2.0)
+            # the default's waves: 3 at every M (the sweep's measurement)
+            assert plan == twin_cuda.plan(n, k, m, group, sms=132, r=plan.r, waves=3.0)
 
 
 @pytest.fixture(scope="module")

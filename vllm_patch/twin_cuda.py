@@ -77,11 +77,14 @@ def ring_depth(r: int) -> int:
 def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = None,
          waves: float | None = None, deep: bool = False, pipe: bool = False, pdl: bool | None = None,
          bulk: bool = False) -> Plan:
-    """About ``waves * sms`` CTAs of 4 warps (launch bounds guarantee 2 resident per SM). ``waves`` None: 3 at
-    M <= 8, 2 above (measured: the configuration sweep of ``benchmarks/int4_gemm.py --cuda-sweep`` on an H100,
-    zero-point twin, 32B layer set: 3 waves take M = 1 from 147.7 to 133.6 µs and M = 4 from 155.0 to
-    138.8, every GEMM faster; at M = 16 two waves stay ahead, 209.4 against 222.3). ``r`` None: 2 row tiles a
-    warp where the row blocks fit that, else 4 (the 32B gate_up: 400 CTAs of 2 would leave a tail). Split-K
+    """About ``waves * sms`` CTAs of 4 warps (launch bounds guarantee 2 resident per SM). ``waves`` None: 3
+    (measured: the configuration sweep of ``benchmarks/int4_gemm.py --cuda-sweep`` on an H100, zero-point
+    twin, 32B layer set: 3 waves take M = 1 from 147.7 to 133.6 µs and M = 4 from 155.0 to 138.8, every GEMM
+    faster). ``r`` None: with one token tile (M <= 8) 2 row tiles a warp where the row blocks fit the wave, else
+    4 (the 32B gate_up: 400 CTAs of 2 would leave a tail); with two (M > 8) the fewest row tiles whose row
+    blocks fit the wave, 1, 2 or 4 (H100, x staged, 32B at M = 16: 1 row tile and 3 waves take qkv from 29.8 to
+    26.8 µs, o from 31.3 to 21.5, down from 58.8 to 56.6 against 2 tiles and 2 waves; gate_up stays at 4 tiles,
+    72.4 either way; results/int4-gemm/20261206T113453Z-h100). Split-K
     fills the wave where N is small; splits start on a group and a ring. ``deep``: the kernel instance whose
     scales' ring is as deep as the weights' (H100, 32B layer set: 2 % slower than the default, so not the
     default). ``pipe``: the staged kernel, its loads in shared memory (r at most 2; H100: 10 % slower at M = 1,
@@ -97,12 +100,13 @@ def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = Non
         pdl = not pipe
     nt = 1 if m <= 8 else 2
     if waves is None:
-        waves = 3.0 if nt == 1 else 2.0
+        waves = 3.0
     c = k // layout.CHUNK
     t = -(-n // layout.TILE)
     token_blocks = -(-m // (8 * nt))
     if r is None:
-        r = 2 if pipe or -(-t // (WARPS * 2)) * token_blocks <= waves * sms else 4
+        fits = [rr for rr in ((1, 2) if nt == 2 else (2,)) if -(-t // (WARPS * rr)) * token_blocks <= waves * sms]
+        r = 2 if pipe else fits[0] if fits else 4
     if pipe and (r > 2 or deep or pdl):
         raise ValueError("the staged kernel (pipe) takes r 1 or 2 without the deep scale ring and without "
                          f"programmatic dependent launch, not r={r}, deep={deep}, pdl={pdl}")
