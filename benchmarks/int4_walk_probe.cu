@@ -10,35 +10,18 @@
 #include <cstdio>
 #include <cstdint>
 #include <cuda_runtime.h>
+
+#include "../vllm_patch/csrc/twin_w4a16.cuh"  // the kernel's own load, dequantization and MMA helpers
+
+using twin_w4::bf16_pair;
+using twin_w4::ld_stream;
+using twin_w4::ld_x;
+using twin_w4::mma_bf16;
 #define CK(x) do { cudaError_t e = (x); if (e) { printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
-
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ uint4 ld_x(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ uint32_t bf16_pair(uint32_t v) {
-  uint32_t d;
-  asm("lop3.b32 %0, %1, 0x000F000F, 0x43004300, 0xEA;\n" : "=r"(d) : "r"(v));
-  return d;
-}
-__device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                    uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // MODE 2: + the kernel's math per chunk and tile (4 steps: lop3 dequant, the A_z MMA and the A MMA, one chain)
 // MODE 3: without the A_z MMA; MODE 4: without it, two accumulator chains; MODE 5: MODE 2 with x loaded from
-// global memory one chunk ahead (as the kernel does); MODE 6: MODE 4 with x one chunk ahead
+// global memory one chunk ahead (as the kernel did before it staged x); MODE 6: MODE 4 with x one chunk ahead
 template <int R, int RD, int MODE>
 __global__ void __launch_bounds__(128, 2) work(const uint4* w, const uint4* x, int T, int C, int cps, unsigned* out) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t4 = lane & 3;
@@ -66,8 +49,8 @@ __global__ void __launch_bounds__(128, 2) work(const uint4* w, const uint4* x, i
             const uint32_t b0 = (i & 1) ? (i < 2 ? xa.z : xb.z) : (i < 2 ? xa.x : xb.x);
             const uint32_t b1 = (i & 1) ? (i < 2 ? xa.w : xb.w) : (i < 2 ? xa.y : xb.y);
             const int k = (MODE == 4 || MODE == 6) ? (i & 1) : 0;
-            if (MODE == 2 || MODE == 5) mma(P[r][0], 0xC300C300u, 0xC300C300u, 0xC300C300u, 0xC300C300u, b0, b1);
-            mma(P[r][k], bf16_pair(v), bf16_pair(v >> 4), bf16_pair(v >> 8), bf16_pair(v >> 12), b0, b1);
+            if (MODE == 2 || MODE == 5) mma_bf16(P[r][0], 0xC300C300u, 0xC300C300u, 0xC300C300u, 0xC300C300u, b0, b1);
+            mma_bf16(P[r][k], bf16_pair(v), bf16_pair(v >> 4), bf16_pair(v >> 8), bf16_pair(v >> 12), b0, b1);
           }
           if (c + d + RD < n) buf[d][r] = ld_stream(at(r, c + d + RD));
         }

@@ -422,17 +422,13 @@ __host__ __device__ constexpr int x_stage_bytes(int m, int cps) {
 }
 
 #ifndef __CUDACC_RTC__
-// p.pdl: launched as a programmatic dependent of the work before it on the stream (SM 9.0+, in CUDA graphs
-// too): its CTAs may start while that work ends, the kernel's pdl_wait() keeps its reads of x after it.
-template <int R, int NT, int GS, bool HAS_Z, bool DEEP>
-void launch(const Params& p, dim3 grid, cudaStream_t stream) {
-  const int smem = x_stage_bytes<NT, HAS_Z>(p.M, p.cps);
-  if (smem > 48 * 1024)  // the opt-in (per device; not a stream operation, so allowed under graph capture)
-    cudaFuncSetAttribute(w4a16_decode<R, NT, GS, HAS_Z, DEEP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (!p.pdl) {
-    w4a16_decode<R, NT, GS, HAS_Z, DEEP><<<grid, kWarps * 32, smem, stream>>>(p);
-    return;
-  }
+// Launch `kern` with `smem` bytes of dynamic shared memory (the opt-in above 48 KB: per device, not a stream
+// operation, so allowed under CUDA-graph capture), as a programmatic dependent of the work before it on the
+// stream when p.pdl (SM 9.0+, in CUDA graphs too): its CTAs may start while that work ends, the kernel's
+// pdl_wait() keeps its reads of x after it.
+template <typename Kernel>
+void launch_kernel(Kernel kern, const Params& p, dim3 grid, int smem, cudaStream_t stream) {
+  if (smem > 48 * 1024) cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(kWarps * 32);
@@ -442,8 +438,13 @@ void launch(const Params& p, dim3 grid, cudaStream_t stream) {
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  cudaLaunchKernelEx(&cfg, w4a16_decode<R, NT, GS, HAS_Z, DEEP>, p);
+  cfg.numAttrs = p.pdl ? 1 : 0;
+  cudaLaunchKernelEx(&cfg, kern, p);
+}
+
+template <int R, int NT, int GS, bool HAS_Z, bool DEEP>
+void launch(const Params& p, dim3 grid, cudaStream_t stream) {
+  launch_kernel(w4a16_decode<R, NT, GS, HAS_Z, DEEP>, p, grid, x_stage_bytes<NT, HAS_Z>(p.M, p.cps), stream);
 }
 
 #define TWIN_W4_INSTANTIATE(R, NT, GS, HZ, DP) \

@@ -277,21 +277,7 @@ void launch_bulk(const Params& p0, dim3 grid, cudaStream_t stream) {
   const int meta = (bulk_meta_bytes<R, GS, HAS_Z>(p.cps) + 15) / 16 * 16;
   p.ring = bulk_depth<R, NT>(p.M, meta);
   const int smem = kWarps * (p.ring * bulk_stage_bytes<R, NT>(p.M) + meta);
-  auto* kern = w4a16_decode_bulk<R, NT, GS, HAS_Z>;
-  // more than 48 KB of dynamic shared memory needs the opt-in (per device; not a stream operation, so allowed
-  // under CUDA-graph capture; Marlin sets it on every call too)
-  cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kWarps * 32);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = p.pdl ? 1 : 0;
-  cudaLaunchKernelEx(&cfg, kern, p);
+  launch_kernel(w4a16_decode_bulk<R, NT, GS, HAS_Z>, p, grid, smem, stream);
 }
 
 #define TWIN_W4_INSTANTIATE_BULK(R, NT, GS, HZ) \
