@@ -73,6 +73,28 @@ def test_padding_rows_are_zero_and_tiles_are_contiguous_along_k():
     assert [(v >> (4 * j)) & 15 for j in (0, 1, 4, 2)] == [int(q[0, 0]), int(q[8, 0]), int(q[0, 1]), int(q[0, 2])]
 
 
+def test_the_plans_limits_are_the_kernels():
+    """The launch plan (Python) and the kernels (C++) share their limits: warps a CTA, the staged x rows and the
+    TMA-fed kernel's scales a warp; the binding refuses a plan beyond them, the planner never makes one."""
+    api = (twin_cuda.CSRC / "twin_w4a16_api.h").read_text()
+
+    def const(name):
+        m = re.search(rf"constexpr int {name} = (\d+)( \* 1024)?;", api)
+        assert m, name
+        return int(m.group(1)) * (1024 if m.group(2) else 1)
+
+    assert const("kWarps") == twin_cuda.WARPS
+    assert const("kXStageBytes") == twin_cuda.X_STAGE_BYTES
+    assert const("kBulkMetaBytes") == twin_cuda.BULK_META_BYTES
+    for n, k in ((10240, 5120), (5120, 25600), (51200, 5120), (40, 128 * 64)):
+        for m in (1, 4, 8):
+            for group in L.GROUPS:
+                p = twin_cuda.plan(n, k, m, group)
+                assert min(m, 8) * (p.cps * 8 + 1) * 16 <= twin_cuda.X_STAGE_BYTES, (n, k, m, p)
+                b = twin_cuda.plan(n, k, m, group, bulk=True)
+                assert b.r * -(-b.cps * 64 // group) * 48 <= twin_cuda.BULK_META_BYTES, (n, k, m, b)
+
+
 def test_shapes_the_kernel_does_not_take_are_refused():
     packed, scales, zeros = checkpoint(16, 96, 32, True)
     with pytest.raises(ValueError, match="multiple of 64"):
