@@ -7,7 +7,8 @@ The kernel: ``y [M, N] = x [M, K] @ dequant(W)^T`` for compressed-tensors ``pack
 (``uint4`` with zero points, or symmetric ``uint4b8``), groups 32 / 64 / 128, bf16 activations and
 output, fp32 accumulation, any M (tiles of 8 or 16 tokens), on the tensor cores (``mma.sync``
 m16n8k16; SM 8.0+, built for ``sm_90a`` on Hopper). Each warp streams R row tiles of 16 along its K
-range with 16-byte loads, several chunks in flight; split-K where N is small, the last CTA of a row
+range with 16-byte loads, several chunks in flight; with one token tile (zero points) the CTA first stages
+its rows of x over its K range in shared memory; split-K where N is small, the last CTA of a row
 block adding the partials in split order (deterministic). The layout, the repack and a CPU
 emulation of the kernel's index math are in ``twin_cuda_layout``.
 
