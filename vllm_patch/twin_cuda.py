@@ -44,7 +44,6 @@ INSTANCES = tuple((r, nt, gs, z, d) for z in (False, True) for gs in (1, 2, 4) f
 PIPE_INSTANCES = tuple((r, nt, gs, z) for z in (False, True) for gs in (1, 2, 4) for nt in (1, 2) for r in (1, 2))
 # (R, NT, group / 32, zero points): the TMA-fed kernel's instances (TWIN_W4_BULK_FOR_EACH, twin_w4a16_bulk.cuh)
 BULK_INSTANCES = tuple((r, nt, gs, z) for z in (False, True) for gs in (1, 2, 4) for nt in (1, 2) for r in (1, 2, 4))
-BULK_MIN_CAPABILITY = 90  # cp.async.bulk and mbarrier transaction counts
 X_STAGE_BYTES = 96 * 1024  # the default kernel's staged x rows of a split (x_stage_bytes of twin_w4a16.cuh), at most
 BULK_META_BYTES = 8 * 1024  # kBulkMetaBytes of twin_w4a16_bulk.cuh: a warp's scales and zero points (48 B a group)
 
@@ -94,8 +93,8 @@ def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = Non
     (H100, the layer set against the plain launch: 32B 129.3 -> 122.4 µs at M = 1, 134.5 -> 128.3 at 4,
     209.2 -> 204.4 at 16, either flavour; 8B 59.4 -> 53.2 at M = 1; bit for bit the same output). ``bulk``: the
     TMA-fed kernel (its weights, x and the split's scales by bulk copies into shared memory; SM 9.0+), without
-    the deep scale ring or the staged kernel (H100, 32B layer set at M = 1: 137-146 µs against the default's
-    112-124 across its plans; docs/benchmarks.md). With one token tile the default kernel stages the CTA's x
+    the deep scale ring or the staged kernel (H100, 32B layer set at M = 1: 129-183 µs across its plans against
+    the default's 124 in the same run; docs/benchmarks.md). With one token tile the default kernel stages the CTA's x
     rows over its split in shared memory (zero points), at most ``X_STAGE_BYTES``: splits are capped to that."""
     if pdl is None:
         pdl = not pipe

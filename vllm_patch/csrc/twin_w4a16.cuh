@@ -47,15 +47,17 @@ __device__ __forceinline__ uint4 ld_x(const uint4* p) {
   return v;
 }
 
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {  // a shared-memory address for PTX
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
 // 16 / 8 bytes from global to shared memory by the thread (cp.async, SM 8.0+), completed by cp_async_all()
 __device__ __forceinline__ void cp_async_b16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n"
-               ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))), "l"(src) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
 }
 
 __device__ __forceinline__ void cp_async_b8(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n"
-               ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))), "l"(src) : "memory");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
 }
 
 __device__ __forceinline__ void cp_async_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
@@ -311,7 +313,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
   // read from global memory one chunk ahead, every chunk of a warp waited on an L2 round trip under a saturated
   // memory system (a probe of this loop on the H100: 62 µs on the 32B gate_up against 48 µs with x in registers
   // and 46 µs for the loads alone). Measured on the H100's 32B layer set, staged against read one chunk ahead:
-  // zero points, M = 1: 112.6-115.5 against 122-124 µs; two token tiles (M > 8): 244 against 205 µs (16 rows
+  // zero points, M = 1: 112-116 against 122-124 µs; two token tiles (M > 8): 244 against 205 µs (16 rows
   // staged before the first chunk), so they read x from global memory; symmetric weights, M = 1: 130.6 against
   // 120-122 µs (ptxas schedules that instance's loop differently; not understood), so they do too.
   if constexpr (STAGE) {

@@ -20,10 +20,6 @@
 
 namespace twin_w4 {
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
@@ -122,14 +118,13 @@ __host__ __device__ constexpr int bulk_meta_bytes(int cps) {
 
 template <int R, int NT>
 __host__ __device__ constexpr int bulk_depth(int m, int meta) {  // stages in a warp's ring, 2 .. kBulkMaxDepth
-  return (kBulkWarpBytes - meta) / bulk_stage_bytes<R, NT>(m) > kBulkMaxDepth ? kBulkMaxDepth
-         : (kBulkWarpBytes - meta) / bulk_stage_bytes<R, NT>(m) < 2           ? 2
-                                                                  : (kBulkWarpBytes - meta) / bulk_stage_bytes<R, NT>(m);
+  const int d = (kBulkWarpBytes - meta) / bulk_stage_bytes<R, NT>(m);
+  return d > kBulkMaxDepth ? kBulkMaxDepth : d < 2 ? 2 : d;
 }
 
 // A stage in shared memory: the weights [R][CH][32 lanes] (16 bytes each), then x [rows][CH][8] (16 bytes each).
-// Its x comes by bulk copies too, with the weights: x read one chunk ahead from global memory (as w4a16_decode
-// does) waits on L2 every chunk under a saturated memory system.
+// Its x comes by bulk copies too, with the weights: x read one chunk ahead from global memory waits on L2
+// every chunk under a saturated memory system.
 template <int R, int NT, int GS, bool HAS_Z>
 __global__ void __launch_bounds__(kWarps * 32, 3) w4a16_decode_bulk(const Params p) {
   constexpr int CH = bulk_chunks<R>();

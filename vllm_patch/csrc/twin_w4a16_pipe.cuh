@@ -17,14 +17,8 @@
 
 namespace twin_w4 {
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-}
-
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(smem)), "l"(gmem));
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -79,9 +73,9 @@ __global__ void __launch_bounds__(kWarps * 32, 3) w4a16_decode_pipe(const Params
       if (c < nck) {
         PipeStage<R, NT, EC>& st = my[slot];
 #pragma unroll
-        for (int r = 0; r < R; ++r) cp_async16(&st.w[r][lane], wp[r] + (size_t)c * 32);
+        for (int r = 0; r < R; ++r) cp_async_b16(&st.w[r][lane], wp[r] + (size_t)c * 32);
         for (int q = lane; q < 8 * rows; q += 32)
-          cp_async16(&st.x[q >> 3][q & 7], reinterpret_cast<const uint4*>(xb + (size_t)(q >> 3) * p.ldx) + c * 8 + (q & 7));
+          cp_async_b16(&st.x[q >> 3][q & 7], reinterpret_cast<const uint4*>(xb + (size_t)(q >> 3) * p.ldx) + c * 8 + (q & 7));
         const int grp = (c_begin + c) * 2 / GS;  // the chunk's first group
         for (int q = lane; q < R * EC * 8; q += 32) {
           const int r = q / (EC * 8), e = (q >> 3) % EC;
