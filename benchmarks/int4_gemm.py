@@ -385,12 +385,16 @@ def _parser() -> argparse.ArgumentParser:
                          "dependent launch), and the TMA-fed kernel's plans (own-cuda[bulk], own-cuda[rR-wW-bulk])")
     ap.add_argument("--bulk-sweep", action="store_true",
                     help="own-cuda: of the sweep, only the TMA-fed kernel's plans (own-cuda[bulk], own-cuda[rR-wW-bulk])")
+    ap.add_argument("--dequant-mm", action="store_true",
+                    help="own-cuda: also time its large-M path at every M (own-cuda[dequant-mm]: the weight dequantized "
+                         "to bf16 in slices, then cuBLAS; the default takes it above twin_cuda.LARGE_M tokens)")
     ap.add_argument("--out-root", type=Path, default=REPO / "results" / "int4-gemm")
     ap.add_argument("--dry-run", action="store_true", help="CPU: shapes and the reference path only")
     return ap
 
 
-def _kernels(wanted: set[str], cuda_sweep: bool, bulk_sweep: bool = False) -> tuple[list[Kernel], dict[str, str]]:
+def _kernels(wanted: set[str], cuda_sweep: bool, bulk_sweep: bool = False,
+             dequant_mm: bool = False) -> tuple[list[Kernel], dict[str, str]]:
     """The kernels asked for that can run here, in ``KERNEL_ORDER``, and why each other one was skipped."""
     kernels: list[Kernel] = [k for k in (Cublas(), Tinygemm(), Ours(), OwnCuda()) if k.name in wanted]
     if cuda_sweep and "own-cuda" in wanted:
@@ -400,6 +404,8 @@ def _kernels(wanted: set[str], cuda_sweep: bool, bulk_sweep: bool = False) -> tu
         kernels += [OwnCuda(pdl=False)]  # launched plainly (the default: a programmatic dependent of the call before)
     if (cuda_sweep or bulk_sweep) and "own-cuda" in wanted:  # the TMA-fed kernel (bulk copies, shared-memory ring)
         kernels += [OwnCuda(bulk=True)] + [OwnCuda(r, w, bulk=True) for r in (1, 2, 4) for w in (1.5, 3.0, 6.0)]
+    if dequant_mm and "own-cuda" in wanted:  # its large-M path at every M (where it overtakes the decode kernel)
+        kernels += [OwnCuda(large=True)]
     vk, skipped = vllm_kernels() if {"machete", "marlin", "humming"} & wanted else ([], {})
     kernels += [k for k in vk if k.name in wanted]
     if "gemlite" in wanted:
@@ -454,7 +460,7 @@ def main(argv=None) -> int:
     import triton
 
     wanted = set(args.kernels.split(","))
-    kernels, skipped = _kernels(wanted, args.cuda_sweep, args.bulk_sweep)
+    kernels, skipped = _kernels(wanted, args.cuda_sweep, args.bulk_sweep, args.dequant_mm)
     for name, why in skipped.items():
         print(f"{name}: skipped ({why})")
 

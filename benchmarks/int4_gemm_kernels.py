@@ -128,11 +128,15 @@ class OwnCuda(Kernel):
 
     name = "own-cuda"
 
-    def __init__(self, r=None, waves=None, deep=False, pipe=False, pdl=None, bulk=False):
+    def __init__(self, r=None, waves=None, deep=False, pipe=False, pdl=None, bulk=False, large=False):
         # pdl None: the launch twin_cuda.plan picks (programmatic dependent launch but for the staged kernel);
-        # False: the plain launch, own-cuda[plain]; bulk: the TMA-fed kernel, own-cuda[bulk]
+        # False: the plain launch, own-cuda[plain]; bulk: the TMA-fed kernel, own-cuda[bulk]; large: the large-M
+        # path (dequantized slices and cuBLAS) at every M, own-cuda[dequant-mm] (the default takes it above LARGE_M)
         self.r, self.waves, self.deep, self.pipe, self.pdl, self.bulk = r, waves, deep, pipe, pdl, bulk
-        if self._variant:
+        self.large = large
+        if large:
+            self.name = "own-cuda[dequant-mm]"
+        elif self._variant:
             self.name = "own-cuda[" + "-".join(
                 ([f"r{r}"] if r is not None else []) + ([f"w{waves:g}"] if waves is not None else [])
                 + (["deep"] if deep else []) + (["pipe"] if pipe else []) + (["bulk"] if bulk else [])
@@ -159,6 +163,8 @@ class OwnCuda(Kernel):
     def run(self, state, x):
         from vllm_patch import twin_cuda
 
+        if self.large:
+            return twin_cuda.mm_large(x, state)
         p = state.get("plans", {}).get(x.shape[0])
         return twin_cuda.w4a16_mm(x, state, p)
 

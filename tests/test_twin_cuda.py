@@ -172,9 +172,12 @@ def test_cuda_source_compiles_for_sm90a_without_spills(nvrtc_info):
     info = nvrtc_info
     assert sorted(info) == sorted([twin_cuda.instance_name(*i) for i in twin_cuda.INSTANCES]
                                   + [twin_cuda.instance_name(*i, pipe=True) for i in twin_cuda.PIPE_INSTANCES]
-                                  + [twin_cuda.instance_name(*i, bulk=True) for i in twin_cuda.BULK_INSTANCES])
+                                  + [twin_cuda.instance_name(*i, bulk=True) for i in twin_cuda.BULK_INSTANCES]
+                                  + ["dequant"])
+    # the large-M path's dequantization: a thread a 16-byte word, few registers, no spills, no shared memory
+    assert info["dequant"]["spill_bytes"] == 0 and info["dequant"]["regs"] <= 64 and not info["dequant"]["smem_bytes"]
     for name, r in info.items():
-        if name.endswith("-bulk"):
+        if name.endswith("-bulk") or name == "dequant":
             continue  # its own limits, below
         assert r["spill_bytes"] == 0 or r["regs"] >= 250, (name, r)  # only the widest tiles may spill
         assert r["regs"] <= 255 and (r["smem_bytes"] < 1024 or name.endswith("-pipe")), (name, r)
@@ -262,8 +265,8 @@ def test_nvrtc_builds_the_kernel_nvcc_builds(nvrtc_info, tmp_path):
     bulk = [i for i in twin_cuda.BULK_INSTANCES if i[1] == 1 and i[2] == 4]
     by_nvcc = twin_cuda.compile_cubin(tmp_path, arch="sm_90a", instances=some, pipe_instances=pipe,
                                       bulk_instances=bulk)[1]
-    assert len(by_nvcc) == len(some) + len(pipe) + len(bulk) == 22
-    plain = [k for k in by_nvcc if not k.endswith(("-pipe", "-bulk"))]
+    assert len(by_nvcc) == len(some) + len(pipe) + len(bulk) + 1 == 23  # and the large-M path's dequantization
+    plain = [k for k in by_nvcc if not k.endswith(("-pipe", "-bulk")) and k != "dequant"]
     # (within a few registers: the two front ends schedule the x staging's loop a little differently)
     assert all(abs(by_nvcc[k]["regs"] - nvrtc_info[k]["regs"]) <= 4 for k in plain), (
         {k: (by_nvcc[k]["regs"], nvrtc_info[k]["regs"]) for k in plain})
@@ -353,6 +356,78 @@ def test_a_chain_of_dependent_launches_reads_each_x_after_it_was_written(graph, 
             for _ in range(3):
                 assert torch.equal(chain(x, True), want), m
     assert int(twin_cuda.counters(dev).abs().sum()) == 0
+
+
+def test_above_large_m_the_call_takes_the_dequantized_path(monkeypatch):
+    """More than LARGE_M tokens (a prefill) go to mm_large, not to the decode kernel's plan (which would read the
+    weights once per 16 tokens and run out of split-K counters); an explicit plan keeps the decode kernel."""
+    packed, scales, zeros = checkpoint(48, 256, 128, False)
+    st = L.repack(packed, scales, zeros, 128)
+    calls = []
+    monkeypatch.setattr(twin_cuda, "mm_large", lambda x, s: calls.append(x.shape[0]) or "large")
+    monkeypatch.setattr(twin_cuda, "extension", lambda: pytest.fail("the decode kernel was called"))
+    monkeypatch.setattr(twin_cuda, "sm_count", lambda device: 132)
+    x = torch.zeros(twin_cuda.LARGE_M + 1, 256, dtype=torch.bfloat16)
+    assert twin_cuda.w4a16_mm(x, st) == "large" and calls == [twin_cuda.LARGE_M + 1]
+    with pytest.raises(pytest.fail.Exception):  # at LARGE_M, and with a plan, the decode kernel
+        twin_cuda.w4a16_mm(x[:twin_cuda.LARGE_M], st)
+    with pytest.raises(pytest.fail.Exception):
+        twin_cuda.w4a16_mm(x, st, twin_cuda.plan(48, 256, x.shape[0], 128))
+    assert calls == [twin_cuda.LARGE_M + 1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (and nvcc to build the extension)")
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_dequantized_rows_are_the_kernels_weight_rounded_once(group, symmetric):
+    """The large-M path's bf16 rows: s (q - z) of the kernel's own index math, rounded once (bit for bit), for the
+    whole layout and for any slice of row tiles; rows past N are not written."""
+    dev = torch.device("cuda")
+    for n, k in ((40, 256), (1000, 1024), (21, 512)):
+        packed, scales, zeros = checkpoint(n, k, group, symmetric, seed=n)
+        st = L.repack(packed.to(dev), scales.to(dev), None if zeros is None else zeros.to(dev), group)
+        want = L.kernel_weight(st).to(torch.bfloat16)
+        assert torch.equal(twin_cuda.dequant(st), want)
+        assert torch.equal(want.float(), reference(packed, scales, zeros, group).to(dev).to(torch.bfloat16).float())
+        t_all = st["qw"].shape[0]
+        for t0, tiles in ((0, 1), (1, t_all - 1), (t_all - 1, 1)):
+            out = torch.full((16 * tiles + 5, k), float("nan"), dtype=torch.bfloat16, device=dev)
+            w = twin_cuda.dequant(st, t0, tiles, out=out)
+            rows = min(16 * tiles, n - 16 * t0)
+            assert w.shape[0] == rows and torch.equal(w, want[16 * t0:16 * t0 + rows])
+            assert out[rows:].isnan().all()  # past N (and past the slice): untouched
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (and nvcc to build the extension)")
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_large_m_matches_the_reference_in_slices(symmetric, monkeypatch):
+    """Above LARGE_M: the product of x with the dequantized rows, slice by slice (a small slice budget forces
+    several, the last one partial), against the dequantized reference; a 32B gate_up prefill of 8192 tokens
+    runs (the decode kernel's counters would not cover its blocks)."""
+    dev = torch.device("cuda")
+    n, k, group = 1000, 1024, 128
+    packed, scales, zeros = checkpoint(n, k, group, symmetric, seed=7)
+    st = L.repack(packed.to(dev), scales.to(dev), None if zeros is None else zeros.to(dev), group)
+    ref_w = reference(packed, scales, zeros, group).to(dev)
+    for budget in (twin_cuda.DEQUANT_SLICE_BYTES, 16 * k * 2 * 7):  # one slice; 7 tiles a slice (9 slices)
+        monkeypatch.setattr(twin_cuda, "DEQUANT_SLICE_BYTES", budget)
+        for m in (twin_cuda.LARGE_M + 1, 300, 2048):
+            x = torch.randn(m, k, device=dev).to(torch.bfloat16)
+            y = twin_cuda.w4a16_mm(x, st)
+            ref = x.float() @ ref_w.t()
+            assert y.shape == (m, n) and y.dtype == torch.bfloat16
+            assert float((y.float() - ref).abs().max() / ref.abs().max()) < 8e-3, (budget, m)
+    monkeypatch.undo()
+    n, k = 51200, 5120  # the 32B twin's gate_up
+    packed, scales, zeros = checkpoint(n, k, group, symmetric, seed=8)
+    st = L.repack(packed.to(dev), scales.to(dev), None if zeros is None else zeros.to(dev), group)
+    x = torch.randn(8192, k, device=dev).to(torch.bfloat16)
+    y = twin_cuda.w4a16_mm(x, st)
+    rows = torch.arange(0, n, 997, device=dev)
+    ref = x[:64].float() @ twin_cuda.dequant(st)[rows].float().t()
+    assert float((y[:64, rows].float() - ref).abs().max() / ref.abs().max()) < 8e-3
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on PATH: the walk probe is a host program")

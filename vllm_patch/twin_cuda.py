@@ -31,7 +31,7 @@ from . import twin_gemv_kernel as _gemv_kernel
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("twin_w4a16_torch.cpp", "twin_w4a16_zp.cu", "twin_w4a16_zp_deep.cu", "twin_w4a16_sym.cu",
-           "twin_w4a16_sym_deep.cu", "twin_w4a16_pipe.cu", "twin_w4a16_bulk.cu")
+           "twin_w4a16_sym_deep.cu", "twin_w4a16_pipe.cu", "twin_w4a16_bulk.cu", "twin_w4a16_dequant.cu")
 WARPS = 4  # kWarps of twin_w4a16_api.h
 KERNEL_NAME = "TwinCudaLinearKernel"
 OP_NAMESPACE = "twin_spec"
@@ -46,6 +46,11 @@ PIPE_INSTANCES = tuple((r, nt, gs, z) for z in (False, True) for gs in (1, 2, 4)
 BULK_INSTANCES = tuple((r, nt, gs, z) for z in (False, True) for gs in (1, 2, 4) for nt in (1, 2) for r in (1, 2, 4))
 X_STAGE_BYTES = 96 * 1024  # the default kernel's staged x rows of a split (x_stage_bytes of twin_w4a16.cuh), at most
 BULK_META_BYTES = 8 * 1024  # kBulkMetaBytes of twin_w4a16_bulk.cuh: a warp's scales and zero points (48 B a group)
+# Above this many tokens w4a16_mm takes the large-M path (slices of the weight dequantized to bf16, then cuBLAS):
+# the decode kernel reads every weight once per 16 tokens, so a prefill of thousands of tokens would read the
+# twin's weights hundreds of times (and its split-K counters would not cover the blocks)
+LARGE_M = 64
+DEQUANT_SLICE_BYTES = 64 << 20  # the bf16 buffer of one slice of rows, at most
 
 
 # ---------------------------------------------------------------- launch plan
@@ -201,6 +206,8 @@ def w4a16_mm(x: torch.Tensor, st: dict, p: Plan | None = None) -> torch.Tensor:
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.contiguous()
     m, n = x.shape[0], st["n"]
+    if m > LARGE_M and p is None:
+        return mm_large(x, st)
     y = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
     if m == 0:
         return y
@@ -213,6 +220,32 @@ def w4a16_mm(x: torch.Tensor, st: dict, p: Plan | None = None) -> torch.Tensor:
     ws = torch.empty(p.splits * m * n if p.splits > 1 else 0, dtype=torch.float32, device=x.device)
     extension().w4a16_mm(x, st["qw"], st["sc"], st["zp"], y, ws, counters(x.device), n, st["group"], p.r, p.nt,
                          p.cps, p.deep, p.pipe, p.pdl, p.bulk)
+    return y
+
+
+def dequant(st: dict, tile0: int = 0, tiles: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Row tiles ``[tile0, tile0 + tiles)`` of the layout as bf16 rows ``[rows, K]`` (``s (q - z)``, rounded
+    once; rows past N are left out), into ``out`` (at least that many rows) or a new tensor."""
+    n, k, qw = st["n"], st["k"], st["qw"]
+    tiles = qw.shape[0] - tile0 if tiles is None else tiles
+    rows = max(0, min(16 * tiles, n - 16 * tile0))
+    w = torch.empty((rows, k), dtype=torch.bfloat16, device=qw.device) if out is None else out
+    extension().w4a16_dequant(qw, st["sc"], st["zp"], w, n, st["group"], tile0, tiles)
+    return w[:rows]
+
+
+def mm_large(x: torch.Tensor, st: dict) -> torch.Tensor:
+    """``x [M, K] @ dequant(W)^T`` for large M: slices of at most ``DEQUANT_SLICE_BYTES`` of bf16 rows, each
+    dequantized into one buffer and multiplied on cuBLAS (fp32 accumulation, bf16 out)."""
+    n, k, t_all = st["n"], st["k"], st["qw"].shape[0]
+    per = max(1, DEQUANT_SLICE_BYTES // (16 * k * 2))  # row tiles a slice
+    if per >= t_all:
+        return x @ dequant(st).t()
+    y = torch.empty((x.shape[0], n), dtype=torch.bfloat16, device=x.device)
+    buf = torch.empty((16 * per, k), dtype=torch.bfloat16, device=x.device)
+    for t0 in range(0, t_all, per):
+        w = dequant(st, t0, min(per, t_all - t0), out=buf)
+        y[:, 16 * t0:16 * t0 + w.shape[0]] = x @ w.t()
     return y
 
 

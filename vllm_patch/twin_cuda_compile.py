@@ -50,13 +50,18 @@ def parse_ptxas(log: str) -> dict[str, dict[str, int]]:
         spill = _SPILL.search(b)
         stack = re.search(r"(\d+) bytes stack frame", b)
         smem = re.search(r"(\d+) bytes smem", b)
+        if regs and m is None and "w4a16_dequant" in b.split("\n", 1)[0]:
+            info["dequant"] = _facts(regs, spill, stack, smem)
         if not m or not regs:
             continue
         r, nt, gs, z, *deep = (int(v) for v in m.groups())
-        info[instance_name(r, nt, gs, bool(z), bool(deep and deep[0]), pipe, bulk)] = {
-            "regs": int(regs.group(1)), "spill_bytes": int(spill.group(1)) + int(spill.group(2)) if spill else 0,
-            "stack_bytes": int(stack.group(1)) if stack else 0, "smem_bytes": int(smem.group(1)) if smem else 0}
+        info[instance_name(r, nt, gs, bool(z), bool(deep and deep[0]), pipe, bulk)] = _facts(regs, spill, stack, smem)
     return info
+
+
+def _facts(regs, spill, stack, smem) -> dict[str, int]:
+    return {"regs": int(regs.group(1)), "spill_bytes": int(spill.group(1)) + int(spill.group(2)) if spill else 0,
+            "stack_bytes": int(stack.group(1)) if stack else 0, "smem_bytes": int(smem.group(1)) if smem else 0}
 
 
 def _instantiations(kernel: bool, instances=None, pipe_instances=None, bulk_instances=None) -> str:
@@ -64,7 +69,8 @@ def _instantiations(kernel: bool, instances=None, pipe_instances=None, bulk_inst
     kernel's ``pipe_instances`` and the TMA-fed kernel's ``bulk_instances`` ((R, NT, group / 32, zero points));
     None: every one. ``kernel``: the kernels themselves (NVRTC), else their host launchers (nvcc)."""
     suffix = "_KERNEL" if kernel else ""
-    out = '#include "twin_w4a16_pipe.cuh"\n#include "twin_w4a16_bulk.cuh"\nnamespace twin_w4 {\n'
+    out = ('#include "twin_w4a16_pipe.cuh"\n#include "twin_w4a16_bulk.cuh"\n#include "twin_w4a16_dequant.cuh"\n'
+           "namespace twin_w4 {\n")
     if instances is None:
         out += f"TWIN_W4_FOR_EACH(TWIN_W4_INSTANTIATE{suffix})\n"
     else:

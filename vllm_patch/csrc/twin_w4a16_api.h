@@ -23,6 +23,19 @@ struct Params {
   int ring;         // the TMA-fed kernel: stages in a warp's ring (set by its launcher)
 };
 
+// The dequantization of row tiles [tile0, tile0 + tiles) to bf16 rows (twin_w4a16_dequant.cuh), the large-M path
+struct DequantParams {
+  const void* qw;  // [T][C][32][4] int32
+  const void* sc;  // [T][NG][8] bf16 pairs
+  const void* zp;  // [T][NG][8] uint8, or null (uint4b8)
+  void* w;         // [16 tiles][ldw] bf16; rows past N are not written
+  int N, C, NG, group, tile0, tiles, ldw;
+};
+
+#ifndef __CUDACC_RTC__
+void launch_dequant(const DequantParams& p, cudaStream_t stream);
+#endif
+
 constexpr int kWarps = 4;  // warps per CTA: each its own R row tiles, all on the CTA's k range
 
 #ifndef __CUDACC_RTC__

@@ -100,8 +100,42 @@ void w4a16_mm(const torch::Tensor& x, const torch::Tensor& qw, const torch::Tens
   TORCH_CHECK(false, "no kernel instance for r=", r, " nt=", nt, " group=", group);
 }
 
+// w[16 tiles, K] bf16 <- row tiles [tile0, tile0 + tiles) of the layout, dequantized (rows past n not written)
+void w4a16_dequant(const torch::Tensor& qw, const torch::Tensor& sc, const c10::optional<torch::Tensor>& zp,
+                   torch::Tensor& w, int64_t n, int64_t group, int64_t tile0, int64_t tiles) {
+  TORCH_CHECK(qw.is_cuda() && qw.scalar_type() == at::kInt && qw.dim() == 4 && qw.is_contiguous(),
+              "qw: int32 [T, C, 32, 4]");
+  TORCH_CHECK(sc.scalar_type() == at::kInt && sc.dim() == 3 && sc.is_contiguous(), "sc: int32 [T, G, 8]");
+  const int64_t t = qw.size(0), c = qw.size(1), k = 64 * c;
+  TORCH_CHECK(t == (n + 15) / 16, "qw holds ", t, " row tiles, not those of n = ", n);
+  TORCH_CHECK(group == 32 || group == 64 || group == 128, "group 32, 64 or 128");
+  TORCH_CHECK(sc.size(0) == t && sc.size(1) == k / group, "scales [T, K / group, 8]");
+  if (zp.has_value()) TORCH_CHECK(zp->scalar_type() == at::kByte && zp->sizes() == sc.sizes() && zp->is_contiguous(), "zp");
+  TORCH_CHECK(tile0 >= 0 && tiles >= 0 && tile0 + tiles <= t, "tiles [", tile0, ", ", tile0 + tiles, ") of ", t);
+  TORCH_CHECK(w.is_cuda() && w.scalar_type() == at::kBFloat16 && w.dim() == 2 && w.stride(1) == 1 &&
+                  w.size(1) == k && w.size(0) >= std::min<int64_t>(16 * tiles, n - 16 * tile0) &&
+                  w.stride(0) % 4 == 0 && reinterpret_cast<uintptr_t>(w.data_ptr()) % 8 == 0,
+              "w: bf16 [rows, K], rows 8-byte aligned, room for the tiles' rows");
+  twin_w4::DequantParams p{};
+  p.qw = qw.data_ptr();
+  p.sc = sc.data_ptr();
+  p.zp = zp.has_value() ? zp->data_ptr() : nullptr;
+  p.w = w.data_ptr();
+  p.N = static_cast<int>(n);
+  p.C = static_cast<int>(c);
+  p.NG = static_cast<int>(k / group);
+  p.group = static_cast<int>(group);
+  p.tile0 = static_cast<int>(tile0);
+  p.tiles = static_cast<int>(tiles);
+  p.ldw = static_cast<int>(w.stride(0));
+  const c10::cuda::CUDAGuard guard(qw.device());
+  twin_w4::launch_dequant(p, c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("w4a16_mm", &w4a16_mm, "W4A16 decode GEMM (bf16): y = x @ dequant(W)^T");
+  m.def("w4a16_dequant", &w4a16_dequant, "row tiles of the layout dequantized to bf16 rows (the large-M path)");
 }

@@ -1,0 +1,63 @@
+// The twin's layout (twin_w4a16.cuh) dequantized to bf16 rows, for the large-M path (a prefill, a wide first
+// pass): there the decode kernel would read every weight once per 16 tokens, so twin_cuda.w4a16_mm instead
+// dequantizes slices of row tiles into a bf16 [rows, K] buffer and multiplies x with it on cuBLAS.
+//
+// w[16 (tile - tile0) + row][k] = bf16((q - z) s): (q - z) is an integer in [-15, 15] and s a bf16, so the
+// product is exact in fp32 and rounded once, to nearest even (what twin_cuda_layout.kernel_weight gives,
+// rounded to bf16). One thread a 16-byte word of the layout (tile, chunk, lane): its 4 k16 steps, each
+// 4 consecutive k of rows g and g + 8, stored as two 8-byte words.
+#pragma once
+
+#include "twin_w4a16.cuh"
+
+namespace twin_w4 {
+
+constexpr int kDequantThreads = 256;
+
+__device__ __forceinline__ uint32_t bf16x2_of(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__global__ void __launch_bounds__(kDequantThreads) w4a16_dequant(const DequantParams p) {
+  const long long idx = (long long)blockIdx.x * kDequantThreads + threadIdx.x;
+  if (idx >= (long long)p.tiles * p.C * 32) return;
+  const int lane = static_cast<int>(idx & 31), g = lane >> 2, t = lane & 3;
+  const long long tc = idx >> 5;
+  const int c = static_cast<int>(tc % p.C), tl = static_cast<int>(tc / p.C), tile = p.tile0 + tl;
+  const uint4 v = ld_stream(static_cast<const uint4*>(p.qw) + ((size_t)tile * p.C + c) * 32 + lane);
+  const int row_g = 16 * tl + g;  // local rows g and g + 8 of the tile
+  const bool in_lo = 16 * tile + g < p.N, in_hi = 16 * tile + g + 8 < p.N;
+  __nv_bfloat16* w = static_cast<__nv_bfloat16*>(p.w);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int k0 = 64 * c + 32 * (i >> 1) + 8 * t + 4 * (i & 1);
+    const size_t at = ((size_t)tile * p.NG + k0 / p.group) * 8 + g;
+    const uint32_t sw = __ldg(static_cast<const uint32_t*>(p.sc) + at);
+    const float s_lo = __uint_as_float(sw << 16), s_hi = __uint_as_float(sw & 0xFFFF0000u);
+    float z_lo = 8.0f, z_hi = 8.0f;
+    if (p.zp != nullptr) {
+      const uint32_t zb = __ldg(static_cast<const uint8_t*>(p.zp) + at);
+      z_lo = static_cast<float>(zb & 15u);
+      z_hi = static_cast<float>(zb >> 4);
+    }
+    const uint32_t wd = word(v, i);
+    // nibble j = p + 4 h: row g + 8 (p & 1), k0 + 2 (p >> 1) + h
+    auto q = [&](int pp, int h) { return static_cast<float>((wd >> (4 * (pp + 4 * h))) & 15u); };
+    if (in_lo) {
+      uint2 out;
+      out.x = bf16x2_of((q(0, 0) - z_lo) * s_lo, (q(0, 1) - z_lo) * s_lo);
+      out.y = bf16x2_of((q(2, 0) - z_lo) * s_lo, (q(2, 1) - z_lo) * s_lo);
+      *reinterpret_cast<uint2*>(w + (size_t)row_g * p.ldw + k0) = out;
+    }
+    if (in_hi) {
+      uint2 out;
+      out.x = bf16x2_of((q(1, 0) - z_hi) * s_hi, (q(1, 1) - z_hi) * s_hi);
+      out.y = bf16x2_of((q(3, 0) - z_hi) * s_hi, (q(3, 1) - z_hi) * s_hi);
+      *reinterpret_cast<uint2*>(w + (size_t)(row_g + 8) * p.ldw + k0) = out;
+    }
+  }
+}
+
+
+}  // namespace twin_w4
