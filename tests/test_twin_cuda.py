@@ -358,6 +358,17 @@ def test_a_chain_of_dependent_launches_reads_each_x_after_it_was_written(graph, 
     assert int(twin_cuda.counters(dev).abs().sum()) == 0
 
 
+def test_the_extension_is_cached_per_torch_and_cuda_version(monkeypatch):
+    """torch's loader rebuilds on changed sources or flags only: a build cached by another torch (the GPU host's
+    own torch beside a staged one) must not be loaded, so the extension's name carries both versions."""
+    name = twin_cuda.extension_name()
+    assert name.isidentifier() and name.startswith("twin_w4a16_")
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    other = twin_cuda.extension_name()
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    assert len({name, other, twin_cuda.extension_name()}) == 3
+
+
 def test_above_large_m_the_call_takes_the_dequantized_path(monkeypatch):
     """More than LARGE_M tokens (a prefill) go to mm_large, not to the decode kernel's plan (which would read the
     weights once per 16 tokens and run out of split-K counters); an explicit plan keeps the decode kernel."""

@@ -20,6 +20,7 @@ nvcc nor vLLM.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,6 +162,12 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def extension_name() -> str:
+    """The extension's name, so its cache folder, per torch and CUDA version: torch's loader rebuilds on a change
+    of the sources or flags only, and would load a build made against another torch's headers."""
+    return re.sub(r"\W", "_", f"twin_w4a16_t{torch.__version__}_cu{torch.version.cuda}")
+
+
 def extension():
     """The compiled extension (built once, then loaded from torch's extension cache)."""
     global _EXT
@@ -172,7 +179,7 @@ def extension():
             major, minor = torch.cuda.get_device_capability()
             os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}" + ("a" if (major, minor) == (9, 0) else "")
         try:
-            _EXT = load(name="twin_w4a16", sources=[str(CSRC / s) for s in SOURCES],
+            _EXT = load(name=extension_name(), sources=[str(CSRC / s) for s in SOURCES],
                         extra_include_paths=[str(CSRC)], extra_cflags=["-O3", "-std=c++17"],
                         extra_cuda_cflags=["-O3", "-std=c++17", "-lineinfo"], verbose=False)
         finally:
