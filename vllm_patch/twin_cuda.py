@@ -82,7 +82,7 @@ def ring_depth(r: int) -> int:
 
 def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = None,
          waves: float | None = None, deep: bool = False, pipe: bool = False, pdl: bool | None = None,
-         bulk: bool = False) -> Plan:
+         bulk: bool = False, pairs: bool = False) -> Plan:
     """About ``waves * sms`` CTAs of 4 warps (launch bounds guarantee 2 resident per SM). ``waves`` None: 3
     (measured: the configuration sweep of ``benchmarks/int4_gemm.py --cuda-sweep`` on an H100, zero-point
     twin, 32B layer set: 3 waves take M = 1 from 147.7 to 133.6 µs and M = 4 from 155.0 to 138.8, every GEMM
@@ -104,6 +104,8 @@ def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = Non
     rows over its split in shared memory (zero points), at most ``X_STAGE_BYTES``: splits are capped to that."""
     if pdl is None:
         pdl = not pipe
+    if pairs and r is not None and r % 2:
+        raise ValueError(f"a paired gate_up layout (silu(gate) * up epilogue) takes r 2 or 4, not r={r}")
     nt = 1 if m <= 8 else 2
     if waves is None:
         waves = 3.0
@@ -111,7 +113,8 @@ def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = Non
     t = -(-n // layout.TILE)
     token_blocks = -(-m // (8 * nt))
     if r is None:
-        fits = [rr for rr in ((1, 2) if nt == 2 else (2,)) if -(-t // (WARPS * rr)) * token_blocks <= waves * sms]
+        fits = [rr for rr in ((1, 2) if nt == 2 and not pairs else (2,))
+                if -(-t // (WARPS * rr)) * token_blocks <= waves * sms]
         r = 2 if pipe else fits[0] if fits else 4
     if pipe and (r > 2 or deep or pdl):
         raise ValueError("the staged kernel (pipe) takes r 1 or 2 without the deep scale ring and without "
@@ -212,21 +215,23 @@ def w4a16_mm(x: torch.Tensor, st: dict, p: Plan | None = None) -> torch.Tensor:
         raise ValueError(f"x is {x.dtype}; the kernel takes bf16")
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.contiguous()
-    m, n = x.shape[0], st["n"]
+    m, n, pairs = x.shape[0], st["n"], bool(st.get("pairs"))
     if m > LARGE_M and p is None:
         return mm_large(x, st)
-    y = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
+    y = torch.empty((m, n // 2 if pairs else n), dtype=torch.bfloat16, device=x.device)
     if m == 0:
         return y
-    p = p or plan(n, st["k"], m, st["group"], sm_count(x.device))
+    p = p or plan(n, st["k"], m, st["group"], sm_count(x.device), pairs=pairs)
     if p.nt != (1 if m <= 8 else 2):
         p = plan(n, st["k"], m, st["group"], sm_count(x.device), r=p.r, deep=p.deep, pipe=p.pipe, pdl=p.pdl,
-                 bulk=p.bulk)
+                 bulk=p.bulk, pairs=pairs)
+    if pairs and p.r % 2:
+        raise ValueError(f"a paired gate_up layout (silu(gate) * up epilogue) takes r 2 or 4, not {p}")
     if p.grid[0] * p.grid[2] > COUNTER_SLOTS:
         raise ValueError(f"{p.grid[0] * p.grid[2]} row x token blocks > {COUNTER_SLOTS} counters")
     ws = torch.empty(p.splits * m * n if p.splits > 1 else 0, dtype=torch.float32, device=x.device)
     extension().w4a16_mm(x, st["qw"], st["sc"], st["zp"], y, ws, counters(x.device), n, st["group"], p.r, p.nt,
-                         p.cps, p.deep, p.pipe, p.pdl, p.bulk)
+                         p.cps, p.deep, p.pipe, p.pdl, p.bulk, pairs)
     return y
 
 
@@ -243,17 +248,19 @@ def dequant(st: dict, tile0: int = 0, tiles: int | None = None, out: torch.Tenso
 
 def mm_large(x: torch.Tensor, st: dict) -> torch.Tensor:
     """``x [M, K] @ dequant(W)^T`` for large M: slices of at most ``DEQUANT_SLICE_BYTES`` of bf16 rows, each
-    dequantized into one buffer and multiplied on cuBLAS (fp32 accumulation, bf16 out)."""
+    dequantized into one buffer and multiplied on cuBLAS (fp32 accumulation, bf16 out); a paired gate_up layout
+    then gives ``silu(gate) * up`` as the decode kernel's epilogue does."""
     n, k, t_all = st["n"], st["k"], st["qw"].shape[0]
     per = max(1, DEQUANT_SLICE_BYTES // (16 * k * 2))  # row tiles a slice
     if per >= t_all:
-        return x @ dequant(st).t()
-    y = torch.empty((x.shape[0], n), dtype=torch.bfloat16, device=x.device)
-    buf = torch.empty((16 * per, k), dtype=torch.bfloat16, device=x.device)
-    for t0 in range(0, t_all, per):
-        w = dequant(st, t0, min(per, t_all - t0), out=buf)
-        y[:, 16 * t0:16 * t0 + w.shape[0]] = x @ w.t()
-    return y
+        y = x @ dequant(st).t()
+    else:
+        y = torch.empty((x.shape[0], n), dtype=torch.bfloat16, device=x.device)
+        buf = torch.empty((16 * per, k), dtype=torch.bfloat16, device=x.device)
+        for t0 in range(0, t_all, per):
+            w = dequant(st, t0, min(per, t_all - t0), out=buf)
+            y[:, 16 * t0:16 * t0 + w.shape[0]] = x @ w.t()
+    return layout.silu_mul(y) if st.get("pairs") else y
 
 
 # ---------------------------------------------------------------- custom op (opaque to torch.compile)
@@ -263,22 +270,29 @@ def _op_impl(x: torch.Tensor, qw: torch.Tensor, sc: torch.Tensor, zp: torch.Tens
     return w4a16_mm(x, {"qw": qw, "sc": sc, "zp": zp, "n": n, "k": x.shape[1], "group": group})
 
 
-def _register_op():
+def _op_pairs_impl(x: torch.Tensor, qw: torch.Tensor, sc: torch.Tensor, zp: torch.Tensor | None, n: int,
+                   group: int) -> torch.Tensor:
+    return w4a16_mm(x, {"qw": qw, "sc": sc, "zp": zp, "n": n, "k": x.shape[1], "group": group, "pairs": True})
+
+
+def _register_op(name: str = OP_NAME, impl=_op_impl, cols=lambda n: n):
     ns = getattr(torch.ops, OP_NAMESPACE, None)
-    if ns is not None and hasattr(ns, OP_NAME):
-        return getattr(ns, OP_NAME)
+    if ns is not None and hasattr(ns, name):
+        return getattr(ns, name)
     op = torch.library.custom_op(
-        f"{OP_NAMESPACE}::{OP_NAME}", mutates_args=(),
-        schema="(Tensor x, Tensor qw, Tensor sc, Tensor? zp, int n, int group) -> Tensor")(_op_impl)
+        f"{OP_NAMESPACE}::{name}", mutates_args=(),
+        schema="(Tensor x, Tensor qw, Tensor sc, Tensor? zp, int n, int group) -> Tensor")(impl)
 
     @op.register_fake
     def _(x, qw, sc, zp, n, group):
-        return x.new_empty((x.shape[0], n))
+        return x.new_empty((x.shape[0], cols(n)))
 
     return op
 
 
 w4a16_cuda_op = _register_op()
+# the paired gate_up layout with the silu(gate) * up epilogue: [M, K] -> [M, N / 2]
+w4a16_cuda_silu_mul_op = _register_op(OP_NAME + "_silu_mul", _op_pairs_impl, lambda n: n // 2)
 
 
 def twin_linear(x: torch.Tensor, st: dict, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -288,6 +302,14 @@ def twin_linear(x: torch.Tensor, st: dict, bias: torch.Tensor | None = None) -> 
     if bias is not None:
         y = y + bias
     return y.reshape(*x.shape[:-1], st["n"])
+
+
+def gate_up_silu_mul(x: torch.Tensor, st: dict) -> torch.Tensor:
+    """``x [..., K] -> [..., N / 2]``: a paired gate_up layout (``twin_cuda_layout.pair_tiles``) and SiluAndMul,
+    one kernel (the large-M path: cuBLAS, then the same silu(gate) * up)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    y = w4a16_cuda_silu_mul_op(x2, st["qw"], st["sc"], st["zp"], st["n"], st["group"])
+    return y.reshape(*x.shape[:-1], st["n"] // 2)
 
 
 # ---------------------------------------------------------------- static compile check (no GPU)

@@ -113,6 +113,28 @@ def repack(weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_zero_
     return {"qw": qw, "sc": sc, "zp": zp, "n": n, "k": k, "group": group}
 
 
+def pair_tiles(st: dict) -> dict:
+    """A merged gate_up layout (gate rows ``[0, N/2)``, up rows ``[N/2, N)``, N/2 a multiple of 16) with its row
+    tiles paired: gate tile ``i`` at ``2 i``, up tile ``i`` at ``2 i + 1``, so that the kernel's silu(gate) * up
+    epilogue finds both in one warp (``"pairs": True``; the kernel's output then has N/2 columns)."""
+    n, t_all = st["n"], st["qw"].shape[0]
+    if n % (2 * TILE) or st.get("pairs"):
+        raise ValueError(f"gate_up of {n} rows: each half must be whole row tiles of {TILE} (and paired once)")
+    order = torch.arange(t_all, device=st["qw"].device).view(2, t_all // 2).t().reshape(-1)
+    out = dict(st, qw=st["qw"][order].contiguous(), sc=st["sc"][order].contiguous(), pairs=True)
+    out["zp"] = None if st["zp"] is None else st["zp"][order].contiguous()
+    return out
+
+
+def silu_mul(y: torch.Tensor) -> torch.Tensor:
+    """``[M, N]`` output of a paired layout (tiles gate, up, gate, up, ...) -> ``[M, N/2]``
+    ``silu(gate) * up`` as the kernel's epilogue computes it: both rounded to bf16, the product in fp32, bf16."""
+    m, n = y.shape
+    pairs = y.to(torch.bfloat16).float().view(m, n // (2 * TILE), 2, TILE)
+    gate, up = pairs[:, :, 0], pairs[:, :, 1]
+    return (gate / (1.0 + torch.exp(-gate)) * up).reshape(m, n // 2).to(torch.bfloat16)
+
+
 # ---------------------------------------------------------------- emulation of the kernel's reads
 
 def _kernel_index(t_all: int, c: int, device) -> tuple[torch.Tensor, torch.Tensor]:

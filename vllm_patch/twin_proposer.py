@@ -8,11 +8,11 @@ proposer lives on it (``self._twin``), and the engine's state it shares with the
 report, step timer) is the installed ``EngineState``, kept as ``self._twin_engine``: no module global.
 
 The γ−1 single-token draft steps advance positions, slot mapping and M-RoPE positions with tensor
-operations on the device only (no ``.item()``, no host copy, no Python loop over requests), so the
-same code runs inside a captured CUDA graph. ``draft_cudagraph_mode`` picks how the drafter's
-forward passes run on CUDA: ``piecewise`` (vLLM's own drafter graphs), ``full`` (one FULL graph per
-single-token decode step; the first pass stays piecewise), ``full_all`` (a uniform decode step's
-first pass too: ``draft_graphs``), or ``none``; ``auto`` is the best verified mode (``none`` on CPU).
+operations on the device only (no ``.item()``, no host copy, no Python loop over requests), so the same code
+runs inside a captured CUDA graph. ``draft_cudagraph_mode`` picks how the drafter's forward passes run on
+CUDA: ``piecewise`` (vLLM's own drafter graphs), ``full`` (one FULL graph per single-token decode step; the
+first pass stays piecewise), ``full_all`` (a uniform decode step's first pass too: ``draft_graphs``), or
+``none``; ``auto`` is the best verified mode (``none`` on CPU). On ``own-cuda`` the MLP fuses SiluAndMul.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 from vllm.config import CUDAGraphMode
 from vllm.v1.spec_decode.draft_model import DraftModelProposer
 
-from . import draft_graphs, draft_head, draft_idle, draft_kernels, draft_vision, engine_state
+from . import draft_graphs, draft_head, draft_idle, draft_kernels, draft_mlp, draft_vision, engine_state
 
 
 class TwinDraftProposer(DraftModelProposer):
@@ -137,7 +137,7 @@ class TwinDraftProposer(DraftModelProposer):
             return super().load_model(target_model)
         with draft_kernels.prefer(self._twin_kernel[0]) as refused:
             super().load_model(target_model)
-        self._twin_engine.report.update(**draft_kernels.checked_report(
+        self._twin_engine.report.update(**draft_mlp.fuse(self.model), **draft_kernels.checked_report(
             self.model, self._twin_kernel[0], self._twin_engine.knobs.draft_linear_kernel, refused))
         if self._twin_engine.knobs.draft_lm_head == "int4":
             self._twin_engine.report.update(**draft_head.install(self.model, self._twin_kernel[0]))

@@ -191,11 +191,22 @@ __device__ __forceinline__ void zero_words(uint32_t zb, uint32_t (&az)[4]) {
   }
 }
 
+// silu(a) b of the gate and up sums, each rounded to bf16 first (what the unfused GEMM writes and vLLM's
+// SiluAndMul reads), the product in fp32, rounded once
+__device__ __forceinline__ __nv_bfloat16 silu_mul(float gate, float up) {
+  const float a = __bfloat162float(__float2bfloat16_rn(gate)), b = __bfloat162float(__float2bfloat16_rn(up));
+  return __float2bfloat16_rn(a / (1.0f + expf(-a)) * b);
+}
+
 // The CTA's partial sums: bf16 to y (S == 1), else fp32 to the workspace, and the last CTA of the row
 // block to arrive adds the S partials in split order (deterministic) and resets its counter.
+// p.act (R even): the layout's row tiles come in pairs, gate tile i at 2 i and up tile i at 2 i + 1
+// (twin_cuda_layout.pair_tiles), and y [M, N / 2] gets silu(gate) * up of row 16 i + j: the MLP's
+// gate_up GEMM and SiluAndMul in one kernel.
 template <int R, int NT>
 __device__ __forceinline__ void epilogue(const Params& p, const float (&acc)[R][NT][4], int tile0, bool active,
                                          int m0, int g, int t) {
+  __nv_bfloat16* y = static_cast<__nv_bfloat16*>(p.y);
   if (active) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -205,10 +216,14 @@ __device__ __forceinline__ void epilogue(const Params& p, const float (&acc)[R][
         for (int c = 0; c < 4; ++c) {
           const int row = 16 * (tile0 + r) + g + 8 * (c >> 1), tok = m0 + 8 * nt + 2 * t + (c & 1);
           if (row < p.N && tok < p.M) {
-            if (p.S == 1)
-              static_cast<__nv_bfloat16*>(p.y)[(size_t)tok * p.ldy + row] = __float2bfloat16_rn(acc[r][nt][c]);
-            else
+            if (p.S > 1)
               p.ws[((size_t)blockIdx.y * p.M + tok) * p.N + row] = acc[r][nt][c];
+            else if (!p.act)
+              y[(size_t)tok * p.ldy + row] = __float2bfloat16_rn(acc[r][nt][c]);
+            else if constexpr (R % 2 == 0)
+              if (r % 2 == 0)  // the gate tile; its up tile is r + 1, the same row within the tile
+                y[(size_t)tok * p.ldy + 16 * ((tile0 + r) / 2) + g + 8 * (c >> 1)] =
+                    silu_mul(acc[r][nt][c], acc[r + 1][nt][c]);
           }
         }
   }
@@ -226,11 +241,23 @@ __device__ __forceinline__ void epilogue(const Params& p, const float (&acc)[R][
   __threadfence();
   const int row0 = blockIdx.x * kWarps * R * 16, rows = min(kWarps * R * 16, p.N - row0);
   const int toks = min(8 * NT, p.M - m0);
-  for (int e = threadIdx.x; e < rows * toks; e += blockDim.x) {
-    const int row = row0 + e % rows, tok = m0 + e / rows;
+  auto sum_of = [&](int row, int tok) {
     float sum = 0.0f;
     for (int sp = 0; sp < p.S; ++sp) sum += __ldcg(p.ws + ((size_t)sp * p.M + tok) * p.N + row);
-    static_cast<__nv_bfloat16*>(p.y)[(size_t)tok * p.ldy + row] = __float2bfloat16_rn(sum);
+    return sum;
+  };
+  if (!p.act) {
+    for (int e = threadIdx.x; e < rows * toks; e += blockDim.x) {
+      const int row = row0 + e % rows, tok = m0 + e / rows;
+      y[(size_t)tok * p.ldy + row] = __float2bfloat16_rn(sum_of(row, tok));
+    }
+  } else {  // output rows of the block's tile pairs: gate row 32 i + j, up row 32 i + 16 + j -> row 16 i + j
+    const int half = rows / 2;
+    for (int e = threadIdx.x; e < half * toks; e += blockDim.x) {
+      const int out = row0 / 2 + e % half, tok = m0 + e / half;
+      const int gate = 32 * (out / 16) + out % 16;
+      y[(size_t)tok * p.ldy + out] = silu_mul(sum_of(gate, tok), sum_of(gate + 16, tok));
+    }
   }
 }
 

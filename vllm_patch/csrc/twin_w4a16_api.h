@@ -21,6 +21,7 @@ struct Params {
   int ldx, ldy;     // row strides of x and y, elements
   int pdl;          // launched as a programmatic dependent: wait for the kernel before (which writes x)
   int ring;         // the TMA-fed kernel: stages in a warp's ring (set by its launcher)
+  int act;          // 1: tile pairs (gate, up) -> y [M][N / 2] = silu(gate) * up (R even, N a multiple of 32)
 };
 
 // The dequantization of row tiles [tile0, tile0 + tiles) to bf16 rows (twin_w4a16_dequant.cuh), the large-M path

@@ -11,14 +11,17 @@ namespace {
 void w4a16_mm(const torch::Tensor& x, const torch::Tensor& qw, const torch::Tensor& sc,
               const c10::optional<torch::Tensor>& zp, torch::Tensor& y, torch::Tensor& ws, torch::Tensor& counters,
               int64_t n, int64_t group, int64_t r, int64_t nt, int64_t cps, bool deep, bool pipe, bool pdl,
-              bool bulk) {
+              bool bulk, bool act) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1, "x: bf16 [M, K]");
   TORCH_CHECK(reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 && x.stride(0) % 8 == 0, "x rows 16-byte aligned");
   TORCH_CHECK(qw.scalar_type() == at::kInt && qw.dim() == 4 && qw.is_contiguous(), "qw: int32 [T, C, 32, 4]");
   TORCH_CHECK(sc.scalar_type() == at::kInt && sc.dim() == 3 && sc.is_contiguous(), "sc: int32 [T, G, 8]");
   TORCH_CHECK(y.scalar_type() == at::kBFloat16 && y.dim() == 2 && y.stride(1) == 1, "y: bf16 [M, N]");
   const int64_t m = x.size(0), k = x.size(1), t = qw.size(0), c = qw.size(1);
-  TORCH_CHECK(k == 64 * c && t == (n + 15) / 16 && y.size(0) == m && y.size(1) == n, "shapes");
+  TORCH_CHECK(k == 64 * c && t == (n + 15) / 16 && y.size(0) == m && y.size(1) == (act ? n / 2 : n), "shapes");
+  TORCH_CHECK(!act || (n % 32 == 0 && r % 2 == 0),
+              "the silu(gate) * up epilogue takes paired row tiles (N a multiple of 32) and r 2 or 4, not n=", n,
+              " r=", r);
   TORCH_CHECK(group == 32 || group == 64 || group == 128, "group 32, 64 or 128");
   TORCH_CHECK(sc.size(0) == t && sc.size(1) == k / group, "scales [T, K / group, 8]");
   const bool has_z = zp.has_value();
@@ -57,6 +60,7 @@ void w4a16_mm(const torch::Tensor& x, const torch::Tensor& qw, const torch::Tens
   p.ldx = static_cast<int>(x.stride(0));
   p.ldy = static_cast<int>(y.stride(0));
   p.pdl = pdl ? 1 : 0;
+  p.act = act ? 1 : 0;
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(splits),
                   static_cast<unsigned>(token_blocks));
   const c10::cuda::CUDAGuard guard(x.device());

@@ -1,0 +1,84 @@
+"""The twin's MLP on the own CUDA kernel: gate_up GEMM and SiluAndMul in one kernel (issue 37).
+
+A Qwen3(-VL) decoder layer's MLP runs ``gate_up_proj`` (one W4A16 GEMM over the merged gate and up rows),
+vLLM's ``SiluAndMul`` (a kernel of its own, which reads the GEMM's ``[M, 2 I]`` output back) and
+``down_proj``. Where the draft's ``gate_up_proj`` runs on ``own-cuda`` (``twin_cuda``), its row tiles are
+paired once at load (gate tile ``i`` beside up tile ``i``, ``twin_cuda_layout.pair_tiles``) and the MLP's
+forward calls the kernel with its ``silu(gate) * up`` epilogue: one launch and no ``[M, 2 I]`` round trip a
+layer. The epilogue rounds gate and up to bf16 first, as the unfused GEMM's output is, so it computes what
+``SiluAndMul`` computes from that output (to its last bit where both use the same ``exp``).
+
+Only the draft is changed: the target verifies every drafted token, so the strict tier's output is the
+target's whatever the draft's MLP rounds. Layers on another kernel, with a bias, another activation or
+halves that are not whole row tiles keep vLLM's forward; the engine report counts both.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from . import twin_cuda
+from . import twin_cuda_layout as layout
+
+
+def _why_not(module) -> str | None:
+    """Why a module with ``gate_up_proj``, ``down_proj`` and ``act_fn`` keeps vLLM's forward, or None."""
+    gu = module.gate_up_proj
+    kernel = getattr(getattr(gu, "scheme", None), "kernel", None)
+    if type(kernel).__name__ != twin_cuda.KERNEL_NAME:
+        return f"gate_up_proj runs on {type(kernel).__name__ if kernel is not None else 'no W4A16 kernel'}"
+    if type(module.act_fn).__name__ != "SiluAndMul":
+        return f"activation {type(module.act_fn).__name__}, not SiluAndMul"
+    if getattr(gu, "bias", None) is not None:
+        return "gate_up_proj has a bias"
+    sizes = list(getattr(gu, "output_partition_sizes", []))
+    if len(sizes) != 2 or sizes[0] != sizes[1] or sizes[0] % layout.TILE:
+        return f"gate and up partitions {sizes} are not two equal halves of whole {layout.TILE}-row tiles"
+    return None
+
+
+def _pair(gu) -> None:
+    """The layer's repacked tensors with their row tiles paired (replaced in place, once)."""
+    from vllm.model_executor.utils import replace_parameter
+
+    kernel = gu.scheme.kernel
+    w_q, w_s, w_zp, _ = kernel._get_weight_params(gu)
+    n, k, group = gu.twin_cuda_shape
+    st = {"qw": w_q.data, "sc": w_s.data, "zp": w_zp.data if kernel.config.zero_points else None, "n": n, "k": k,
+          "group": group}
+    paired = layout.pair_tiles(st)
+    replace_parameter(gu, kernel.w_q_name, paired["qw"])
+    replace_parameter(gu, kernel.w_s_name, paired["sc"])
+    if paired["zp"] is not None:
+        replace_parameter(gu, kernel.w_zp_name, paired["zp"])
+    gu.twin_cuda_pairs = True
+
+
+def _fused_forward(self, x: torch.Tensor) -> torch.Tensor:
+    gu = self.gate_up_proj
+    kernel = gu.scheme.kernel
+    w_q, w_s, w_zp, _ = kernel._get_weight_params(gu)
+    n, k, group = gu.twin_cuda_shape
+    h = twin_cuda.gate_up_silu_mul(x, {"qw": w_q, "sc": w_s, "zp": w_zp if kernel.config.zero_points else None,
+                                       "n": n, "k": k, "group": group})
+    out, _ = self.down_proj(h)
+    return out
+
+
+def fuse(model) -> dict:
+    """Pair the gate_up tiles and fuse SiluAndMul into the GEMM of every MLP of ``model`` that can; the engine
+    report's ``draft_mlp_fused`` (layers fused) and ``draft_mlp_unfused`` (why the others were not)."""
+    fused, unfused = 0, {}
+    for module in (model.modules() if model is not None else ()):
+        if not all(hasattr(module, a) for a in ("gate_up_proj", "down_proj", "act_fn")):
+            continue
+        why = _why_not(module)
+        if why is not None:
+            unfused[why] = unfused.get(why, 0) + 1
+            continue
+        _pair(module.gate_up_proj)
+        module.forward = types.MethodType(_fused_forward, module)
+        fused += 1
+    return {"draft_mlp_fused": fused, "draft_mlp_unfused": unfused}
