@@ -4,8 +4,10 @@
     python benchmarks/int4_gemm.py --dry-run      # CPU: shapes and the reference path only
 
 For the Qwen3-VL 32B and 8B decoder shapes (``workbench/shapes.py``), per GEMM
-(qkv, o, gate_up, down), per decoder-layer set (the four in sequence) and per
-decoder (layers x layer set + the bf16 ``lm_head``), at M = 1, 2, 4, 8, 16:
+(qkv, o, gate_up, down), per decoder-layer set (the four in sequence), per MLP
+(gate_up, SiluAndMul, down; ``own-cuda[fused-mlp]``: the activation in the gate_up
+GEMM's epilogue, ``int4_gemm_mlp.py``) and per decoder (layers x layer set + the
+bf16 ``lm_head``), at M = 1, 2, 4, 8, 16:
 median and IQR of the time per call (CUDA events around a CUDA graph of many
 calls, warmed, ``--repeats`` repeats, the kernels interleaved repeat by repeat
 in rotating order) and the effective bandwidth, for
@@ -250,6 +252,12 @@ def _time_layer_sets(size, m, xs, active, states, repeats, results, log):
         results[("layer", m, name)] = (med * len(GEMMS), q1 * len(GEMMS), q3 * len(GEMMS),
                                        timers[name].mode, None)
     del timers
+    from int4_gemm_mlp import mlp_timers  # the MLP: gate_up, SiluAndMul, down; own-cuda's fused gate_up beside
+
+    timers = mlp_timers(m, xs, active, states, Timer, log)
+    for name, (med, q1, q3) in interleaved(timers, repeats).items():
+        results[("mlp", m, name)] = (med, q1, q3, timers[name].mode, None)  # a call: the whole MLP
+    del timers
 
 
 def _time_lm_head(size, ms, repeats, gen) -> dict[int, tuple[float, float, float]]:
@@ -289,8 +297,12 @@ def _add_rows(size, results, lm, all_kernels, shapes, ms, group, zp, floor_tbps,
         (rows if not name.startswith("twin-gemv[") else sweep_rows).append(row)
 
     for (g, m, name), (med, q1, q3, mode, err) in results.items():
-        kn = next(x for x in all_kernels if x.name == name)
-        if g == "layer":
+        kn = next((x for x in all_kernels if x.name == name.replace("[fused-mlp]", "")), None)
+        if g == "mlp":  # gate_up, the activation, down (own-cuda[fused-mlp]: two launches)
+            nb = sum(kn.bytes(*shapes[h], m, group, zp) for h in ("gate_up", "down"))
+            fb = sum(int4_bytes(*shapes[h], m, group, zp) for h in ("gate_up", "down"))
+            add("mlp", "gate_up+silu_mul+down", "", "", m, name, med, q1, q3, nb, fb, mode, None)
+        elif g == "layer":
             nb = sum(kn.bytes(*shapes[h], m, group, zp) for h in GEMMS)
             fb = sum(int4_bytes(*shapes[h], m, group, zp) for h in GEMMS)
             add("layer", "qkv+o+gate_up+down", "", "", m, name, med, q1, q3, nb, fb, mode, None)

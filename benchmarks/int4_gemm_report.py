@@ -25,7 +25,7 @@ def markdown(rows, sweep_rows, ms, facts) -> str:
         out.append(f"- {k} skipped: {v}")
     out.append("")
     for size in dict.fromkeys(r["model"] for r in rows):
-        for scope in ("decoder", "layer", "gemm"):
+        for scope in ("decoder", "layer", "mlp", "gemm"):
             sub = [r for r in rows if r["model"] == size and r["scope"] == scope]
             if not sub:
                 continue
