@@ -122,9 +122,10 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU
 @gpu
 @pytest.mark.parametrize("symmetric", [False, True])
 def test_fused_epilogue_equals_silu_and_mul_of_the_gemm(symmetric):
-    """Every plan (one split and several, r 2 and 4, the deep ring, the TMA-fed kernel) and the large-M path:
-    the fused output against SiluAndMul of the same kernel's unfused output on the paired tiles (the same
-    fp32 sums: equal but for exp's last bit) and against the dequantized reference."""
+    """Every plan (one split and several, r 2 and 4, the deep ring, the TMA-fed kernel), the default dispatch
+    (above FUSED_MAX_M the unfused GEMM and the one-launch activation) and the large-M path: the fused output
+    against SiluAndMul of the kernel's unfused output on the paired tiles (the same fp32 sums: equal but for
+    exp's last bit) and against the dequantized reference."""
     dev = torch.device("cuda")
     for i, k in ((32, 256), (1024, 1024), (2560, 5120)):
         packed, scales, zeros, _ = gate_up(i, k, symmetric=symmetric, seed=i)
@@ -135,14 +136,15 @@ def test_fused_epilogue_equals_silu_and_mul_of_the_gemm(symmetric):
         for m in (1, 4, 9, 16, 33, twin_cuda.LARGE_M + 3):
             x = torch.randn(m, k, device=dev).to(torch.bfloat16)
             want = unfused(x.float() @ ref_w.t()).float()
-            plans = [None] if m > twin_cuda.LARGE_M else [
+            plans = [None] if m > twin_cuda.LARGE_M else [None] + [
                 twin_cuda.plan(2 * i, k, m, 128, twin_cuda.sm_count(dev), r=r, waves=w, deep=d, bulk=b, pairs=True)
                 for r in (2, 4) for w in (1.0, 16.0) for d, b in ((False, False), (True, False), (False, True))
                 if not b or torch.cuda.get_device_capability(dev)[0] >= 9]
-            for p in plans:
+            for p in plans:  # None: what the engine calls (above FUSED_MAX_M: the GEMM, then the activation kernel)
                 y = twin_cuda.w4a16_mm(x, paired, p)
                 assert y.shape == (m, i)
-                same = L.silu_mul(twin_cuda.mm_large(x, flat) if p is None else twin_cuda.w4a16_mm(x, flat, p))
+                h = twin_cuda.mm_large(x, flat) if m > twin_cuda.LARGE_M else twin_cuda.w4a16_mm(x, flat, p)
+                same = L.silu_mul(h)
                 torch.testing.assert_close(y.float(), same.float(), rtol=8e-3, atol=1e-6)
                 err = float((y.float() - want).abs().max() / want.abs().max())
                 assert err < 2e-2, (i, k, m, p, err)

@@ -51,6 +51,10 @@ BULK_META_BYTES = 8 * 1024  # kBulkMetaBytes of twin_w4a16_bulk.cuh: a warp's sc
 # the decode kernel reads every weight once per 16 tokens, so a prefill of thousands of tokens would read the
 # twin's weights hundreds of times (and its split-K counters would not cover the blocks)
 LARGE_M = 64
+# A paired gate_up layout takes the silu(gate) * up epilogue up to this many tokens: above, two token tiles want
+# one row tile a warp where the pairing needs two (H100, 8B MLP at M = 16: 77.8 fused against 62.4 µs unfused,
+# results/int4-gemm/20261206T141629Z-h100), so the GEMM runs unfused and one kernel applies the activation
+FUSED_MAX_M = 8
 DEQUANT_SLICE_BYTES = 64 << 20  # the bf16 buffer of one slice of rows, at most
 
 
@@ -218,6 +222,8 @@ def w4a16_mm(x: torch.Tensor, st: dict, p: Plan | None = None) -> torch.Tensor:
     m, n, pairs = x.shape[0], st["n"], bool(st.get("pairs"))
     if m > LARGE_M and p is None:
         return mm_large(x, st)
+    if pairs and p is None and m > FUSED_MAX_M:  # the GEMM's own best plan, then the activation (one launch)
+        return silu_mul_pairs(w4a16_mm(x, dict(st, pairs=False)))
     y = torch.empty((m, n // 2 if pairs else n), dtype=torch.bfloat16, device=x.device)
     if m == 0:
         return y
@@ -260,7 +266,16 @@ def mm_large(x: torch.Tensor, st: dict) -> torch.Tensor:
         for t0 in range(0, t_all, per):
             w = dequant(st, t0, min(per, t_all - t0), out=buf)
             y[:, 16 * t0:16 * t0 + w.shape[0]] = x @ w.t()
-    return layout.silu_mul(y) if st.get("pairs") else y
+    return silu_mul_pairs(y) if st.get("pairs") else y
+
+
+def silu_mul_pairs(h: torch.Tensor) -> torch.Tensor:
+    """``[M, N]`` output of a paired layout -> ``[M, N / 2]`` ``silu(gate) * up`` (one kernel; the decode
+    kernel's epilogue math, ``twin_cuda_layout.silu_mul`` emulates it)."""
+    y = torch.empty((h.shape[0], h.shape[1] // 2), dtype=torch.bfloat16, device=h.device)
+    if h.shape[0]:
+        extension().w4a16_silu_mul_pairs(h.contiguous(), y)
+    return y
 
 
 # ---------------------------------------------------------------- custom op (opaque to torch.compile)

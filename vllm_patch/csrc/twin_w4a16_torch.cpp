@@ -118,8 +118,8 @@ void w4a16_dequant(const torch::Tensor& qw, const torch::Tensor& sc, const c10::
   TORCH_CHECK(tile0 >= 0 && tiles >= 0 && tile0 + tiles <= t, "tiles [", tile0, ", ", tile0 + tiles, ") of ", t);
   TORCH_CHECK(w.is_cuda() && w.scalar_type() == at::kBFloat16 && w.dim() == 2 && w.stride(1) == 1 &&
                   w.size(1) == k && w.size(0) >= std::min<int64_t>(16 * tiles, n - 16 * tile0) &&
-                  w.stride(0) % 4 == 0 && reinterpret_cast<uintptr_t>(w.data_ptr()) % 8 == 0,
-              "w: bf16 [rows, K], rows 8-byte aligned, room for the tiles' rows");
+                  w.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0,
+              "w: bf16 [rows, K], rows 16-byte aligned, room for the tiles' rows");
   twin_w4::DequantParams p{};
   p.qw = qw.data_ptr();
   p.sc = sc.data_ptr();
@@ -137,9 +137,26 @@ void w4a16_dequant(const torch::Tensor& qw, const torch::Tensor& sc, const c10::
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// y [M, N / 2] <- silu(gate) * up of h [M, N], the output of a paired gate_up layout (one launch)
+void w4a16_silu_mul_pairs(const torch::Tensor& h, torch::Tensor& y) {
+  TORCH_CHECK(h.is_cuda() && h.scalar_type() == at::kBFloat16 && h.dim() == 2 && h.stride(1) == 1 &&
+                  h.size(1) % 32 == 0 && h.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(h.data_ptr()) % 16 == 0,
+              "h: bf16 [M, N], N a multiple of 32, rows 16-byte aligned");
+  TORCH_CHECK(y.scalar_type() == at::kBFloat16 && y.dim() == 2 && y.stride(1) == 1 && y.size(0) == h.size(0) &&
+                  y.size(1) == h.size(1) / 2 && y.stride(0) % 8 == 0 &&
+                  reinterpret_cast<uintptr_t>(y.data_ptr()) % 16 == 0,
+              "y: bf16 [M, N / 2], rows 16-byte aligned");
+  const c10::cuda::CUDAGuard guard(h.device());
+  twin_w4::launch_silu_mul_pairs(h.data_ptr(), y.data_ptr(), static_cast<int>(h.size(0)),
+                                 static_cast<int>(y.size(1)), static_cast<int>(h.stride(0)),
+                                 static_cast<int>(y.stride(0)), c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("w4a16_mm", &w4a16_mm, "W4A16 decode GEMM (bf16): y = x @ dequant(W)^T");
   m.def("w4a16_dequant", &w4a16_dequant, "row tiles of the layout dequantized to bf16 rows (the large-M path)");
+  m.def("w4a16_silu_mul_pairs", &w4a16_silu_mul_pairs, "silu(gate) * up of a paired gate_up layout's output");
 }
