@@ -200,6 +200,14 @@ def test_cuda_source_compiles_for_sm90a_without_spills(nvrtc_info):
         assert r["spill_bytes"] == 0 and r["regs"] <= 170 and 24 * 1024 < r["smem_bytes"] <= 48 * 1024, (i, r)
 
 
+def decode_kernel_ops(sass: str) -> list[str]:
+    """The SASS instructions of the decode kernels of a cubin (the large-M path's kernels, compiled beside them,
+    are left out: their own 16-byte loads are not x's)."""
+    funcs = [f for f in sass.split("Function : ")[1:] if "w4a16_decode" in f.split("\n", 1)[0]]
+    assert funcs, "no decode kernel in the cubin"
+    return [m.group(1).strip() for f in funcs for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+([^;]*);", f)]
+
+
 def test_under_pdl_the_weight_ring_is_loaded_before_the_wait(tmp_path):
     """In the SASS NVRTC builds for sm_90a: the kernel lets its dependents start (PREEXIT) before anything
     it loads, and every 16-byte streaming load of the first weight ring (r 2: 4 chunks x 2 row tiles) comes
@@ -215,7 +223,7 @@ def test_under_pdl_the_weight_ring_is_loaded_before_the_wait(tmp_path):
     cubin, _ = cc.compile_cubin_nvrtc(tmp_path, "sm_90a", instances=[(2, 1, 4, True, False)], pipe_instances=[],
                                       bulk_instances=[])
     sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
-    ops = [m.group(1).strip() for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+([^;]*);", sass)]
+    ops = decode_kernel_ops(sass)
     # (either may carry a predicate: both run only when the kernel was launched as a dependent)
     first = {name: next(i for i, op in enumerate(ops) if name in op.split()) for name in ("PREEXIT", "ACQBULK")}
     loads = [i for i, op in enumerate(ops) if "LDG" in op]
@@ -243,7 +251,7 @@ def test_the_tma_fed_kernel_issues_its_whole_ring_before_the_wait(tmp_path):
     cubin, _ = cc.compile_cubin_nvrtc(tmp_path, "sm_90a", instances=[], pipe_instances=[],
                                       bulk_instances=[(2, 1, 4, True)])
     sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
-    ops = [m.group(1).strip() for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+([^;]*);", sass)]
+    ops = decode_kernel_ops(sass)
     wait = next(i for i, op in enumerate(ops) if "ACQBULK" in op.split())
     pre = next(i for i, op in enumerate(ops) if "PREEXIT" in op.split())
     copies = [i for i, op in enumerate(ops) if "UBLKCP" in op]
