@@ -20,7 +20,8 @@ def _silu_mul_kernel(h_ptr, out_ptr, inter, BLOCK: tl.constexpr):
     keep = cols < inter
     g = tl.load(h_ptr + row * 2 * inter + cols, mask=keep).to(tl.float32)
     u = tl.load(h_ptr + row * 2 * inter + inter + cols, mask=keep).to(tl.float32)
-    tl.store(out_ptr + row * inter + cols, (g / (1.0 + tl.exp(-g)) * u).to(tl.bfloat16), mask=keep)
+    tl.store(out_ptr + row * inter + cols, (g / (1.0 + tl.exp(-g)) * u).to(tl.bfloat16, fp_downcast_rounding="rtne"),
+             mask=keep)
 
 
 def silu_mul(h: torch.Tensor) -> torch.Tensor:
