@@ -44,11 +44,7 @@ def _pair(gu) -> None:
     from vllm.model_executor.utils import replace_parameter
 
     kernel = gu.scheme.kernel
-    w_q, w_s, w_zp, _ = kernel._get_weight_params(gu)
-    n, k, group = gu.twin_cuda_shape
-    st = {"qw": w_q.data, "sc": w_s.data, "zp": w_zp.data if kernel.config.zero_points else None, "n": n, "k": k,
-          "group": group}
-    paired = layout.pair_tiles(st)
+    paired = layout.pair_tiles(twin_cuda.layer_state(gu))
     replace_parameter(gu, kernel.w_q_name, paired["qw"])
     replace_parameter(gu, kernel.w_s_name, paired["sc"])
     if paired["zp"] is not None:
@@ -57,13 +53,7 @@ def _pair(gu) -> None:
 
 
 def _fused_forward(self, x: torch.Tensor) -> torch.Tensor:
-    gu = self.gate_up_proj
-    kernel = gu.scheme.kernel
-    w_q, w_s, w_zp, _ = kernel._get_weight_params(gu)
-    n, k, group = gu.twin_cuda_shape
-    h = twin_cuda.gate_up_silu_mul(x, {"qw": w_q, "sc": w_s, "zp": w_zp if kernel.config.zero_points else None,
-                                       "n": n, "k": k, "group": group})
-    out, _ = self.down_proj(h)
+    out, _ = self.down_proj(twin_cuda.gate_up_silu_mul(x, twin_cuda.layer_state(self.gate_up_proj)))
     return out
 
 

@@ -231,8 +231,6 @@ def w4a16_mm(x: torch.Tensor, st: dict, p: Plan | None = None) -> torch.Tensor:
     if p.nt != (1 if m <= 8 else 2):
         p = plan(n, st["k"], m, st["group"], sm_count(x.device), r=p.r, deep=p.deep, pipe=p.pipe, pdl=p.pdl,
                  bulk=p.bulk, pairs=pairs)
-    if pairs and p.r % 2:
-        raise ValueError(f"a paired gate_up layout (silu(gate) * up epilogue) takes r 2 or 4, not {p}")
     if p.grid[0] * p.grid[2] > COUNTER_SLOTS:
         raise ValueError(f"{p.grid[0] * p.grid[2]} row x token blocks > {COUNTER_SLOTS} counters")
     ws = torch.empty(p.splits * m * n if p.splits > 1 else 0, dtype=torch.float32, device=x.device)
@@ -368,11 +366,18 @@ def _load(kernel, layer, w_q, w_s, w_zp, replace_parameter) -> None:
         extension()  # built (or loaded) now, not inside the first forward
 
 
-def _apply(kernel, layer, x, bias):
+def layer_state(layer) -> dict:
+    """A loaded layer's repacked tensors and shape as ``w4a16_mm`` takes them (``pairs``: its gate_up tiles were
+    paired, ``draft_mlp``)."""
+    kernel = layer.scheme.kernel
     w_q, w_s, w_zp, _ = kernel._get_weight_params(layer)
     n, k, group = layer.twin_cuda_shape
-    st = {"qw": w_q, "sc": w_s, "zp": w_zp if kernel.config.zero_points else None, "n": n, "k": k, "group": group}
-    return twin_linear(x, st, bias)
+    return {"qw": w_q, "sc": w_s, "zp": w_zp if kernel.config.zero_points else None, "n": n, "k": k,
+            "group": group, "pairs": bool(getattr(layer, "twin_cuda_pairs", False))}
+
+
+def _apply(kernel, layer, x, bias):
+    return twin_linear(x, layer_state(layer), bias)
 
 
 def _build_class():
