@@ -57,6 +57,11 @@ METRICS = {
     "launch__grid_size": "grid",
     "launch__block_size": "block",
     "smsp__average_warp_latency_per_inst_issued.ratio": "cycles_per_issue",
+    # what grows with the token tiles: instructions issued, L1 traffic, global load requests (x and weights)
+    "smsp__inst_executed.sum": "instructions",
+    "l1tex__throughput.avg.pct_of_peak_sustained_active": "l1_pct_peak",
+    "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum": "global_load_requests",
+    "lts__t_sectors_srcunit_tex_op_read.sum": "l2_read_sectors",
 }
 STALLS = ("long_scoreboard", "short_scoreboard", "barrier", "membar", "math_pipe_throttle", "mio_throttle",
           "lg_throttle", "wait", "not_selected", "selected", "no_instruction", "dispatch_stall", "drain",
@@ -131,6 +136,10 @@ def assign(plan: list[tuple], launches: list[dict]) -> list[dict]:
     return rows
 
 
+def _scaled(v, by: float):
+    return v / by if isinstance(v, float) else None
+
+
 def _fmt(v, spec: str) -> str:
     return format(v, spec) if isinstance(v, float) else "—"
 
@@ -141,8 +150,8 @@ def report(rows: list[dict], title: str) -> str:
              "fresh weights, caches flushed, clocks unlocked). TB/s: DRAM bytes read / duration. Stalls: cycles a "
              "warp waits per issued instruction, the three largest reasons.", "",
              "| variant | size | GEMM | M | µs | DRAM read MB | TB/s | DRAM % peak | SM % | issue % | occupancy % "
-             "| tensor % | regs | grid | top stalls |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| tensor % | L1 % | instructions M | global loads k | regs | grid | top stalls |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         us = r["duration_ns"] / 1e3 if isinstance(r["duration_ns"], float) else None
         tbps = (r["dram_read_bytes"] / r["duration_ns"] / 1e3) if us and isinstance(r["dram_read_bytes"], float) else None
@@ -153,7 +162,9 @@ def report(rows: list[dict], title: str) -> str:
                      f"{_fmt(r['dram_read_bytes'] / 1e6 if isinstance(r['dram_read_bytes'], float) else None, '.1f')} | "
                      f"{_fmt(tbps, '.2f')} | {_fmt(r['dram_pct_peak'], '.0f')} | {_fmt(r['sm_pct_peak'], '.0f')} | "
                      f"{_fmt(r['issue_active_pct'], '.0f')} | {_fmt(r['occupancy_pct'], '.0f')} | "
-                     f"{_fmt(r['tensor_pipe_pct'], '.0f')} | {_fmt(r['registers'], '.0f')} | {_fmt(r['grid'], '.0f')} | "
+                     f"{_fmt(r['tensor_pipe_pct'], '.0f')} | {_fmt(r.get('l1_pct_peak'), '.0f')} | "
+                     f"{_fmt(_scaled(r.get('instructions'), 1e6), '.2f')} | "
+                     f"{_fmt(_scaled(r.get('global_load_requests'), 1e3), '.1f')} | {_fmt(r['registers'], '.0f')} | {_fmt(r['grid'], '.0f')} | "
                      f"{top} |")
     return "\n".join(lines) + "\n"
 

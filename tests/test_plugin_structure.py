@@ -34,6 +34,9 @@ ALLOWED_MEMOS = {
     ("twin_cuda.py", "_EXT"): "the compiled CUDA extension, built or loaded once per process",
     ("twin_cuda.py", "_SMS"): "multiprocessor count per CUDA device",
     ("twin_cuda.py", "_COUNTERS"): "the split-K counter workspace per device, allocated once",
+    ("twin_hybrid.py", "_CLASS"): "the kernel class, built on first access (module __getattr__)",
+    ("twin_hybrid.py", "_LAYERS"): "the custom op's handle to each live layer (a string key, as vLLM's attention "
+                                   "op finds its layer by name), held weakly: a freed model leaves nothing",
 }
 
 MUTATORS = {"append", "extend", "insert", "update", "setdefault", "pop", "popitem", "clear", "remove",

@@ -225,7 +225,7 @@ def test_linear_kernel_resolution_never_machete_for_auto_on_cuda():
 
     assert dk.resolve("own-cuda", on_cuda=True)[0] == "TwinCudaLinearKernel"
     for value, name in dk.KERNEL_CLASSES.items():
-        if value not in ("own", "own-cuda"):
+        if value not in ("own", "own-cuda", "own-cuda+marlin"):
             assert hasattr(linear, name), name
 
 

@@ -13,8 +13,9 @@ through to vLLM's own order; :func:`report` counts such layers.
 CPU list with the plugin's int4 fallback at its head, see ``cpu_int4``). The CUDA-only values on
 a CPU host are accepted and recorded as having no effect (``draft_linear_kernel_applies: false``).
 ``own`` is ``TwinGemvLinearKernel`` of ``vllm_patch.twin_gemv`` (Triton), ``own-cuda``
-``TwinCudaLinearKernel`` of ``vllm_patch.twin_cuda`` (CUDA C++, built at first use); each is imported
-only when asked for. ``auto`` stays Marlin: on one H100 ``own-cuda`` made the 8B draft step 11 % shorter
+``TwinCudaLinearKernel`` of ``vllm_patch.twin_cuda`` (CUDA C++, built at first use), ``own-cuda+marlin``
+``TwinHybridLinearKernel`` of ``vllm_patch.twin_hybrid`` (both layouts, the kernel picked per call by its
+token count); each is imported only when asked for. ``auto`` stays Marlin: on one H100 ``own-cuda`` made the 8B draft step 11 % shorter
 alone but 20 % longer at batch 16 (docs/benchmarks.md), and it needs a compiler on the host.
 """
 
@@ -31,6 +32,7 @@ KERNEL_CLASSES = {
     "exllama": "ExllamaLinearKernel",
     "own": "TwinGemvLinearKernel",
     "own-cuda": "TwinCudaLinearKernel",  # the faster of the two own kernels (issue 37)
+    "own-cuda+marlin": "TwinHybridLinearKernel",  # own-cuda up to twin_hybrid.SPLIT_M tokens, Marlin above
 }
 AUTO_ON_CUDA = "marlin"
 
@@ -69,6 +71,10 @@ def kernel_class(name: str):
         from .twin_cuda import TwinCudaLinearKernel
 
         return TwinCudaLinearKernel
+    if name == KERNEL_CLASSES["own-cuda+marlin"]:
+        from .twin_hybrid import TwinHybridLinearKernel
+
+        return TwinHybridLinearKernel
     from vllm.model_executor.kernels import linear
 
     cls = getattr(linear, name, None)
@@ -133,8 +139,12 @@ def report(model, preferred: str | None) -> dict:
         ran = next(iter(counts))
     else:
         ran = "mixed"
-    return {"draft_linear_kernel": ran, "draft_mp_kernels": counts,
-            "draft_linear_kernel_fallback_layers": fell_back}
+    out = {"draft_linear_kernel": ran, "draft_mp_kernels": counts, "draft_linear_kernel_fallback_layers": fell_back}
+    if counts.get(KERNEL_CLASSES["own-cuda+marlin"]):  # both layouts held: what the choice per M costs in memory
+        from . import twin_hybrid
+
+        out.update(draft_hybrid_split_m=twin_hybrid.SPLIT_M, draft_hybrid_extra_bytes=twin_hybrid.extra_bytes(model))
+    return out
 
 
 def checked_report(model, preferred: str | None, requested: str, refused: list[str] = ()) -> dict:

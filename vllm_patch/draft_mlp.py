@@ -8,6 +8,9 @@ forward calls the kernel with its ``silu(gate) * up`` epilogue: one launch and n
 layer. The epilogue rounds gate and up to bf16 first, as the unfused GEMM's output is, so it computes what
 ``SiluAndMul`` computes from that output (to its last bit where both use the same ``exp``).
 
+Under ``own-cuda+marlin`` (``twin_hybrid``) the own layout's tiles are paired and the fused epilogue runs up to
+``twin_hybrid.SPLIT_M`` tokens; above, Marlin's gate_up and vLLM's ``silu_and_mul``.
+
 Only the draft is changed: the target verifies every drafted token, so the strict tier's output is the
 target's whatever the draft's MLP rounds. Layers on another kernel, with a bias, another activation or
 halves that are not whole row tiles keep vLLM's forward; the engine report counts both.
@@ -19,15 +22,17 @@ import types
 
 import torch
 
-from . import twin_cuda
+from . import twin_cuda, twin_hybrid
 from . import twin_cuda_layout as layout
+
+FUSABLE = (twin_cuda.KERNEL_NAME, twin_hybrid.KERNEL_NAME)  # own-cuda, and own-cuda+marlin (own up to SPLIT_M)
 
 
 def _why_not(module) -> str | None:
     """Why a module with ``gate_up_proj``, ``down_proj`` and ``act_fn`` keeps vLLM's forward, or None."""
     gu = module.gate_up_proj
     kernel = getattr(getattr(gu, "scheme", None), "kernel", None)
-    if type(kernel).__name__ != twin_cuda.KERNEL_NAME:
+    if type(kernel).__name__ not in FUSABLE:
         return f"gate_up_proj runs on {type(kernel).__name__ if kernel is not None else 'no W4A16 kernel'}"
     if type(module.act_fn).__name__ != "SiluAndMul":
         return f"activation {type(module.act_fn).__name__}, not SiluAndMul"
@@ -44,6 +49,9 @@ def _pair(gu) -> None:
     from vllm.model_executor.utils import replace_parameter
 
     kernel = gu.scheme.kernel
+    if type(kernel).__name__ == twin_hybrid.KERNEL_NAME:
+        twin_hybrid.pair(gu)  # the own layout only: Marlin's path runs silu_and_mul on its own output
+        return
     paired = layout.pair_tiles(twin_cuda.layer_state(gu))
     replace_parameter(gu, kernel.w_q_name, paired["qw"])
     replace_parameter(gu, kernel.w_s_name, paired["sc"])
@@ -54,6 +62,11 @@ def _pair(gu) -> None:
 
 def _fused_forward(self, x: torch.Tensor) -> torch.Tensor:
     out, _ = self.down_proj(twin_cuda.gate_up_silu_mul(x, twin_cuda.layer_state(self.gate_up_proj)))
+    return out
+
+
+def _hybrid_forward(self, x: torch.Tensor) -> torch.Tensor:
+    out, _ = self.down_proj(twin_hybrid.gate_up_silu_mul(x, self.gate_up_proj))
     return out
 
 
@@ -69,6 +82,7 @@ def fuse(model) -> dict:
             unfused[why] = unfused.get(why, 0) + 1
             continue
         _pair(module.gate_up_proj)
-        module.forward = types.MethodType(_fused_forward, module)
+        hybrid = type(module.gate_up_proj.scheme.kernel).__name__ == twin_hybrid.KERNEL_NAME
+        module.forward = types.MethodType(_hybrid_forward if hybrid else _fused_forward, module)
         fused += 1
     return {"draft_mlp_fused": fused, "draft_mlp_unfused": unfused}

@@ -1,0 +1,172 @@
+"""draft_linear_kernel=own-cuda+marlin: the kernel picked per call by its token count, inside one custom op that
+torch.compile cannot bake a branch into; the MLP fusion on its own layout; the knob, the class and the report.
+On a GPU (with vLLM): a real compressed-tensors layer built on the class, against the dequantized reference."""
+import types
+
+import pytest
+import torch
+
+from vllm_patch import draft_kernels, draft_mlp, twin_cuda, twin_hybrid
+from vllm_patch import twin_cuda_layout as L
+
+from test_twin_cuda import checkpoint, reference
+
+
+class TwinHybridLinearKernel:  # the name draft_mlp and the report look for
+    w_q_name, w_s_name, w_zp_name = "weight_packed", "weight_scale", "weight_zero_point"
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def marlin_apply(self, layer, x, bias):
+        self.calls.append(("marlin", x.shape[0]))
+        return torch.full((x.shape[0], layer.twin_hybrid_own["n"]), 7.0)
+
+
+def hybrid_layer(n=64, k=256, calls=None, bias=None):
+    packed, scales, zeros = checkpoint(n, k, 128, False, seed=n)
+    layer = torch.nn.Module()
+    layer.twin_hybrid_own = dict(L.repack(packed, scales, zeros, 128), n=n, k=k, group=128, pairs=False)
+    layer.twin_hybrid_bias = bias
+    layer.scheme = types.SimpleNamespace(kernel=TwinHybridLinearKernel(calls if calls is not None else []))
+    twin_hybrid.register(layer)
+    return layer
+
+
+@pytest.fixture
+def own_on_cpu(monkeypatch):
+    """twin_cuda.w4a16_mm as the kernel's CPU emulation (its index math and sums), recording each call."""
+    calls = []
+
+    def emulated(x, st, p=None):
+        calls.append(("own", x.shape[0]))
+        y = L.emulate_mm(x.float(), dict(st, pairs=False)).to(torch.bfloat16)
+        return L.silu_mul(y) if st.get("pairs") else y
+
+    monkeypatch.setattr(twin_cuda, "w4a16_mm", emulated)
+    return calls
+
+
+def test_the_op_runs_own_cuda_up_to_the_split_and_marlin_above(own_on_cpu):
+    layer = hybrid_layer(calls=own_on_cpu, bias=torch.full((64,), 0.5, dtype=torch.bfloat16))
+    for m in (1, twin_hybrid.SPLIT_M, twin_hybrid.SPLIT_M + 1, 80):
+        x = torch.randn(m, 256).to(torch.bfloat16)
+        y = twin_hybrid.hybrid_linear(x.view(1, m, 256), layer)
+        assert y.shape == (1, m, 64)
+        if m <= twin_hybrid.SPLIT_M:  # the own layout, its bias (Marlin's is permuted in place)
+            want = L.emulate_mm(x.float(), layer.twin_hybrid_own).to(torch.bfloat16) + 0.5
+            assert torch.equal(y[0], want)
+        else:
+            assert torch.equal(y[0], torch.full((m, 64), 7.0))
+    assert own_on_cpu == [("own", 1), ("own", 4), ("marlin", 5), ("marlin", 80)]
+
+
+def test_compiled_code_keeps_the_choice_per_call(own_on_cpu):
+    """The op is opaque: a graph traced with a dynamic token count still asks per call (a Python branch on M in
+    the layer's forward would be traced once and guard or bake in one kernel)."""
+    layer = hybrid_layer(calls=own_on_cpu)
+    f = torch.compile(lambda x: twin_hybrid.hybrid_linear(x, layer) * 2, backend="aot_eager", dynamic=True,
+                      fullgraph=True)
+    for m in (2, 9, 3, 17):
+        f(torch.randn(m, 256).to(torch.bfloat16))
+    assert [c[0] for c in own_on_cpu] == ["own", "marlin", "own", "marlin"]
+
+
+def test_gate_up_pairs_the_own_layout_and_applies_silu_on_either_path(own_on_cpu):
+    layer = hybrid_layer(n=64, calls=own_on_cpu)
+    flat = dict(layer.twin_hybrid_own)
+    mlp = torch.nn.Module()
+    mlp.gate_up_proj = layer
+    layer.output_partition_sizes = [32, 32]
+    layer.bias = None
+    mlp.down_proj = lambda h: (h, None)
+    mlp.act_fn = type("SiluAndMul", (torch.nn.Module,), {})()
+    report = draft_mlp.fuse(torch.nn.ModuleList([mlp]))
+    assert report == {"draft_mlp_fused": 1, "draft_mlp_unfused": {}}
+    assert layer.twin_hybrid_own["pairs"] and torch.equal(layer.twin_hybrid_own["qw"], L.pair_tiles(flat)["qw"])
+    x = torch.randn(3, 256).to(torch.bfloat16)
+    want = L.silu_mul(L.emulate_mm(x.float(), L.pair_tiles(flat)))
+    assert torch.equal(mlp.forward(x), want)  # own path: the fused epilogue on the paired tiles
+    big = mlp.forward(torch.randn(6, 256).to(torch.bfloat16))  # Marlin's [M, 2 I] of 7.0, then vLLM's silu_and_mul
+    assert big.shape == (6, 32) and torch.allclose(big.float(), torch.full((6, 32), 7.0 / (1 + torch.exp(
+        torch.tensor(-7.0))) * 7.0), rtol=1e-2)
+    assert own_on_cpu == [("own", 3), ("marlin", 6)]
+
+
+def test_knob_class_and_report():
+    from vllm_patch.knobs import ENV_LINEAR_KERNEL, KnobError, read_knobs
+
+    assert read_knobs({ENV_LINEAR_KERNEL: "own-cuda+marlin"}).draft_linear_kernel == "own-cuda+marlin"
+    with pytest.raises(KnobError, match="own-cuda\\+marlin"):  # the error lists the values, this one too
+        read_knobs({ENV_LINEAR_KERNEL: "marlin+own-cuda"})
+    assert draft_kernels.resolve("own-cuda+marlin", on_cuda=True)[0] == twin_hybrid.KERNEL_NAME
+    assert draft_kernels.resolve("own-cuda+marlin", on_cuda=False)[0] is None
+    cls = draft_kernels.kernel_class(twin_hybrid.KERNEL_NAME)
+    from vllm.model_executor.kernels.linear import MarlinLinearKernel
+
+    assert issubclass(cls, MarlinLinearKernel) and cls.__name__ == twin_hybrid.KERNEL_NAME
+    if not torch.cuda.is_available():
+        ok, why = cls.can_implement(None)
+        assert not ok and "needs CUDA" in why
+    layers = torch.nn.ModuleList([hybrid_layer(), hybrid_layer(n=32)])
+    rep = draft_kernels.report(layers, twin_hybrid.KERNEL_NAME)
+    own = [m.twin_hybrid_own for m in layers]
+    assert rep["draft_linear_kernel"] == twin_hybrid.KERNEL_NAME and rep["draft_hybrid_split_m"] == 4
+    assert rep["draft_hybrid_extra_bytes"] == sum(
+        t.numel() * t.element_size() for st in own for t in (st["qw"], st["sc"], st["zp"]))
+
+
+def test_a_freed_layer_is_named():
+    layer = hybrid_layer()
+    key = layer.twin_hybrid_key
+    del layer
+    import gc
+
+    gc.collect()
+    with pytest.raises(KeyError, match="no live draft layer"):
+        twin_hybrid.layer_of(key)
+
+
+# -------------------------------------------------------------- on a GPU, with vLLM's Marlin
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU, nvcc and vLLM's CUDA kernels")
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_a_compressed_tensors_layer_on_the_hybrid_class(symmetric):
+    """vLLM's own scheme builds the layer and picks the class (put first as the engine does); every M gives the
+    dequantized reference, the own path what own-cuda alone gives, the Marlin path what Marlin alone gives."""
+    from vllm.model_executor.layers.quantization.compressed_tensors.schemes.compressed_tensors_wNa16 import (
+        CompressedTensorsWNA16)
+    from vllm.model_executor.kernels.linear import MarlinLinearKernel
+
+    dev, n, k = torch.device("cuda"), 1024, 2048
+    packed, scales, zeros = checkpoint(n, k, 128, symmetric, seed=3)
+
+    def build(kernel_name):
+        layer, scheme = torch.nn.Module(), CompressedTensorsWNA16("group", 4, 128, symmetric=symmetric)
+        with torch.device(dev), draft_kernels.prefer(kernel_name):
+            scheme.create_weights(layer, output_size=n, input_size=k, output_partition_sizes=[n],
+                                  input_size_per_partition=k, params_dtype=torch.bfloat16,
+                                  weight_loader=lambda *a, **kw: None)
+        layer.weight_packed.data.copy_(packed.to(dev))
+        layer.weight_scale.data.copy_(scales.to(dev).to(layer.weight_scale.dtype))
+        if zeros is not None:
+            layer.weight_zero_point.data.copy_(zeros.to(dev))
+        layer.scheme = scheme
+        scheme.process_weights_after_loading(layer)
+        return layer, scheme
+
+    layer, scheme = build(twin_hybrid.KERNEL_NAME)
+    assert type(scheme.kernel).__name__ == twin_hybrid.KERNEL_NAME
+    marlin_layer, marlin_scheme = build("MarlinLinearKernel")
+    assert type(marlin_scheme.kernel) is MarlinLinearKernel
+    ref_w = reference(packed, scales, zeros, 128).to(dev)
+    for m in (1, 4, 5, 16, 80):
+        x = torch.randn(m, k, device=dev).to(torch.bfloat16)
+        y = scheme.apply_weights(layer, x).float()
+        ref = x.float() @ ref_w.t()
+        assert float((y - ref).abs().max() / ref.abs().max()) < 8e-3, m
+        if m <= twin_hybrid.SPLIT_M:
+            assert torch.equal(y, twin_cuda.w4a16_mm(x, twin_hybrid.own_state(layer)).float()), m
+        else:
+            assert torch.equal(y, marlin_scheme.apply_weights(marlin_layer, x).float()), m

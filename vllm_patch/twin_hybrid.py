@@ -1,0 +1,202 @@
+"""``draft_linear_kernel=own-cuda+marlin``: each draft layer on the faster W4A16 kernel for its token count (issue 37).
+
+Measured on one H100 (``docs/benchmarks.md``, results/int4-gemm/20261206T142658Z-h100), a 32B layer set takes
+114.9 / 122.9 / 176.8 µs on ``own-cuda`` at M = 1 / 4 / 16 tokens and 124.0 / 124.7 / 131.4 on Marlin; the 8B
+set 53.5 / 60.5 / 85.3 against 66.0 / 66.0 / 69.5. In the engine (E16, 8B, γ 4) that made ``own-cuda`` the faster
+draft alone (c 0.558 against 0.606) and the slower at batch 16 (1.084 against 0.792), and its prefill path
+(dequantized slices and cuBLAS) put 8 ms on the first token. No one kernel wins at every M.
+
+This class holds a layer in both layouts: ``own-cuda``'s (repacked from the checkpoint first, kept beside the
+layer's parameters) and Marlin's (vLLM's ``MarlinLinearKernel`` then transforms the parameters as it always
+does). The GEMM is one custom op, opaque to torch.compile, that picks by the token count it is called with:
+``own-cuda`` up to :data:`SPLIT_M` tokens, Marlin above (decode at larger batches, the first pass at batch 16,
+every prefill). Under CUDA graphs M is fixed per captured graph, so each graph holds one kernel per layer. The
+price is memory: the twin's packed weights twice (the engine report's ``draft_hybrid_extra_bytes``).
+
+The MLP: ``draft_mlp`` pairs the own layout's gate_up tiles and calls :func:`gate_up_silu_mul`: up to
+:data:`SPLIT_M` tokens the own kernel's fused ``silu(gate) * up`` epilogue, above it Marlin's gate_up and
+vLLM's ``silu_and_mul``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+
+import torch
+
+from . import twin_cuda
+from . import twin_cuda_layout as layout
+
+KERNEL_NAME = "TwinHybridLinearKernel"
+OP_NAME = "w4a16_by_m"
+# own-cuda up to this many tokens (H100: ahead of Marlin at M = 1 and 4 at both shapes, behind at 16; at 32B
+# M = 8 138.4 µs against Marlin's 124.7-131.4 at 4-16)
+SPLIT_M = 4
+
+_LAYERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # key -> layer (the op's handle)
+_IDS = itertools.count()
+
+
+def own_state(layer) -> dict:
+    """The layer's ``own-cuda`` tensors and shape, as ``twin_cuda.w4a16_mm`` takes them."""
+    return layer.twin_hybrid_own
+
+
+def register(layer) -> str:
+    """A key the custom op finds ``layer`` by (the layer is held weakly)."""
+    key = f"twin_hybrid_{next(_IDS)}"
+    layer.twin_hybrid_key = key
+    _LAYERS[key] = layer
+    return key
+
+
+def layer_of(key: str):
+    try:
+        return _LAYERS[key]
+    except KeyError:
+        raise KeyError(f"{OP_NAME}: no live draft layer {key!r} (its model was freed)") from None
+
+
+def uses_own(m: int) -> bool:
+    """Whether a call with ``m`` tokens runs on ``own-cuda`` (else Marlin)."""
+    return m <= SPLIT_M
+
+
+def _marlin(layer, x: torch.Tensor) -> torch.Tensor:
+    kernel = layer.scheme.kernel
+    return kernel.marlin_apply(layer, x, getattr(layer, "bias", None))
+
+
+def _mm_impl(x: torch.Tensor, key: str, n: int) -> torch.Tensor:
+    layer = layer_of(key)
+    if not uses_own(x.shape[0]):
+        return _marlin(layer, x)
+    y = twin_cuda.w4a16_mm(x, own_state(layer))
+    bias = getattr(layer, "twin_hybrid_bias", None)
+    return y if bias is None else y + bias
+
+
+def _silu_mul_impl(x: torch.Tensor, key: str, n: int) -> torch.Tensor:
+    layer = layer_of(key)
+    if uses_own(x.shape[0]):
+        return twin_cuda.w4a16_mm(x, own_state(layer))  # the paired layout: silu(gate) * up in the epilogue
+    import vllm._custom_ops  # noqa: F401  (registers torch.ops._C)
+
+    h = _marlin(layer, x)
+    y = torch.empty((x.shape[0], n // 2), dtype=h.dtype, device=h.device)
+    torch.ops._C.silu_and_mul(y, h)
+    return y
+
+
+def _register(name: str, impl, cols):
+    ns = getattr(torch.ops, twin_cuda.OP_NAMESPACE, None)
+    if ns is not None and hasattr(ns, name):
+        return getattr(ns, name)
+    op = torch.library.custom_op(f"{twin_cuda.OP_NAMESPACE}::{name}", mutates_args=(),
+                                 schema="(Tensor x, str key, int n) -> Tensor")(impl)
+
+    @op.register_fake
+    def _(x, key, n):
+        return x.new_empty((x.shape[0], cols(n)))
+
+    return op
+
+
+by_m_op = _register(OP_NAME, _mm_impl, lambda n: n)
+by_m_silu_mul_op = _register(OP_NAME + "_silu_mul", _silu_mul_impl, lambda n: n // 2)
+
+
+def hybrid_linear(x: torch.Tensor, layer) -> torch.Tensor:
+    """``x [..., K] -> [..., N]`` (bias included) through the op."""
+    n = own_state(layer)["n"]
+    y = by_m_op(x.reshape(-1, x.shape[-1]), layer.twin_hybrid_key, n)
+    return y.reshape(*x.shape[:-1], n)
+
+
+def gate_up_silu_mul(x: torch.Tensor, layer) -> torch.Tensor:
+    """``x [..., K] -> [..., N / 2]``: a gate_up layer whose own tiles are paired (``draft_mlp``), SiluAndMul
+    applied, on the kernel of the call's token count."""
+    n = own_state(layer)["n"]
+    y = by_m_silu_mul_op(x.reshape(-1, x.shape[-1]), layer.twin_hybrid_key, n)
+    return y.reshape(*x.shape[:-1], n // 2)
+
+
+def pair(layer) -> None:
+    """Pair the own layout's gate_up tiles (Marlin's layout is not touched: its path runs silu_and_mul)."""
+    layer.twin_hybrid_own = layout.pair_tiles(own_state(layer))
+
+
+def extra_bytes(model) -> int:
+    """Bytes the own layouts add to the draft (the price of holding both)."""
+    total = 0
+    for module in (model.modules() if model is not None else ()):
+        st = getattr(module, "twin_hybrid_own", None)
+        if st:
+            total += sum(t.numel() * t.element_size() for t in (st["qw"], st["sc"], st["zp"]) if t is not None)
+    return total
+
+
+# ---------------------------------------------------------------- the vLLM kernel class
+
+def _build_class():
+    """Marlin's class, with the own layout repacked first and the GEMM picked per call by its token count."""
+    from vllm.model_executor.kernels.linear import MarlinLinearKernel
+
+    class TwinHybridLinearKernel(MarlinLinearKernel):
+        @classmethod
+        def get_min_capability(cls) -> int:
+            return max(twin_cuda.MIN_CAPABILITY, MarlinLinearKernel.get_min_capability())
+
+        @classmethod
+        def can_implement(cls, c) -> tuple[bool, str | None]:
+            from vllm.platforms import current_platform
+
+            if not current_platform.is_cuda():
+                return False, f"{KERNEL_NAME} needs CUDA"
+            reason = twin_cuda.unavailable_reason()
+            if reason:
+                return False, f"{KERNEL_NAME}: {reason}"
+            ok, why = twin_cuda.check_config(c)
+            if not ok:
+                return False, f"{KERNEL_NAME} (own-cuda): {why}"
+            ok, why = MarlinLinearKernel.can_implement.__func__(cls, c)
+            return ok, (None if ok else f"{KERNEL_NAME} (Marlin): {why}")
+
+        def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+            c = self.config
+            w_q, w_s, w_zp, _ = self._get_weight_params(layer)
+            k, n = c.partition_weight_shape
+            if tuple(w_q.shape) != (n, k // 8):
+                raise ValueError(f"{KERNEL_NAME}: packed weight {tuple(w_q.shape)} is not [out={n}, in/8={k // 8}]")
+            st = layout.repack(w_q.data, w_s.data, w_zp.data if c.zero_points else None, c.group_size)
+            layer.twin_hybrid_own = dict(st, n=n, k=k, group=c.group_size, pairs=False)
+            bias = getattr(layer, "bias", None)
+            layer.twin_hybrid_bias = None if bias is None else bias.detach().clone()  # Marlin permutes its own
+            register(layer)
+            if st["qw"].is_cuda:
+                twin_cuda.counters(st["qw"].device)  # before graph capture
+                twin_cuda.extension()
+            super().process_weights_after_loading(layer)
+
+        def apply_weights(self, layer: torch.nn.Module, x: torch.Tensor,
+                          bias: torch.Tensor | None = None) -> torch.Tensor:
+            return hybrid_linear(x, layer)
+
+        def marlin_apply(self, layer, x, bias):
+            return MarlinLinearKernel.apply_weights(self, layer, x, bias)
+
+    TwinHybridLinearKernel.__qualname__ = KERNEL_NAME
+    return TwinHybridLinearKernel
+
+
+_CLASS = None
+
+
+def __getattr__(name: str):
+    global _CLASS
+    if name == KERNEL_NAME:
+        if _CLASS is None:
+            _CLASS = _build_class()
+        return _CLASS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
