@@ -1,6 +1,7 @@
 """draft_linear_kernel=own-cuda+marlin: the kernel picked per call by its token count, inside one custom op that
 torch.compile cannot bake a branch into; the MLP fusion on its own layout; the knob, the class and the report.
 On a GPU (with vLLM): a real compressed-tensors layer built on the class, against the dequantized reference."""
+import os
 import types
 
 import pytest
@@ -23,13 +24,16 @@ class TwinHybridLinearKernel:  # the name draft_mlp and the report look for
         return torch.full((x.shape[0], layer.twin_hybrid_own["n"]), 7.0)
 
 
-def hybrid_layer(n=64, k=256, calls=None, bias=None):
+def hybrid_layer(n=64, k=256, calls=None, bias=None, scheme=False):
     packed, scales, zeros = checkpoint(n, k, 128, False, seed=n)
     layer = torch.nn.Module()
     layer.twin_hybrid_own = dict(L.repack(packed, scales, zeros, 128), n=n, k=k, group=128, pairs=False)
     layer.twin_hybrid_bias = bias
-    layer.scheme = types.SimpleNamespace(kernel=TwinHybridLinearKernel(calls if calls is not None else []))
-    twin_hybrid.register(layer)
+    kernel = TwinHybridLinearKernel(calls if calls is not None else [])
+    layer.twin_hybrid_kernel = kernel  # what the op calls Marlin through: no layer.scheme (the int4 head's holder
+    twin_hybrid.register(layer)         # has none: an engine died on that in serving, draft_head)
+    if scheme:
+        layer.scheme = types.SimpleNamespace(kernel=kernel)
     return layer
 
 
@@ -73,7 +77,7 @@ def test_compiled_code_keeps_the_choice_per_call(own_on_cpu):
 
 
 def test_gate_up_pairs_the_own_layout_and_applies_silu_on_either_path(own_on_cpu):
-    layer = hybrid_layer(n=64, calls=own_on_cpu)
+    layer = hybrid_layer(n=64, calls=own_on_cpu, scheme=True)
     flat = dict(layer.twin_hybrid_own)
     mlp = torch.nn.Module()
     mlp.gate_up_proj = layer
@@ -108,10 +112,11 @@ def test_knob_class_and_report():
     if not torch.cuda.is_available():
         ok, why = cls.can_implement(None)
         assert not ok and "needs CUDA" in why
-    layers = torch.nn.ModuleList([hybrid_layer(), hybrid_layer(n=32)])
+    layers = torch.nn.ModuleList([hybrid_layer(scheme=True), hybrid_layer(n=32, scheme=True)])
     rep = draft_kernels.report(layers, twin_hybrid.KERNEL_NAME)
     own = [m.twin_hybrid_own for m in layers]
     assert rep["draft_linear_kernel"] == twin_hybrid.KERNEL_NAME and rep["draft_hybrid_split_m"] == 4
+    assert rep["draft_hybrid_marlin_direct"] == 0  # CPU stand-ins: no direct Marlin arguments
     assert rep["draft_hybrid_extra_bytes"] == sum(
         t.numel() * t.element_size() for st in own for t in (st["qw"], st["sc"], st["zp"]))
 
@@ -139,6 +144,18 @@ def test_a_compressed_tensors_layer_on_the_hybrid_class(symmetric):
         CompressedTensorsWNA16)
     from vllm.model_executor.kernels.linear import MarlinLinearKernel
 
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import parallel_state as ps
+
+    with set_current_vllm_config(VllmConfig()):  # vLLM's layers and ops read it when built and called
+        if not ps.model_parallel_is_initialized():  # the parameters ask for their tensor-parallel rank
+            ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                            distributed_init_method=f"tcp://127.0.0.1:{29500 + os.getpid() % 1000}")
+            ps.initialize_model_parallel(1, 1)
+        _compressed_tensors_layer_on_the_hybrid_class(symmetric, CompressedTensorsWNA16, MarlinLinearKernel)
+
+
+def _compressed_tensors_layer_on_the_hybrid_class(symmetric, CompressedTensorsWNA16, MarlinLinearKernel):
     dev, n, k = torch.device("cuda"), 1024, 2048
     packed, scales, zeros = checkpoint(n, k, 128, symmetric, seed=3)
 
@@ -158,15 +175,16 @@ def test_a_compressed_tensors_layer_on_the_hybrid_class(symmetric):
 
     layer, scheme = build(twin_hybrid.KERNEL_NAME)
     assert type(scheme.kernel).__name__ == twin_hybrid.KERNEL_NAME
+    assert layer.twin_hybrid_marlin is not None  # the direct marlin_gemm call, equal to vLLM's apply on its probe
     marlin_layer, marlin_scheme = build("MarlinLinearKernel")
     assert type(marlin_scheme.kernel) is MarlinLinearKernel
     ref_w = reference(packed, scales, zeros, 128).to(dev)
     for m in (1, 4, 5, 16, 80):
         x = torch.randn(m, k, device=dev).to(torch.bfloat16)
-        y = scheme.apply_weights(layer, x).float()
+        y = scheme.apply_weights(layer, x, None).float()
         ref = x.float() @ ref_w.t()
         assert float((y - ref).abs().max() / ref.abs().max()) < 8e-3, m
         if m <= twin_hybrid.SPLIT_M:
             assert torch.equal(y, twin_cuda.w4a16_mm(x, twin_hybrid.own_state(layer)).float()), m
         else:
-            assert torch.equal(y, marlin_scheme.apply_weights(marlin_layer, x).float()), m
+            assert torch.equal(y, marlin_scheme.apply_weights(marlin_layer, x, None).float()), m

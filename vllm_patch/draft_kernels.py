@@ -143,7 +143,8 @@ def report(model, preferred: str | None) -> dict:
     if counts.get(KERNEL_CLASSES["own-cuda+marlin"]):  # both layouts held: what the choice per M costs in memory
         from . import twin_hybrid
 
-        out.update(draft_hybrid_split_m=twin_hybrid.SPLIT_M, draft_hybrid_extra_bytes=twin_hybrid.extra_bytes(model))
+        out.update(draft_hybrid_split_m=twin_hybrid.SPLIT_M, draft_hybrid_extra_bytes=twin_hybrid.extra_bytes(model),
+                   draft_hybrid_marlin_direct=twin_hybrid.direct_layers(model))
     return out
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from . import custom_ops
 from . import twin_cuda_layout as layout
 from . import twin_gemv_kernel as _gemv_kernel
 
@@ -288,24 +289,13 @@ def _op_pairs_impl(x: torch.Tensor, qw: torch.Tensor, sc: torch.Tensor, zp: torc
     return w4a16_mm(x, {"qw": qw, "sc": sc, "zp": zp, "n": n, "k": x.shape[1], "group": group, "pairs": True})
 
 
-def _register_op(name: str = OP_NAME, impl=_op_impl, cols=lambda n: n):
-    ns = getattr(torch.ops, OP_NAMESPACE, None)
-    if ns is not None and hasattr(ns, name):
-        return getattr(ns, name)
-    op = torch.library.custom_op(
-        f"{OP_NAMESPACE}::{name}", mutates_args=(),
-        schema="(Tensor x, Tensor qw, Tensor sc, Tensor? zp, int n, int group) -> Tensor")(impl)
-
-    @op.register_fake
-    def _(x, qw, sc, zp, n, group):
-        return x.new_empty((x.shape[0], cols(n)))
-
-    return op
-
-
-w4a16_cuda_op = _register_op()
+_SCHEMA = "(Tensor x, Tensor qw, Tensor sc, Tensor? zp, int n, int group) -> Tensor"
+_LIB = custom_ops.library()  # the ops live as long as this module (registered directly: custom_ops says why)
+w4a16_cuda_op = custom_ops.register(_LIB, OP_NAME, _SCHEMA, _op_impl,
+                                    lambda x, qw, sc, zp, n, group: x.new_empty((x.shape[0], n)))
 # the paired gate_up layout with the silu(gate) * up epilogue: [M, K] -> [M, N / 2]
-w4a16_cuda_silu_mul_op = _register_op(OP_NAME + "_silu_mul", _op_pairs_impl, lambda n: n // 2)
+w4a16_cuda_silu_mul_op = custom_ops.register(_LIB, OP_NAME + "_silu_mul", _SCHEMA, _op_pairs_impl,
+                                             lambda x, qw, sc, zp, n, group: x.new_empty((x.shape[0], n // 2)))
 
 
 def twin_linear(x: torch.Tensor, st: dict, bias: torch.Tensor | None = None) -> torch.Tensor:

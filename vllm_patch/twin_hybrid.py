@@ -25,7 +25,7 @@ import weakref
 
 import torch
 
-from . import twin_cuda
+from . import custom_ops, twin_cuda
 from . import twin_cuda_layout as layout
 
 KERNEL_NAME = "TwinHybridLinearKernel"
@@ -64,8 +64,11 @@ def uses_own(m: int) -> bool:
 
 
 def _marlin(layer, x: torch.Tensor) -> torch.Tensor:
-    kernel = layer.scheme.kernel
-    return kernel.marlin_apply(layer, x, getattr(layer, "bias", None))
+    fast = getattr(layer, "twin_hybrid_marlin", None)
+    if fast is not None:  # Marlin's GEMM with the arguments vLLM's apply would compute, computed once at load
+        return torch.ops._C.marlin_gemm(x, None, *fast[:-1], x.shape[0], *fast[-1])
+    # the kernel that loaded the layer (not layer.scheme: the int4 draft head's holder has none, draft_head)
+    return layer.twin_hybrid_kernel.marlin_apply(layer, x, getattr(layer, "bias", None))
 
 
 def _mm_impl(x: torch.Tensor, key: str, n: int) -> torch.Tensor:
@@ -89,22 +92,11 @@ def _silu_mul_impl(x: torch.Tensor, key: str, n: int) -> torch.Tensor:
     return y
 
 
-def _register(name: str, impl, cols):
-    ns = getattr(torch.ops, twin_cuda.OP_NAMESPACE, None)
-    if ns is not None and hasattr(ns, name):
-        return getattr(ns, name)
-    op = torch.library.custom_op(f"{twin_cuda.OP_NAMESPACE}::{name}", mutates_args=(),
-                                 schema="(Tensor x, str key, int n) -> Tensor")(impl)
-
-    @op.register_fake
-    def _(x, key, n):
-        return x.new_empty((x.shape[0], cols(n)))
-
-    return op
-
-
-by_m_op = _register(OP_NAME, _mm_impl, lambda n: n)
-by_m_silu_mul_op = _register(OP_NAME + "_silu_mul", _silu_mul_impl, lambda n: n // 2)
+_SCHEMA = "(Tensor x, str key, int n) -> Tensor"
+_LIB = custom_ops.library()  # registered directly (custom_ops: torch.library.custom_op costs ~9 µs a call)
+by_m_op = custom_ops.register(_LIB, OP_NAME, _SCHEMA, _mm_impl, lambda x, key, n: x.new_empty((x.shape[0], n)))
+by_m_silu_mul_op = custom_ops.register(_LIB, OP_NAME + "_silu_mul", _SCHEMA, _silu_mul_impl,
+                                       lambda x, key, n: x.new_empty((x.shape[0], n // 2)))
 
 
 def hybrid_linear(x: torch.Tensor, layer) -> torch.Tensor:
@@ -135,6 +127,11 @@ def extra_bytes(model) -> int:
         if st:
             total += sum(t.numel() * t.element_size() for t in (st["qw"], st["sc"], st["zp"]) if t is not None)
     return total
+
+
+def direct_layers(model) -> int:
+    """Layers whose Marlin path calls ``marlin_gemm`` directly (the rest go through vLLM's apply)."""
+    return sum(getattr(m, "twin_hybrid_marlin", None) is not None for m in (model.modules() if model else ()))
 
 
 # ---------------------------------------------------------------- the vLLM kernel class
@@ -173,11 +170,13 @@ def _build_class():
             layer.twin_hybrid_own = dict(st, n=n, k=k, group=c.group_size, pairs=False)
             bias = getattr(layer, "bias", None)
             layer.twin_hybrid_bias = None if bias is None else bias.detach().clone()  # Marlin permutes its own
+            layer.twin_hybrid_kernel = self
             register(layer)
             if st["qw"].is_cuda:
                 twin_cuda.counters(st["qw"].device)  # before graph capture
                 twin_cuda.extension()
             super().process_weights_after_loading(layer)
+            layer.twin_hybrid_marlin = self.checked_marlin_args(layer)
 
         def apply_weights(self, layer: torch.nn.Module, x: torch.Tensor,
                           bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -185,6 +184,39 @@ def _build_class():
 
         def marlin_apply(self, layer, x, bias):
             return MarlinLinearKernel.apply_weights(self, layer, x, bias)
+
+        def checked_marlin_args(self, layer):
+            """:meth:`marlin_args`, kept only where its GEMM equals vLLM's apply bit for bit on a probe x."""
+            args = self.marlin_args(layer)
+            if args is None or not args[0].is_cuda:
+                return None
+            x = torch.randn((SPLIT_M + 1, self.config.partition_weight_shape[0]), device=args[0].device,
+                            generator=torch.Generator(args[0].device).manual_seed(0)).to(torch.bfloat16)
+            want = self.marlin_apply(layer, x, getattr(layer, "bias", None))
+            layer.twin_hybrid_marlin = args
+            try:
+                return args if torch.equal(_marlin(layer, x), want) else None
+            except RuntimeError:
+                return None
+
+        def marlin_args(self, layer):
+            """``torch.ops._C.marlin_gemm``'s arguments after x, c and size_m, as vLLM 0.27.1's
+            ``apply_gptq_marlin_linear`` computes them for this layer (bf16 activations, no padding): its host
+            work (about 20 µs a call, on the draft's prefill path) done once. None where it pads or quantizes x:
+            then its apply runs."""
+            from vllm.model_executor.layers.quantization.utils import marlin_utils as mu
+
+            c = self.config
+            w_q, w_s, w_zp, w_gidx = self._get_weight_params(layer)
+            k, n = c.partition_weight_shape
+            padded_n, padded_k = mu.marlin_repacked_nk(w_q, c.weight_type.size_bits)
+            if (padded_n, padded_k) != (n, k) or c.act_type != torch.bfloat16:
+                return None
+            atomic = mu.should_use_atomic_add_reduce(m=1, n=padded_n, k=padded_k, device=w_q.device,
+                                                     dtype=c.act_type)  # m is not read (vLLM 0.27.1)
+            return (w_q, getattr(layer, "bias", None), w_s, None, None, w_zp, w_gidx, layer.g_idx_sort_indices,
+                    self.workspace, c.weight_type.id,
+                    (padded_n, padded_k, self.is_k_full, atomic, mu.USE_FP32_REDUCE_DEFAULT, False))
 
     TwinHybridLinearKernel.__qualname__ = KERNEL_NAME
     return TwinHybridLinearKernel
