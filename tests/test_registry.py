@@ -60,6 +60,7 @@ def test_every_experiment_names_registered_analyses():
     (lambda e, p: e["experiments"]["E2"]["legs"][0].update(tier="loose"), r"E2.*tier: must be one of strict, relaxed"),
     (lambda e, p: e["experiments"]["E2"]["legs"][0].update(relax_logtau=0.5), r"E2.*strict leg cannot set relax_logtau"),
     (lambda e, p: e["experiments"]["E2"]["legs"][0].update(blind_mm="yes"), r"E2.*blind_mm.*true or false"),
+    (lambda e, p: e["experiments"]["E2"]["legs"][0].update(named_only="yes"), r"E2.*named_only: expected true or false"),
     (lambda e, p: e["experiments"]["E2"]["legs"][0].update(name="strict_{gama}"), r"E2.*placeholder \{gama\}"),
     (lambda e, p: e["experiments"]["E2"]["sweep"].update(gamma=[]), r"E2.sweep.gamma: expected a non-empty list"),
     (lambda e, p: e["experiments"]["E2"]["sweep"].update(gamma=[2, 2]), r"E2.sweep.gamma: duplicate values"),
@@ -91,6 +92,18 @@ def test_bad_definitions_are_named(tmp_path, raw, mutate, message):
     mutate(exps, profs)
     with pytest.raises(RegistryError, match=message):
         _load(tmp_path, exps, profs)
+
+
+def test_a_named_only_leg_runs_when_named():
+    """E18's twin_a1_hybrid (an A/B not worth a server in every run) is left out of the default plan and planned,
+    with its kernel, when `-p legs=` names it."""
+    from workbench.planning import plan
+
+    default = [leg.name for leg in plan("E18", "8b-shape").legs]
+    assert "twin_a1" in default and "twin_a1_hybrid" not in default
+    named = {leg.name: leg for leg in plan("E18", "8b-shape", ["legs=twin_a1,twin_a1_hybrid"]).legs}
+    assert named["twin_a1_hybrid"].knobs["draft_linear_kernel"] == "own-cuda+marlin"
+    assert named["twin_a1"].knobs["draft_linear_kernel"] == "auto"
 
 
 def test_bad_yaml_and_missing_file(tmp_path):

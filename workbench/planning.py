@@ -259,7 +259,7 @@ def _ladder(exp: Experiment, prof: Profile, ov: dict[str, Any], smoke: bool) -> 
 
 
 def _templates(exp: Experiment, ov: dict[str, Any], smoke: bool) -> list:
-    templates = exp.legs
+    templates = [t for t in exp.legs if not t.named_only]  # a named_only leg runs when -p legs= names it
     if smoke and exp.smoke.legs and "legs" not in ov:
         templates = [t for t in exp.legs if t.name in exp.smoke.legs]
     if "legs" in ov:

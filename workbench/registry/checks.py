@@ -53,7 +53,7 @@ LOAD_FORMATS = ("auto", "dummy")
 
 _EXPERIMENT_FIELDS = {"title", "question", "dataset", "legs", "sweep", "defaults", "analyses", "smoke",
                       "bracket", "profiles", "result_prefix", "notes", "runner", "ladder"}
-_LEG_FIELDS = {"name", "kind", "model", "draft", "tier", "reference"} | set(KNOBS)
+_LEG_FIELDS = {"name", "kind", "model", "draft", "tier", "reference", "named_only"} | set(KNOBS)
 _SMOKE_FIELDS = {"sweep", "legs", "dataset", "bracket", "ladder"} | set(KNOBS)
 _PROFILE_FIELDS = {"description", "device", "tiny", "stand_in", "default_smoke", "roles", "engine", "shapes",
                    "load_format", "organism", "stand_ins"}

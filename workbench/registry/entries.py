@@ -19,12 +19,15 @@ class LegTemplate:
     tier: str | None = None
     reference: str | None = None
     knobs: dict[str, Any] = field(default_factory=dict)
+    named_only: bool = False  # run only when `-p legs=` names it (an A/B not worth a server in every run)
 
     def to_dict(self) -> dict[str, Any]:
         d = {"name": self.name, "kind": self.kind, "model": self.model}
         for k in ("draft", "tier", "reference"):
             if getattr(self, k) is not None:
                 d[k] = getattr(self, k)
+        if self.named_only:
+            d["named_only"] = True
         d.update(self.knobs)
         return d
 

@@ -210,8 +210,11 @@ def _load_leg(raw: Any, where: str, profiles: dict[str, Profile]) -> LegTemplate
         reference = _check_role_ref(reference or "target", f"{where}.reference", profiles)
     elif reference is not None:
         raise RegistryError(f"{where}: only a score leg takes 'reference'")
+    named_only = raw.get("named_only", False)
+    if not isinstance(named_only, bool):
+        raise RegistryError(f"{where}.named_only: expected true or false, got {named_only!r}")
     return LegTemplate(name=name, kind=kind, model=model, draft=draft, tier=tier, reference=reference,
-                       knobs=knobs)
+                       knobs=knobs, named_only=named_only)
 
 
 def _load_bracket(raw: Any, where: str, default: int | None) -> int | None:
