@@ -27,14 +27,11 @@ MAX_LINES = 400
 # Module-level objects written after import that are not engine state: memos of a value that is
 # the same every time it is computed. (module file, name) -> why.
 ALLOWED_MEMOS = {
-    ("twin_gemv.py", "_CLASS"): "the kernel class, built on first access (module __getattr__)",
     ("twin_gemv_kernel.py", "_SM_COUNT"): "multiprocessor count per CUDA device",
     ("twin_gemv_kernel.py", "_COUNTERS"): "the split-K kernels' counter workspace per device, allocated once",
-    ("twin_cuda.py", "_CLASS"): "the kernel class, built on first access (module __getattr__)",
     ("twin_cuda.py", "_EXT"): "the compiled CUDA extension, built or loaded once per process",
     ("twin_cuda.py", "_SMS"): "multiprocessor count per CUDA device",
     ("twin_cuda.py", "_COUNTERS"): "the split-K counter workspace per device, allocated once",
-    ("twin_hybrid.py", "_CLASS"): "the kernel class, built on first access (module __getattr__)",
     ("twin_hybrid.py", "_LAYERS"): "the custom op's handle to each live layer (a string key, as vLLM's attention "
                                    "op finds its layer by name), held weakly: a freed model leaves nothing",
 }

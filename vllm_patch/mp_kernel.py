@@ -53,3 +53,18 @@ def build(name: str, min_capability: int, unavailable_reason: Callable[[], str |
 
     Kernel.__name__ = Kernel.__qualname__ = name
     return Kernel
+
+
+def lazy_class(module_name: str, class_name: str, build: Callable[[], type]) -> Callable[[str], type]:
+    """A module's ``__getattr__`` that builds ``class_name`` with ``build`` on first access and keeps it (the
+    kernel modules import without vLLM; the class needs it)."""
+    built: dict[str, type] = {}
+
+    def __getattr__(name: str) -> type:
+        if name != class_name:
+            raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
+        if name not in built:
+            built[name] = build()
+        return built[name]
+
+    return __getattr__

@@ -30,6 +30,7 @@ import torch
 from . import custom_ops
 from . import twin_cuda_layout as layout
 from . import twin_gemv_kernel as _gemv_kernel
+from .mp_kernel import build, lazy_class
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("twin_w4a16_torch.cpp", "twin_w4a16_zp.cu", "twin_w4a16_zp_deep.cu", "twin_w4a16_sym.cu",
@@ -372,18 +373,7 @@ def _apply(kernel, layer, x, bias):
 
 def _build_class():
     """CUDA C++ W4A16 decode GEMM (tensor cores, split-K) for the int4 twin; measured against ``own``."""
-    from .mp_kernel import build
-
     return build(KERNEL_NAME, MIN_CAPABILITY, unavailable_reason, check_config, _load, _apply)
 
 
-_CLASS = None
-
-
-def __getattr__(name: str):
-    global _CLASS
-    if name == KERNEL_NAME:
-        if _CLASS is None:
-            _CLASS = _build_class()
-        return _CLASS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_class(__name__, KERNEL_NAME, _build_class)  # the class is built on first access

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from . import twin_gemv_kernel as _k
+from .mp_kernel import build, lazy_class
 
 KERNEL_NAME = "TwinGemvLinearKernel"
 OP_NAMESPACE = "twin_spec"
@@ -237,18 +238,7 @@ def _apply(kernel, layer, x, bias):
 
 def _build_class():
     """Split-K Triton W4A16 GEMV (M <= 2) / tensor-core GEMM (larger M; prefill too) for the int4 twin."""
-    from .mp_kernel import build
-
     return build(KERNEL_NAME, MIN_CAPABILITY, unavailable_reason, check_config, _load, _apply)
 
 
-_CLASS = None
-
-
-def __getattr__(name: str):
-    global _CLASS
-    if name == KERNEL_NAME:
-        if _CLASS is None:
-            _CLASS = _build_class()
-        return _CLASS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_class(__name__, KERNEL_NAME, _build_class)  # the class is built on first access

@@ -27,6 +27,7 @@ import torch
 
 from . import custom_ops, twin_cuda
 from . import twin_cuda_layout as layout
+from .mp_kernel import lazy_class
 
 KERNEL_NAME = "TwinHybridLinearKernel"
 OP_NAME = "w4a16_by_m"
@@ -222,13 +223,4 @@ def _build_class():
     return TwinHybridLinearKernel
 
 
-_CLASS = None
-
-
-def __getattr__(name: str):
-    global _CLASS
-    if name == KERNEL_NAME:
-        if _CLASS is None:
-            _CLASS = _build_class()
-        return _CLASS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_class(__name__, KERNEL_NAME, _build_class)  # the class is built on first access
