@@ -5,7 +5,8 @@
 (``benchmarks/op_dispatch.py``, results/op-dispatch/20261206T172224Z-cpu). A draft's prefill runs outside CUDA
 graphs and is bound by host launches, so the twin's 145 GEMM calls of an 8B prefill would pay it each time.
 vLLM's helper is not used because these ops are also registered where vLLM is absent (the kernel benchmarks on a
-GPU host with its own torch). One kernel for every backend (``CompositeExplicitAutograd``): the same op on CUDA and in the CPU tests.
+GPU host with its own torch). One kernel for every backend (``CompositeExplicitAutograd``): the same op on CUDA
+and in the CPU tests.
 """
 
 from __future__ import annotations
