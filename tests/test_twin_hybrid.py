@@ -189,3 +189,20 @@ def _compressed_tensors_layer_on_the_hybrid_class(symmetric, CompressedTensorsWN
             assert torch.equal(y, twin_cuda.w4a16_mm(x, twin_hybrid.own_state(layer)).float()), m
         else:
             assert torch.equal(y, marlin_scheme.apply_weights(marlin_layer, x, None).float()), m
+
+
+def test_own_cuda_ops_trace_opaquely_too(own_on_cpu):
+    """twin_cuda's ops (registered directly since the hybrid, as vLLM registers its own) inside a compiled graph
+    with a dynamic token count: the fake gives the shapes, the kernel runs per call (here its CPU emulation)."""
+    layer = hybrid_layer()
+    st = twin_hybrid.own_state(layer)
+    f = torch.compile(lambda x: twin_cuda.twin_linear(x, st) + 1, backend="aot_eager", dynamic=True, fullgraph=True)
+    for m in (2, 7):
+        x = torch.randn(m, 256).to(torch.bfloat16)
+        assert torch.equal(f(x), L.emulate_mm(x.float(), st).to(torch.bfloat16) + 1)
+    paired = L.pair_tiles(st)
+    g = torch.compile(lambda x: twin_cuda.gate_up_silu_mul(x, paired), backend="aot_eager", dynamic=True,
+                      fullgraph=True)
+    x = torch.randn(3, 256).to(torch.bfloat16)
+    assert g(x).shape == (3, 32) and torch.equal(g(x), L.silu_mul(L.emulate_mm(x.float(), paired)))
+    assert [c[1] for c in own_on_cpu] == [2, 7, 3, 3]
