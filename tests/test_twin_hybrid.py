@@ -121,6 +121,17 @@ def test_knob_class_and_report():
         t.numel() * t.element_size() for st in own for t in (st["qw"], st["sc"], st["zp"]))
 
 
+def test_keys_follow_the_module_path():
+    """The same module path gives the same key (a compiled graph names the layer of each engine of the model); a
+    layer without one gets a key of its own."""
+    a, b = torch.nn.Module(), torch.nn.Module()
+    a.prefix = b.prefix = "model.layers.0.mlp.down_proj"
+    assert twin_hybrid.register(a) == "twin_hybrid:model.layers.0.mlp.down_proj"
+    assert twin_hybrid.register(b) == a.twin_hybrid_key and twin_hybrid.layer_of(a.twin_hybrid_key) is b
+    c, d = torch.nn.Module(), torch.nn.Module()
+    assert twin_hybrid.register(c) != twin_hybrid.register(d)
+
+
 def test_a_freed_layer_is_named():
     layer = hybrid_layer()
     key = layer.twin_hybrid_key

@@ -112,6 +112,7 @@ def install(model, preferred_kernel: str | None) -> dict:
     scheme = CompressedTensorsWNA16(strategy="group" if group else "channel", num_bits=4, group_size=group,
                                     symmetric=False, layer_name="lm_head")
     holder = torch.nn.Module()
+    holder.prefix = "draft_lm_head"  # a module path for kernels that name their layers (twin_hybrid)
     holder.register_parameter("bias", None)  # the logits' bias, if any, comes with each call (vLLM's CPU kernel reads it)
     try:
         with torch.device(weight.device), draft_kernels.prefer(preferred_kernel):

@@ -45,8 +45,11 @@ def own_state(layer) -> dict:
 
 
 def register(layer) -> str:
-    """A key the custom op finds ``layer`` by (the layer is held weakly)."""
-    key = f"twin_hybrid_{next(_IDS)}"
+    """The key the custom op finds ``layer`` by (held weakly): the layer's module path where vLLM gave it one, so
+    that a compiled graph (and vLLM's compile cache) names the same layer in every engine of the same model; a
+    later engine's layer of the same path takes the key over (the one before it is gone or going)."""
+    prefix = getattr(layer, "prefix", "") or ""
+    key = f"twin_hybrid:{prefix}" if prefix else f"twin_hybrid#{next(_IDS)}"
     layer.twin_hybrid_key = key
     _LAYERS[key] = layer
     return key
