@@ -103,3 +103,35 @@ def test_a_leg_refuses_float32_with_the_int4_twin_before_its_engine(tmp_path, ti
     text = res.stderr + json.dumps(res.failure or {})
     assert "dtype float32" in text and "--draft models/tiny/twin-dequant" in text
     assert "Engine" not in (res.failure or {}).get("error_type", ""), res.failure
+
+
+def test_a_draft_kernel_the_host_cannot_build_is_named_with_the_way_out(tmp_path):
+    """own-cuda and own-cuda+marlin build their CUDA extension with nvcc at the first engine start: without one
+    (no nvcc on PATH, no CUDA_HOME) a GPU run's spec legs that ask for them are named before anything starts."""
+    from workbench.combinations import kernel_problems
+
+    legs = [("a", {"draft_linear_kernel": "own-cuda+marlin"}), ("b", {"draft_linear_kernel": "auto"}),
+            ("c", {"draft_linear_kernel": "own-cuda+marlin"}), ("d", {"draft_linear_kernel": "own-cuda"})]
+    (problem_hybrid, problem_own) = kernel_problems(legs, "gpu", env={}, which=lambda name: None)
+    assert problem_hybrid.startswith("leg(s) a, c: draft_linear_kernel=own-cuda+marlin cannot be built here")
+    assert "nvcc is not on PATH" in problem_hybrid and "-p draft_linear_kernel=auto" in problem_hybrid
+    assert problem_own.startswith("leg(s) d: draft_linear_kernel=own-cuda ")
+    assert kernel_problems(legs, "gpu", env={"CUDA_HOME": "/opt/cuda"}, which=lambda name: None) == []
+    assert kernel_problems(legs, "gpu", env={}, which=lambda name: "/usr/bin/" + name) == []
+    assert kernel_problems(legs, "cpu", env={}, which=lambda name: None) == []  # CPU: the knob has no effect
+
+
+def test_the_run_preflight_asks_for_the_kernel(monkeypatch, tmp_path):
+    """The run's preflight (before any leg) reports it for the E16 legs that ask, not for vanilla."""
+    from test_acceptance import _shapes
+    from workbench.planning import plan
+    from workbench.preparing import preflight_problems
+
+    root = _shapes()
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvcc (and no nvidia-smi: no memory plan)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    p = plan("E16", "8b-shape", ["draft_linear_kernel=own-cuda+marlin", "gamma=4", "batches=1"])
+    problems = preflight_problems(p, {"target": str(root / "8b-target"), "twin": str(root / "8b-twin")}, None)
+    assert problems == ["leg(s) forced_g4: draft_linear_kernel=own-cuda+marlin cannot be built here: nvcc is not on "
+                        "PATH and CUDA_HOME is unset (the extension is built at the first engine start). Put the CUDA "
+                        "toolkit's nvcc on PATH, or use -p draft_linear_kernel=auto (Marlin)"]

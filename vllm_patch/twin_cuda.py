@@ -166,8 +166,13 @@ def unavailable_reason() -> str | None:
     major, minor = torch.cuda.get_device_capability()
     if 10 * major + minor < MIN_CAPABILITY:
         return f"compute capability {major}.{minor} < {MIN_CAPABILITY / 10:.1f}"
-    if shutil.which("nvcc") is None and not os.environ.get("CUDA_HOME"):
-        return "nvcc is not on PATH (the extension is built at first use)"
+    return toolchain_reason()
+
+
+def toolchain_reason(env=None, which=shutil.which) -> str | None:
+    """Why the extension cannot be built on this host (no CUDA context needed: the workbench asks before a run)."""
+    if which("nvcc") is None and not (os.environ if env is None else env).get("CUDA_HOME"):
+        return "nvcc is not on PATH and CUDA_HOME is unset (the extension is built at the first engine start)"
     return None
 
 

@@ -3,6 +3,7 @@
     weight_only_bits(config) -> (quant_method, bits) or None
     cpu_int4_path(env=None) -> "native" | "fallback" | "missing"
     combination_problems(legs, models, device, env=None) -> [problem, ...]
+    kernel_problems(legs, device, env=None, which=shutil.which) -> [problem, ...]
 
 A weight-only quantized checkpoint (the int4 twin) on a CPU runs through one W4A16 kernel: vLLM's
 ``cpu_gemm_wna16`` where its kernel library has it, else the plugin's PyTorch fallback
@@ -11,16 +12,21 @@ fails on its first step (``"cpu_gemm_wna16" not implemented for 'Float'``), afte
 have taken their time. With the fallback switched off on a library without the op, the twin cannot
 run at all. Both are known from the configs, the run's environment and ``/proc/cpuinfo``, so the run's
 preflight and each leg's own check refuse them, naming the leg, the role, the checkpoint and the way
-out. (Too many ranks for the host's devices: ``workbench.parallel``.)
+out. The project's own CUDA kernel (``draft_linear_kernel=own-cuda`` and ``own-cuda+marlin``) is built with the
+host's ``nvcc`` at the first engine start: without one the engine stops at load, so that is refused up front too.
+(Too many ranks for the host's devices: ``workbench.parallel``.)
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-__all__ = ["weight_only_bits", "cpu_int4_path", "combination_problems", "dequantized_twin"]
+__all__ = ["weight_only_bits", "cpu_int4_path", "combination_problems", "kernel_problems", "dequantized_twin"]
+
+BUILT_KERNELS = ("own-cuda", "own-cuda+marlin")  # draft_linear_kernel values whose extension nvcc builds
 
 
 def weight_only_bits(config: Mapping[str, Any] | None) -> tuple[str, int] | None:
@@ -113,6 +119,25 @@ def combination_problems(legs: Iterable[tuple[str, str, dict[str, str]]], models
                                f"an unquantized checkpoint ({flag}<folder>)")
                             + (", or -p dtype=bfloat16" if ref in models else ", or --dtype bfloat16"))
     return problems
+
+
+def kernel_problems(legs: Iterable[tuple[str, Mapping[str, Any]]], device: str,
+                    env: Mapping[str, str] | None = None, which=shutil.which) -> list[str]:
+    """Spec legs (name, knobs) whose draft kernel this GPU host cannot build; one line per kernel value."""
+    if device != "gpu":
+        return []
+    by_kernel: dict[str, list[str]] = {}
+    for name, knobs in legs:
+        if knobs.get("draft_linear_kernel") in BUILT_KERNELS:
+            by_kernel.setdefault(knobs["draft_linear_kernel"], []).append(name)
+    if not by_kernel:
+        return []
+    from vllm_patch.twin_cuda import toolchain_reason
+
+    why = toolchain_reason(env, which)
+    return [f"leg(s) {', '.join(names)}: draft_linear_kernel={kernel} cannot be built here: {why}. Put the CUDA "
+            "toolkit's nvcc on PATH, or use -p draft_linear_kernel=auto (Marlin)"
+            for kernel, names in by_kernel.items()] if why else []
 
 
 def dequantized_twin(path: str) -> str | None:

@@ -255,7 +255,7 @@ def preflight_problems(p: Plan, models: dict[str, str], prompts: list | None) ->
         if lengths_by[path]:
             for msg in legmod.length_problems(prompts[:n], lengths_by[path][:n], max_len, path):
                 problems.append(f"leg(s) {', '.join(names)}: {msg}")
-    from workbench.combinations import combination_problems
+    from workbench.combinations import combination_problems, kernel_problems
     from workbench.memory_plan import memory_problems
 
     engine_legs = [(l.name, l.knobs.get("dtype"), {"target": l.model, **({"draft": l.draft} if l.kind == "spec"
@@ -263,6 +263,8 @@ def preflight_problems(p: Plan, models: dict[str, str], prompts: list | None) ->
                    for l in p.legs if runner_for(l, p.experiment.runner).engine_preflight]
     good = {ref: path for ref, path in models.items() if ref not in bad_models}
     problems += combination_problems(engine_legs, good, p.profile.device)
+    problems += kernel_problems([(l.name, l.knobs) for l in p.legs if l.kind == "spec"
+                                 and runner_for(l, p.experiment.runner).engine_preflight], p.profile.device)
 
     return problems + schedule_problems(p, models) + memory_problems(p, models, bad_models)
 
