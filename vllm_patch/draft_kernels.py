@@ -15,8 +15,9 @@ a CPU host are accepted and recorded as having no effect (``draft_linear_kernel_
 ``own`` is ``TwinGemvLinearKernel`` of ``vllm_patch.twin_gemv`` (Triton), ``own-cuda``
 ``TwinCudaLinearKernel`` of ``vllm_patch.twin_cuda`` (CUDA C++, built at first use), ``own-cuda+marlin``
 ``TwinHybridLinearKernel`` of ``vllm_patch.twin_hybrid`` (both layouts, the kernel picked per call by its
-token count); each is imported only when asked for. ``auto`` stays Marlin: on one H100 ``own-cuda`` made the 8B draft step 11 % shorter
-alone but 20 % longer at batch 16 (docs/benchmarks.md), and it needs a compiler on the host.
+token count); each is imported only when asked for. ``auto`` stays Marlin: on one H100 ``own-cuda`` made the 8B
+draft step 11 % shorter alone but 20 % longer at batch 16 (docs/benchmarks.md), and it needs a compiler on the
+host; ``own-cuda+marlin`` has not had its first token measured since its ops were registered directly.
 """
 
 from __future__ import annotations

@@ -44,20 +44,22 @@ def _why_not(module) -> str | None:
     return None
 
 
-def _pair(gu) -> None:
-    """The layer's repacked tensors with their row tiles paired (replaced in place, once)."""
+def _pair(gu):
+    """The layer's repacked tensors with their row tiles paired (replaced in place, once); the MLP forward that
+    reads them."""
     from vllm.model_executor.utils import replace_parameter
 
     kernel = gu.scheme.kernel
     if type(kernel).__name__ == twin_hybrid.KERNEL_NAME:
         twin_hybrid.pair(gu)  # the own layout only: Marlin's path runs silu_and_mul on its own output
-        return
+        return _hybrid_forward
     paired = layout.pair_tiles(twin_cuda.layer_state(gu))
     replace_parameter(gu, kernel.w_q_name, paired["qw"])
     replace_parameter(gu, kernel.w_s_name, paired["sc"])
     if paired["zp"] is not None:
         replace_parameter(gu, kernel.w_zp_name, paired["zp"])
     gu.twin_cuda_pairs = True
+    return _fused_forward
 
 
 def _fused_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -81,8 +83,6 @@ def fuse(model) -> dict:
         if why is not None:
             unfused[why] = unfused.get(why, 0) + 1
             continue
-        _pair(module.gate_up_proj)
-        hybrid = type(module.gate_up_proj.scheme.kernel).__name__ == twin_hybrid.KERNEL_NAME
-        module.forward = types.MethodType(_hybrid_forward if hybrid else _fused_forward, module)
+        module.forward = types.MethodType(_pair(module.gate_up_proj), module)
         fused += 1
     return {"draft_mlp_fused": fused, "draft_mlp_unfused": unfused}

@@ -40,12 +40,7 @@ def build(name: str, min_capability: int, unavailable_reason: Callable[[], str |
             return check_config(c)
 
         def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-            c = self.config
-            w_q, w_s, w_zp, _ = self._get_weight_params(layer)
-            k, n = c.partition_weight_shape
-            if tuple(w_q.shape) != (n, k // 8):
-                raise ValueError(f"{name}: packed weight {tuple(w_q.shape)} is not [out={n}, in/8={k // 8}]")
-            load(self, layer, w_q, w_s, w_zp if c.zero_points else None, replace_parameter)
+            load(self, layer, *checkpoint_tensors(self, layer, name), replace_parameter)
 
         def apply_weights(self, layer: torch.nn.Module, x: torch.Tensor,
                           bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -53,6 +48,17 @@ def build(name: str, min_capability: int, unavailable_reason: Callable[[], str |
 
     Kernel.__name__ = Kernel.__qualname__ = name
     return Kernel
+
+
+def checkpoint_tensors(kernel, layer, name: str) -> tuple:
+    """``(w_q, w_s, w_zp)`` of a layer as compressed-tensors loaded it (``w_zp`` None for symmetric weights), the
+    packed weight's shape checked against the kernel's config."""
+    c = kernel.config
+    w_q, w_s, w_zp, _ = kernel._get_weight_params(layer)
+    k, n = c.partition_weight_shape
+    if tuple(w_q.shape) != (n, k // 8):
+        raise ValueError(f"{name}: packed weight {tuple(w_q.shape)} is not [out={n}, in/8={k // 8}]")
+    return w_q, w_s, w_zp if c.zero_points else None
 
 
 def lazy_class(module_name: str, class_name: str, build: Callable[[], type]) -> Callable[[str], type]:

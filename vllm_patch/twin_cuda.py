@@ -348,18 +348,24 @@ def check_config(c) -> tuple[bool, str | None]:
     return True, None
 
 
-def _load(kernel, layer, w_q, w_s, w_zp, replace_parameter) -> None:
-    c = kernel.config
+def repack_layer(c, w_q, w_s, w_zp) -> dict:
+    """A layer's checkpoint tensors (config ``c``) in the kernel's layout, as ``w4a16_mm`` takes them; on a GPU the
+    counters and the extension made ready now, before graph capture and the first forward."""
     k, n = c.partition_weight_shape
     st = layout.repack(w_q.data, w_s.data, None if w_zp is None else w_zp.data, c.group_size)
+    if st["qw"].is_cuda:
+        counters(st["qw"].device)
+        extension()
+    return dict(st, n=n, k=k, group=c.group_size, pairs=False)
+
+
+def _load(kernel, layer, w_q, w_s, w_zp, replace_parameter) -> None:
+    st = repack_layer(kernel.config, w_q, w_s, w_zp)
     replace_parameter(layer, kernel.w_q_name, st["qw"])
     replace_parameter(layer, kernel.w_s_name, st["sc"])
     if st["zp"] is not None:
         replace_parameter(layer, kernel.w_zp_name, st["zp"])
-    layer.twin_cuda_shape = (n, k, c.group_size)
-    if st["qw"].is_cuda:
-        counters(st["qw"].device)  # before graph capture
-        extension()  # built (or loaded) now, not inside the first forward
+    layer.twin_cuda_shape = (st["n"], st["k"], st["group"])
 
 
 def layer_state(layer) -> dict:

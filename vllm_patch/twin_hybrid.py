@@ -27,7 +27,7 @@ import torch
 
 from . import custom_ops, twin_cuda
 from . import twin_cuda_layout as layout
-from .mp_kernel import lazy_class
+from .mp_kernel import checkpoint_tensors, lazy_class
 
 KERNEL_NAME = "TwinHybridLinearKernel"
 OP_NAME = "w4a16_by_m"
@@ -67,10 +67,15 @@ def uses_own(m: int) -> bool:
     return m <= SPLIT_M
 
 
+def _marlin_gemm(args: tuple, x: torch.Tensor) -> torch.Tensor:
+    """Marlin's GEMM with the arguments vLLM's apply would compute, computed once at load (``marlin_args``)."""
+    return torch.ops._C.marlin_gemm(x, None, *args[:-1], x.shape[0], *args[-1])
+
+
 def _marlin(layer, x: torch.Tensor) -> torch.Tensor:
-    fast = getattr(layer, "twin_hybrid_marlin", None)
-    if fast is not None:  # Marlin's GEMM with the arguments vLLM's apply would compute, computed once at load
-        return torch.ops._C.marlin_gemm(x, None, *fast[:-1], x.shape[0], *fast[-1])
+    args = getattr(layer, "twin_hybrid_marlin", None)
+    if args is not None:
+        return _marlin_gemm(args, x)
     # the kernel that loaded the layer (not layer.scheme: the int4 draft head's holder has none, draft_head)
     return layer.twin_hybrid_kernel.marlin_apply(layer, x, getattr(layer, "bias", None))
 
@@ -165,20 +170,11 @@ def _build_class():
             return ok, (None if ok else f"{KERNEL_NAME} (Marlin): {why}")
 
         def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-            c = self.config
-            w_q, w_s, w_zp, _ = self._get_weight_params(layer)
-            k, n = c.partition_weight_shape
-            if tuple(w_q.shape) != (n, k // 8):
-                raise ValueError(f"{KERNEL_NAME}: packed weight {tuple(w_q.shape)} is not [out={n}, in/8={k // 8}]")
-            st = layout.repack(w_q.data, w_s.data, w_zp.data if c.zero_points else None, c.group_size)
-            layer.twin_hybrid_own = dict(st, n=n, k=k, group=c.group_size, pairs=False)
+            layer.twin_hybrid_own = twin_cuda.repack_layer(self.config, *checkpoint_tensors(self, layer, KERNEL_NAME))
             bias = getattr(layer, "bias", None)
             layer.twin_hybrid_bias = None if bias is None else bias.detach().clone()  # Marlin permutes its own
             layer.twin_hybrid_kernel = self
             register(layer)
-            if st["qw"].is_cuda:
-                twin_cuda.counters(st["qw"].device)  # before graph capture
-                twin_cuda.extension()
             super().process_weights_after_loading(layer)
             layer.twin_hybrid_marlin = self.checked_marlin_args(layer)
 
@@ -197,9 +193,8 @@ def _build_class():
             x = torch.randn((SPLIT_M + 1, self.config.partition_weight_shape[0]), device=args[0].device,
                             generator=torch.Generator(args[0].device).manual_seed(0)).to(torch.bfloat16)
             want = self.marlin_apply(layer, x, getattr(layer, "bias", None))
-            layer.twin_hybrid_marlin = args
             try:
-                return args if torch.equal(_marlin(layer, x), want) else None
+                return args if torch.equal(_marlin_gemm(args, x), want) else None
             except RuntimeError:
                 return None
 
