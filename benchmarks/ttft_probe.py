@@ -24,6 +24,13 @@ its first token's release:
   torch's sync debug mode (``torch.cuda.set_sync_debug_mode``), as ``sync-op`` events with their call site
   (no duration: the time it waited lands in the enclosing phase).
 
+With ``--profile`` the step that carries each timed request's prefill has its ``sample_tokens`` (where the
+spec engine launches the draft's prefill and first draft) run under cProfile: ``profile_<kind>.txt`` (the top
+functions by own time) and, in the probe's JSON, that host time split by code area (the plugin, vLLM's
+spec-decode, attention and other code, torch's compiled (Inductor) code, CUDA-graph replay, the rest of torch,
+C calls), per request. It answers how much of the draft's host time is launch work and Python, and where; the
+profiler's own cost inflates Python-heavy areas, so compare areas, not totals, with the unprofiled timeline.
+
 Output: ``probe_vanilla.json`` and ``probe_spec.json`` (raw events of the timed requests and a summary),
 ``summary.json`` (both, and the spec engine's extra time to the first token split by phase), printed as a
 table. Host times on CPU (no async scheduling there) rehearse the code path, not the GPU's answer.
@@ -147,19 +154,91 @@ class SyncOps:
         return False
 
 
-def install_engine_probes(llm, tl: Timeline) -> None:
+AREAS = (  # (area, substrings of a function's file name), first match wins
+    ("plugin", ("vllm_patch",)),
+    ("vllm spec-decode", ("vllm/v1/spec_decode",)),
+    ("vllm attention", ("vllm/v1/attention", "vllm/attention")),
+    ("cuda-graph replay", ("torch/cuda/graphs.py", "cuda_graph.py", "cudagraph")),
+    ("compiled code (Inductor)", ("torchinductor", "torch/_inductor", "/tmp/torchinductor")),
+    ("vllm other", ("vllm/",)),
+    ("torch other", ("torch/",)),
+    ("C calls", ("~",)),
+)
+
+
+def area_of(filename: str) -> str:
+    for area, keys in AREAS:
+        if any(k in filename for k in keys):
+            return area
+    return "other"
+
+
+def short_paths(text: str) -> str:
+    """File names in a profile's text without the host's directories: from the package (``vllm/...``,
+    ``torch/...``, ``vllm_patch/...``) on, or the standard library module's name."""
+    import re
+
+    text = re.sub(r"/\S*?/(?:lib/python3\.\d+/site-packages|site-packages|lib/python3\.\d+)/", "", text)
+    return text.replace(str(REPO) + os.sep, "")
+
+
+class PrefillProfile:
+    """cProfile of the ``sample_tokens`` call of the step that carries each timed request's prefill."""
+
+    def __init__(self):
+        import cProfile
+
+        self.prof = cProfile.Profile()
+        self.pending = False  # a timed request arrived: its prefill step's sample_tokens is the next one
+        self.calls = 0
+
+    def wrap(self, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            if not self.pending:
+                return fn(*args, **kwargs)
+            self.pending = False
+            self.calls += 1
+            self.prof.enable()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.prof.disable()
+        return wrapper
+
+    def summary(self, path: Path) -> dict:
+        """Own time by code area, ms per profiled call, and the top functions into ``path``."""
+        import io
+        import pstats
+
+        stats = pstats.Stats(self.prof)
+        by_area: dict[str, float] = {}
+        for (filename, _line, _name), (_cc, _nc, tottime, _ct, _callers) in stats.stats.items():
+            area = area_of(filename)
+            by_area[area] = by_area.get(area, 0.0) + tottime
+        n = max(self.calls, 1)
+        buf = io.StringIO()
+        pstats.Stats(self.prof, stream=buf).sort_stats("tottime").print_stats(40)
+        path.write_text(short_paths(buf.getvalue()))
+        return {"calls": self.calls, "ms_per_call": sum(by_area.values()) * 1e3 / n,
+                "by_area_ms_per_call": {k: v * 1e3 / n for k, v in sorted(by_area.items(), key=lambda x: -x[1])}}
+
+
+def install_engine_probes(llm, tl: Timeline, prof: PrefillProfile | None = None) -> None:
     """Wrap the in-process engine core's calls on its instances (vLLM's classes stay as they are)."""
     core = llm.llm_engine.engine_core.engine_core  # InprocClient -> EngineCore
     core.scheduler.schedule = tl.timed(
         "schedule", core.scheduler.schedule)
     ex = core.model_executor
     ex.execute_model = tl.timed("execute_model", ex.execute_model)
-    ex.sample_tokens = tl.timed("sample_tokens", ex.sample_tokens)
+    ex.sample_tokens = tl.timed("sample_tokens", prof.wrap(ex.sample_tokens) if prof else ex.sample_tokens)
     orig_add = core.add_request
 
     def add_request(request, *args, **kwargs):
         if tl.on:
             tl.arrival.setdefault(request.request_id, time.perf_counter())
+            if prof is not None:
+                prof.pending = True
         return orig_add(request, *args, **kwargs)
     core.add_request = add_request
     orig_step = core.step_fn
@@ -247,7 +326,8 @@ def run_one(args, kind: str) -> dict:
     llm, start_s = le.engine(roles["target"], roles["twin"] if kind == "spec" else None, knobs.gamma, 1, cpu,
                              dummy=args.size != "tiny", engine_args=knobs.engine_args(on_cuda=not cpu)
                              if kind == "spec" else None, spec_extra=extra)
-    install_engine_probes(llm, tl)
+    prof = PrefillProfile() if args.profile else None
+    install_engine_probes(llm, tl, prof)
     from vllm import SamplingParams
 
     sp = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True, detokenize=False)
@@ -267,6 +347,8 @@ def run_one(args, kind: str) -> dict:
     rows = request_windows(tl)
     out = {"kind": kind, "size": args.size, "engine_start_s": start_s, "knobs": knobs.as_dict(),
            "summary": summarize(rows), "requests": rows}
+    if prof is not None:
+        out["profile"] = prof.summary(args.out / f"profile_{kind}.txt")
     (args.out / f"probe_{kind}.json").write_text(json.dumps(out, indent=1))
     if kind == "vanilla":
         from workbench import envcapture
@@ -308,6 +390,14 @@ def compare(out: Path) -> dict:
         print(f"  spec blocking {ms:8.2f} ms  {s}")
     for s, n in sorted(spec["median_sync_ops"].items(), key=lambda x: -x[1])[:8]:
         print(f"  spec synchronizing op {n:g}x  {s}")
+    profiles = {k: json.loads((out / f"probe_{k}.json").read_text()).get("profile") for k in ("vanilla", "spec")}
+    if all(profiles.values()):
+        summary["profile"] = profiles
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        print(f"prefill step's sample_tokens under cProfile, own time ms per request "
+              f"(vanilla {profiles['vanilla']['ms_per_call']:.2f}, spec {profiles['spec']['ms_per_call']:.2f}):")
+        for area, ms in profiles["spec"]["by_area_ms_per_call"].items():
+            print(f"  {area:<26}{profiles['vanilla']['by_area_ms_per_call'].get(area, 0.0):>10.2f}{ms:>10.2f}")
     return summary
 
 
@@ -323,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--min-ms", type=float, default=0.2, help="blocking calls shorter than this are not kept")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--profile", action="store_true",
+                    help="cProfile the prefill step's sample_tokens of each timed request (profile_<kind>.txt)")
     ap.add_argument("--only", choices=("vanilla", "spec"), help=argparse.SUPPRESS)
     Knobs.add_leg_options(ap)
     ap.set_defaults(gamma=4, acceptance="alpha:1", trace=False, async_scheduling=True)

@@ -27,7 +27,8 @@ def test_bad_knobs_and_sizes_are_refused_before_any_engine(tmp_path):
 
 def test_the_cpu_rehearsal_times_each_first_token_and_finds_the_draft_in_the_spec_window(tmp_path):
     out = tmp_path / "probe"
-    done = _probe("--size", "tiny", "--requests", "2", "--warmup", "1", "--tokens", "2", "--out", str(out))
+    done = _probe("--size", "tiny", "--requests", "2", "--warmup", "1", "--tokens", "2", "--profile",
+                  "--out", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     for kind in ("vanilla", "spec"):
@@ -48,6 +49,17 @@ def test_the_cpu_rehearsal_times_each_first_token_and_finds_the_draft_in_the_spe
     assert set(summary["extra_ms_by_kind"]) >= {"schedule", "execute_model", "sample_tokens"}
     assert summary["ttft_ratio"] > 0 and (out / "env.json").is_file()
     assert "time to first token, host" in done.stdout
+    # --profile: one profiled sample_tokens per timed request (its prefill step); the spec one holds the
+    # draft's prefill and first draft (vLLM's spec-decode code and the plugin), the vanilla one neither
+    prof = {k: json.loads((out / f"probe_{k}.json").read_text())["profile"] for k in ("vanilla", "spec")}
+    assert prof["vanilla"]["calls"] == 2 and prof["spec"]["calls"] == 2
+    assert prof["spec"]["by_area_ms_per_call"]["vllm spec-decode"] > 0
+    assert prof["spec"]["by_area_ms_per_call"]["plugin"] > 0
+    assert "vllm spec-decode" not in prof["vanilla"]["by_area_ms_per_call"]
+    assert prof["spec"]["ms_per_call"] > prof["vanilla"]["ms_per_call"]
+    text = (out / "profile_spec.txt").read_text()
+    assert summary["profile"]["spec"] == prof["spec"] and "propose" in text and str(REPO) not in text
+    assert "prefill step's sample_tokens under cProfile" in done.stdout
 
 
 def test_a_synchronizing_operation_torch_warns_of_becomes_an_event_with_its_call_site(monkeypatch):
@@ -75,3 +87,29 @@ def test_a_synchronizing_operation_torch_warns_of_becomes_an_event_with_its_call
         warnings.simplefilter("always")
         warnings.warn("something else", UserWarning, stacklevel=1)
     assert len(tl.events) == 2 and len(seen) == 1
+
+
+def test_the_profile_sorts_functions_into_code_areas_by_their_file():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ttft_probe", PROBE)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    site = "/opt/env/lib/python3.12/site-packages"
+    assert probe.area_of("/repo/vllm_patch/twin_proposer.py") == "plugin"
+    assert probe.area_of(f"{site}/vllm/v1/spec_decode/llm_base_proposer.py") == "vllm spec-decode"
+    assert probe.area_of(f"{site}/vllm/v1/attention/backends/flash_attn.py") == "vllm attention"
+    assert probe.area_of("/tmp/torchinductor_root/ab/cabc123.py") == "compiled code (Inductor)"
+    assert probe.area_of(f"{site}/vllm/compilation/cuda_graph.py") == "cuda-graph replay"
+    assert probe.area_of(f"{site}/vllm/model_executor/models/qwen3.py") == "vllm other"
+    assert probe.area_of(f"{site}/torch/nn/modules/module.py") == "torch other"
+    assert probe.area_of("~") == "C calls" and probe.area_of("/usr/lib/python3.12/json/encoder.py") == "other"
+    # the written profile names no directory of the host
+    text = (f"  8  0.001 {site}/vllm/v1/spec_decode/llm_base_proposer.py:502(propose)\n"
+            f"  8  0.001 {probe.REPO}/vllm_patch/twin_proposer.py:252(propose)\n"
+            "  8  0.000 /root/.pyenv/versions/3.11.7/lib/python3.11/ctypes/__init__.py:342(__init__)\n"
+            f"  8  0.000 {probe.REPO}/.venv/lib/python3.11/site-packages/torch/nn/modules/module.py:1782(_call_impl)\n")
+    assert probe.short_paths(text).split() == [
+        "8", "0.001", "vllm/v1/spec_decode/llm_base_proposer.py:502(propose)",
+        "8", "0.001", "vllm_patch/twin_proposer.py:252(propose)", "8", "0.000", "ctypes/__init__.py:342(__init__)",
+        "8", "0.000", "torch/nn/modules/module.py:1782(_call_impl)"]
