@@ -296,6 +296,21 @@ def test_the_target_graph_mode_comes_from_the_engine_report_else_from_the_server
     assert graphs["relaxed_c1"] is None or pd.isna(graphs["relaxed_c1"])  # neither recorded
 
 
+def test_the_drafts_kernel_is_a_column_of_the_leg_table(run):
+    """Two spec legs that differ only in the draft's W4A16 kernel (E18's twin_a1 and twin_a1_hybrid) are told
+    apart in the table by the engine report's kernel class; a vanilla leg, and a leg without it, show none."""
+    path = run / "legs" / "strict_c1" / "summary.json"
+    s = json.loads(path.read_text())
+    s["engine_report"] = {"draft_linear_kernel": "TwinHybridLinearKernel",
+                          "draft_linear_kernel_requested": "own-cuda+marlin"}
+    path.write_text(json.dumps(s))
+    table, _, _ = serving.load(run)
+    kernels = table.set_index("leg")["draft_kernel"]
+    assert kernels["strict_c1"] == "TwinHybridLinearKernel"
+    assert kernels["vanilla_c1"] is None or pd.isna(kernels["vanilla_c1"])
+    assert "draft_kernel" in serving.LEG_COLUMNS
+
+
 def test_the_step_timers_medians_are_columns_of_the_leg_table(run):
     """The engine's time per step (the plugin's step timer, per cell in summary.json): the prefill step's target
     forward and drafter work, the decode step's verification and propose; NaN where a leg has none."""
