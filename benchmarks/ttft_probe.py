@@ -159,7 +159,7 @@ AREAS = (  # (area, substrings of a function's file name), first match wins
     ("vllm spec-decode", ("vllm/v1/spec_decode",)),
     ("vllm attention", ("vllm/v1/attention", "vllm/attention")),
     ("cuda-graph replay", ("torch/cuda/graphs.py", "cuda_graph.py", "cudagraph")),
-    ("compiled code (Inductor)", ("torchinductor", "torch/_inductor", "/tmp/torchinductor")),
+    ("compiled code (Inductor)", ("torchinductor", "torch/_inductor")),
     ("vllm other", ("vllm/",)),
     ("torch other", ("torch/",)),
     ("C calls", ("~",)),
@@ -372,13 +372,16 @@ def _roles(size: str) -> dict[str, str]:
 
 def compare(out: Path) -> dict:
     """``summary.json``: both engines' medians and the spec engine's extra time by event kind."""
-    sums = {k: json.loads((out / f"probe_{k}.json").read_text())["summary"] for k in ("vanilla", "spec")}
-    van, spec = sums["vanilla"], sums["spec"]
+    raw = {k: json.loads((out / f"probe_{k}.json").read_text()) for k in ("vanilla", "spec")}
+    van, spec = raw["vanilla"]["summary"], raw["spec"]["summary"]
+    profiles = {k: r.get("profile") for k, r in raw.items()}
     kinds = sorted(set(van["median_ms_by_kind"]) | set(spec["median_ms_by_kind"]))
     extra = {k: spec["median_ms_by_kind"].get(k, 0.0) - van["median_ms_by_kind"].get(k, 0.0) for k in kinds}
     summary = {"vanilla": van, "spec": spec,
                "ttft_ratio": spec["ttft_host_ms"]["median"] / van["ttft_host_ms"]["median"],
                "extra_ms_by_kind": extra}
+    if all(profiles.values()):
+        summary["profile"] = profiles
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"time to first token, host (median of {spec['requests']}): vanilla {van['ttft_host_ms']['median']:.2f} ms, "
           f"spec {spec['ttft_host_ms']['median']:.2f} ms ({summary['ttft_ratio']:.2f}x)")
@@ -390,10 +393,7 @@ def compare(out: Path) -> dict:
         print(f"  spec blocking {ms:8.2f} ms  {s}")
     for s, n in sorted(spec["median_sync_ops"].items(), key=lambda x: -x[1])[:8]:
         print(f"  spec synchronizing op {n:g}x  {s}")
-    profiles = {k: json.loads((out / f"probe_{k}.json").read_text()).get("profile") for k in ("vanilla", "spec")}
-    if all(profiles.values()):
-        summary["profile"] = profiles
-        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    if "profile" in summary:
         print(f"prefill step's sample_tokens under cProfile, own time ms per request "
               f"(vanilla {profiles['vanilla']['ms_per_call']:.2f}, spec {profiles['spec']['ms_per_call']:.2f}):")
         for area, ms in profiles["spec"]["by_area_ms_per_call"].items():

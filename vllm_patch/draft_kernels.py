@@ -17,7 +17,8 @@ a CPU host are accepted and recorded as having no effect (``draft_linear_kernel_
 ``TwinHybridLinearKernel`` of ``vllm_patch.twin_hybrid`` (both layouts, the kernel picked per call by its
 token count); each is imported only when asked for. ``auto`` stays Marlin: on one H100 ``own-cuda`` made the 8B
 draft step 11 % shorter alone but 20 % longer at batch 16 (docs/benchmarks.md), and it needs a compiler on the
-host; ``own-cuda+marlin`` has not had its first token measured since its ops were registered directly.
+host; ``own-cuda+marlin`` is 2–6 % faster behind the server at concurrency 1–4 and 2–4 % slower at 16–32 (one
+H100, 8B, docs/serving.md), so it stays a choice, not the default.
 """
 
 from __future__ import annotations
