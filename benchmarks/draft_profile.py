@@ -13,14 +13,17 @@ where the propose's γ − 1 single-token steps begin and end; here those marks 
 (``twin::step``, ``twin::target``, ``twin::draft``, ``twin::draft_loop``), and every kernel is put into the
 innermost range whose host time holds its launch (a CUDA graph's kernels carry the graph launch's correlation).
 
-Sections of a decode step (no prompt in it): ``draft steps`` (the single-token steps; per step, so divided
+Sections of a step: ``draft steps`` (the single-token steps; per step, so divided
 by γ − 1), ``draft first pass`` (the propose less its single-token steps), ``target`` (the verify forward),
 ``step other`` (the rest of the step: sampling, the rejection sampler, input preparation). Each section's
 kernel time is split by class (int4 GEMM, bf16 GEMM, attention, KV write, norm, rotary, activation,
-sampling, copy, other), with the kernel count, the sum of kernel durations and the GPU span (first kernel's
+sampling, copy, other), with the kernel count, the sum of kernel durations, the GPU span (first kernel's
 start to last kernel's end: launch gaps and ramps included; kernels that overlap under programmatic
-dependent launch make the sum exceed the span). Medians over the profiled decode steps. On CPU the same
-split is made of the profiler's operator events (their own time): it rehearses the code path, not the GPU.
+dependent launch make the sum exceed the span) and the host time of the section's ranges (a span near the
+host time says the launches set the pace). Decode steps (no prompt in them, a draft verified) and, apart,
+the steps that carry prompts: the draft's prefill and first draft, which a request's first token waits for;
+medians over the profiled steps of each kind. On CPU the same split is made of the profiler's operator events
+(their own time): it rehearses the code path, not the GPU.
 
 Output in ``--out``: ``draft_profile.json`` (per batch: sections, classes, the top kernels by time),
 ``README.md`` (the tables), ``env.json``; ``--keep-trace`` keeps each batch's Chrome trace (gzip).
@@ -176,14 +179,15 @@ def trace_items(trace: dict) -> tuple[list[dict], list[dict], bool]:
     return ranges, _own_times(ops), False
 
 
-def _steps(ranges: list[dict]) -> list[dict]:
-    """The decode steps (no prompt tokens, a draft verified) with their target, draft and draft-loop ranges."""
+def _steps(ranges: list[dict], kind: str) -> list[dict]:
+    """The steps of ``kind`` with their target, draft and draft-loop ranges: ``decode`` (no prompt tokens, a
+    draft verified) or ``prefill`` (prompt tokens: the target's prefill, the draft's and its first draft)."""
     steps = []
     for r in sorted(ranges, key=lambda r: r["ts"]):
         if not r["name"].startswith("step:"):
             continue
-        _, kind, reqs, spec = r["name"].split(":")
-        if kind != "decode" or int(spec) == 0:
+        _, step_kind, reqs, spec = r["name"].split(":")
+        if step_kind != kind or (kind == "decode" and int(spec) == 0):
             continue
         inner = {x["name"]: x for x in ranges if x is not r and r["ts"] <= x["ts"] and x["end"] <= r["end"]
                  and not x["name"].startswith("step:")}
@@ -207,54 +211,66 @@ def _section(step: dict, t: float) -> str | None:
     return None
 
 
-def split(trace: dict, gamma: int) -> dict:
-    """Per section of a decode step: median kernel time by class, kernel count, GPU span; the top kernels."""
-    ranges, items, on_gpu = trace_items(trace)
-    steps = _steps(ranges)
-    loop_steps = max(gamma - 1, 1)
-    per_step: list[dict] = []
+def _host_us(step: dict) -> dict[str, float]:
+    """Host time of each section of a step (its ranges' durations)."""
+    dur = {k: step[k]["end"] - step[k]["ts"] for k in ("range", "target", "draft", "draft_loop")}
+    return {"draft steps": dur["draft_loop"], "draft first pass": dur["draft"] - dur["draft_loop"],
+            "target": dur["target"], "step other": dur["range"] - dur["target"] - dur["draft"]}
+
+
+def _one_step(st: dict, items: list[dict], loop_steps: int, names: dict) -> dict:
+    """One step's sections: work by class, count, sum, GPU span, host time (draft steps: per single-token step)."""
+    lo, hi = st["range"]["ts"], st["range"]["end"]
+    acc = {s: {"by_class_us": {}, "kernels": 0, "sum_us": 0.0, "first": None, "last": None} for s in SECTIONS}
+    for it in items:
+        sec = _section(st, it["launch"]) if lo <= it["launch"] < hi else None
+        if sec is None:
+            continue
+        a = acc[sec]
+        cls = class_of(it["name"])
+        a["by_class_us"][cls] = a["by_class_us"].get(cls, 0.0) + it["own"]
+        a["kernels"] += 1
+        a["sum_us"] += it["own"]
+        a["first"] = it["ts"] if a["first"] is None else min(a["first"], it["ts"])
+        a["last"] = it["ts"] + it["dur"] if a["last"] is None else max(a["last"], it["ts"] + it["dur"])
+        names.setdefault((sec, it["name"]), []).append(it["own"])
+    host = _host_us(st)
+    row = {}
+    for sec, a in acc.items():
+        div = loop_steps if sec == "draft steps" else 1
+        span = (a["last"] - a["first"]) if a["first"] is not None else 0.0
+        row[sec] = {"by_class_us": {k: v / div for k, v in a["by_class_us"].items()}, "kernels": a["kernels"] / div,
+                    "sum_us": a["sum_us"] / div, "span_us": span / div, "host_us": host[sec] / div}
+    return row
+
+
+def _sections(steps: list[dict], items: list[dict], loop_steps: int, step_word: str) -> dict:
+    """Medians over ``steps`` per section, and each section's top kernels by time."""
     names: dict[tuple[str, str], list[float]] = {}
-    for st in steps:
-        lo, hi = st["range"]["ts"], st["range"]["end"]
-        acc = {s: {"by_class_us": {}, "kernels": 0, "sum_us": 0.0, "first": None, "last": None} for s in SECTIONS}
-        for it in items:
-            if not lo <= it["launch"] < hi:
-                continue
-            sec = _section(st, it["launch"])
-            if sec is None:
-                continue
-            a = acc[sec]
-            cls = class_of(it["name"])
-            a["by_class_us"][cls] = a["by_class_us"].get(cls, 0.0) + it["own"]
-            a["kernels"] += 1
-            a["sum_us"] += it["own"]
-            a["first"] = it["ts"] if a["first"] is None else min(a["first"], it["ts"])
-            a["last"] = it["ts"] + it["dur"] if a["last"] is None else max(a["last"], it["ts"] + it["dur"])
-            names.setdefault((sec, it["name"]), []).append(it["own"])
-        row = {}
-        for sec, a in acc.items():
-            div = loop_steps if sec == "draft steps" else 1
-            span = (a["last"] - a["first"]) if a["first"] is not None else 0.0
-            row[sec] = {"by_class_us": {k: v / div for k, v in a["by_class_us"].items()},
-                        "kernels": a["kernels"] / div, "sum_us": a["sum_us"] / div, "span_us": span / div}
-        per_step.append(row)
-    n = len(per_step)
-    out: dict = {"on_gpu": on_gpu, "decode_steps": n, "gamma": gamma,
-                 "unit": "kernel time (GPU)" if on_gpu else "operator own time (CPU)", "sections": {}}
+    per_step = [_one_step(st, items, loop_steps, names) for st in steps]
+    med = (lambda xs: statistics.median(xs) if xs else 0.0)
+    out = {}
     for sec in SECTIONS:
         rows = [p[sec] for p in per_step]
         classes = sorted({c for r in rows for c in r["by_class_us"]})
-        med = (lambda xs: statistics.median(xs) if xs else 0.0)
-        out["sections"][sec] = {
-            "per": "single-token draft step" if sec == "draft steps" else "decode step",
-            "sum_us": med([r["sum_us"] for r in rows]), "span_us": med([r["span_us"] for r in rows]),
-            "kernels": med([r["kernels"] for r in rows]),
-            "by_class_us": {c: med([r["by_class_us"].get(c, 0.0) for r in rows]) for c in classes}}
+        out[sec] = {"per": "single-token draft step" if sec == "draft steps" else step_word,
+                    **{k: med([r[k] for r in rows]) for k in ("sum_us", "span_us", "host_us", "kernels")},
+                    "by_class_us": {c: med([r["by_class_us"].get(c, 0.0) for r in rows]) for c in classes}}
         top = sorted(((nm, sum(v)) for (s, nm), v in names.items() if s == sec), key=lambda x: -x[1])[:12]
-        div = max(n, 1) * (loop_steps if sec == "draft steps" else 1)
-        out["sections"][sec]["top"] = [{"name": nm[:160], "class": class_of(nm), "us_per": tot / div}
-                                       for nm, tot in top]
+        div = max(len(steps), 1) * (loop_steps if sec == "draft steps" else 1)
+        out[sec]["top"] = [{"name": nm[:160], "class": class_of(nm), "us_per": tot / div} for nm, tot in top]
     return out
+
+
+def split(trace: dict, gamma: int) -> dict:
+    """The decode steps' sections (medians: work by class, count, GPU span, host time; the top kernels), and the
+    same for the prefill steps (the draft's prefill and first draft, which the first token waits for)."""
+    ranges, items, on_gpu = trace_items(trace)
+    loop_steps = max(gamma - 1, 1)
+    decode, prefill = _steps(ranges, "decode"), _steps(ranges, "prefill")
+    return {"on_gpu": on_gpu, "gamma": gamma, "unit": "kernel time (GPU)" if on_gpu else "operator own time (CPU)",
+            "decode_steps": len(decode), "sections": _sections(decode, items, loop_steps, "decode step"),
+            "prefill_steps": len(prefill), "prefill": _sections(prefill, items, loop_steps, "prefill step")}
 
 
 # --------------------------------------------------------------------------- the run
@@ -337,22 +353,28 @@ def render(result: dict) -> str:
              "is a cost measurement.", ""]
     for b, res in result["batches"].items():
         unit = "µs of kernel time" if res["on_gpu"] else "µs of operator own time (CPU rehearsal)"
-        lines += [f"## Batch {b} ({res['decode_steps']} decode steps; medians, {unit})", ""]
-        classes = sorted({c for s in res["sections"].values() for c in s["by_class_us"]},
-                         key=lambda c: -sum(s["by_class_us"].get(c, 0.0) for s in res["sections"].values()))
-        lines.append("| section | per | " + " | ".join(classes) + " | sum | span | kernels |")
-        lines.append("|---" * (len(classes) + 5) + "|")
-        for sec, s in res["sections"].items():
-            cells = " | ".join(f"{s['by_class_us'].get(c, 0.0):.1f}" for c in classes)
-            lines.append(f"| {sec} | {s['per']} | {cells} | {s['sum_us']:.1f} | {s['span_us']:.1f} | "
-                         f"{s['kernels']:.0f} |")
-        lines.append("")
+        for title, key, n in (("decode steps", "sections", res["decode_steps"]),
+                              ("prefill steps", "prefill", res["prefill_steps"])):
+            lines += [f"## Batch {b}, {title} ({n}; medians, {unit}; host: the ranges' host time)", ""]
+            lines += _table(res[key])
         lines.append("Top kernels of a single-token draft step:")
         lines.append("")
         for t in res["sections"]["draft steps"]["top"]:
             lines.append(f"- {t['us_per']:.1f} µs · {t['class']} · `{t['name']}`")
         lines.append("")
     return "\n".join(lines)
+
+
+def _table(sections: dict) -> list[str]:
+    classes = sorted({c for s in sections.values() for c in s["by_class_us"]},
+                     key=lambda c: -sum(s["by_class_us"].get(c, 0.0) for s in sections.values()))
+    lines = ["| section | per | " + " | ".join(classes) + " | sum | GPU span | host | kernels |",
+             "|---" * (len(classes) + 6) + "|"]
+    for sec, s in sections.items():
+        cells = " | ".join(f"{s['by_class_us'].get(c, 0.0):.1f}" for c in classes)
+        lines.append(f"| {sec} | {s['per']} | {cells} | {s['sum_us']:.1f} | {s['span_us']:.1f} | "
+                     f"{s['host_us']:.1f} | {s['kernels']:.0f} |")
+    return lines + [""]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -59,6 +59,7 @@ def test_kernels_go_to_their_section_and_class():
              + [_x("kernel", "orphan", 5.0, 3.0, correlation=999_999)]}  # no launch: not counted
     res = dp.split(trace, gamma=4)
     assert res["on_gpu"] and res["decode_steps"] == 2  # the prompt step and the step without a draft left out
+    assert res["prefill_steps"] == 1 and res["prefill"]["target"]["by_class_us"]["bf16 GEMM"] == pytest.approx(20.0)
     sec = res["sections"]
     # the single-token steps per step: the graph's kernels over γ - 1 = 3 steps
     loop = sec["draft steps"]
@@ -71,6 +72,10 @@ def test_kernels_go_to_their_section_and_class():
     assert loop["kernels"] == pytest.approx(2.0) and loop["sum_us"] == pytest.approx(30.0 / 3)
     # span: first kernel start to last end (5 gaps of 1 µs between the 6 kernels)
     assert loop["span_us"] == pytest.approx((30.0 + 5.0) / 3)
+    # host time: the ranges' durations (the loop's per single-token step; the rest of the step less its spans)
+    assert loop["host_us"] == pytest.approx(25.0 / 3)
+    assert sec["draft first pass"]["host_us"] == pytest.approx(25.0)
+    assert sec["target"]["host_us"] == pytest.approx(30.0) and sec["step other"]["host_us"] == pytest.approx(20.0)
     first = sec["draft first pass"]["by_class_us"]
     assert first == {"int4 GEMM": pytest.approx(9.0), "KV write": pytest.approx(1.0)}
     assert sec["target"]["by_class_us"] == {"bf16 GEMM": pytest.approx(20.0), "attention": pytest.approx(6.0)}
@@ -129,6 +134,9 @@ def test_the_cpu_rehearsal_splits_real_decode_steps(tmp_path):
     assert sec["target"]["by_class_us"]["bf16 GEMM"] > 0
     assert all(sec[s]["by_class_us"].get("attention", 0.0) > 0 for s in ("draft steps", "target"))
     assert res["engine_report"]["num_speculative_tokens"] == 4
+    # the prompt step apart: the draft's prefill (its first pass) and first draft, the target's prefill
+    assert b1["prefill_steps"] >= 1 and b1["prefill"]["draft first pass"]["by_class_us"]["int4 GEMM"] > 0
+    assert b1["prefill"]["draft first pass"]["host_us"] > 0
     text = (out / "README.md").read_text()
     assert "cost measurement" in text and "| draft steps | single-token draft step |" in text
     assert (out / "env.json").is_file() and not list(out.glob("trace_*"))
