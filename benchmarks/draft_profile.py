@@ -157,26 +157,27 @@ def _own_times(ops: list[dict]) -> list[dict]:
     return out
 
 
-def trace_items(trace: dict) -> tuple[list[dict], list[dict], bool]:
-    """(twin ranges, work items, on_gpu) of a Chrome trace: each work item a kernel (with its launch's host
-    time) or, without kernels, a CPU operator (with its own time)."""
+def trace_items(trace: dict, gpu: bool) -> tuple[list[dict], list[dict], list[float]]:
+    """(twin ranges, work items, host times of CUDA-graph launches) of a Chrome trace. ``gpu``: each work item
+    a kernel (a memcpy or memset too) with its launch's host time; else a CPU operator with its own time."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
     ranges = [{"name": e["name"][len(RANGE_PREFIX):], "ts": e["ts"], "end": e["ts"] + e["dur"]}
               for e in events if e.get("cat") == "user_annotation" and e.get("name", "").startswith(RANGE_PREFIX)]
-    launch_ts = {}
+    launch_ts, graphs = {}, []
     for e in events:
         if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {}):
             launch_ts[e["args"]["correlation"]] = e["ts"]
+            if "graphlaunch" in e.get("name", "").lower():
+                graphs.append(e["ts"])
+    if not gpu:
+        return ranges, _own_times([e for e in events if e.get("cat") == "cpu_op"]), graphs
     kernels = []
     for e in events:
         if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
             ts = launch_ts.get(e.get("args", {}).get("correlation"))
             if ts is not None:
                 kernels.append({"name": e["name"], "ts": e["ts"], "dur": e["dur"], "own": e["dur"], "launch": ts})
-    if kernels:
-        return ranges, kernels, True
-    ops = [e for e in events if e.get("cat") == "cpu_op"]
-    return ranges, _own_times(ops), False
+    return ranges, kernels, graphs
 
 
 def _steps(ranges: list[dict], kind: str) -> list[dict]:
@@ -218,7 +219,7 @@ def _host_us(step: dict) -> dict[str, float]:
             "target": dur["target"], "step other": dur["range"] - dur["target"] - dur["draft"]}
 
 
-def _one_step(st: dict, items: list[dict], loop_steps: int, names: dict) -> dict:
+def _one_step(st: dict, items: list[dict], graphs: list[float], loop_steps: int, names: dict) -> dict:
     """One step's sections: work by class, count, sum, GPU span, host time (draft steps: per single-token step)."""
     lo, hi = st["range"]["ts"], st["range"]["end"]
     acc = {s: {"by_class_us": {}, "kernels": 0, "sum_us": 0.0, "first": None, "last": None} for s in SECTIONS}
@@ -235,26 +236,32 @@ def _one_step(st: dict, items: list[dict], loop_steps: int, names: dict) -> dict
         a["last"] = it["ts"] + it["dur"] if a["last"] is None else max(a["last"], it["ts"] + it["dur"])
         names.setdefault((sec, it["name"]), []).append(it["own"])
     host = _host_us(st)
+    n_graphs = {sec: 0 for sec in SECTIONS}
+    for ts in graphs:
+        sec = _section(st, ts) if lo <= ts < hi else None
+        if sec is not None:
+            n_graphs[sec] += 1
     row = {}
     for sec, a in acc.items():
         div = loop_steps if sec == "draft steps" else 1
         span = (a["last"] - a["first"]) if a["first"] is not None else 0.0
         row[sec] = {"by_class_us": {k: v / div for k, v in a["by_class_us"].items()}, "kernels": a["kernels"] / div,
-                    "sum_us": a["sum_us"] / div, "span_us": span / div, "host_us": host[sec] / div}
+                    "sum_us": a["sum_us"] / div, "span_us": span / div, "host_us": host[sec] / div,
+                    "graph_launches": n_graphs[sec] / div}
     return row
 
 
-def _sections(steps: list[dict], items: list[dict], loop_steps: int, step_word: str) -> dict:
+def _sections(steps: list[dict], items: list[dict], graphs: list[float], loop_steps: int, step_word: str) -> dict:
     """Medians over ``steps`` per section, and each section's top kernels by time."""
     names: dict[tuple[str, str], list[float]] = {}
-    per_step = [_one_step(st, items, loop_steps, names) for st in steps]
+    per_step = [_one_step(st, items, graphs, loop_steps, names) for st in steps]
     med = (lambda xs: statistics.median(xs) if xs else 0.0)
     out = {}
     for sec in SECTIONS:
         rows = [p[sec] for p in per_step]
         classes = sorted({c for r in rows for c in r["by_class_us"]})
         out[sec] = {"per": "single-token draft step" if sec == "draft steps" else step_word,
-                    **{k: med([r[k] for r in rows]) for k in ("sum_us", "span_us", "host_us", "kernels")},
+                    **{k: med([r[k] for r in rows]) for k in ("sum_us", "span_us", "host_us", "kernels", "graph_launches")},
                     "by_class_us": {c: med([r["by_class_us"].get(c, 0.0) for r in rows]) for c in classes}}
         top = sorted(((nm, sum(v)) for (s, nm), v in names.items() if s == sec), key=lambda x: -x[1])[:12]
         div = max(len(steps), 1) * (loop_steps if sec == "draft steps" else 1)
@@ -262,15 +269,19 @@ def _sections(steps: list[dict], items: list[dict], loop_steps: int, step_word: 
     return out
 
 
-def split(trace: dict, gamma: int) -> dict:
+def split(trace: dict, gamma: int, gpu: bool) -> dict:
     """The decode steps' sections (medians: work by class, count, GPU span, host time; the top kernels), and the
     same for the prefill steps (the draft's prefill and first draft, which the first token waits for)."""
-    ranges, items, on_gpu = trace_items(trace)
+    ranges, items, graphs = trace_items(trace, gpu)
     loop_steps = max(gamma - 1, 1)
     decode, prefill = _steps(ranges, "decode"), _steps(ranges, "prefill")
-    return {"on_gpu": on_gpu, "gamma": gamma, "unit": "kernel time (GPU)" if on_gpu else "operator own time (CPU)",
-            "decode_steps": len(decode), "sections": _sections(decode, items, loop_steps, "decode step"),
-            "prefill_steps": len(prefill), "prefill": _sections(prefill, items, loop_steps, "prefill step")}
+    out = {"on_gpu": gpu, "gamma": gamma, "unit": "kernel time (GPU)" if gpu else "operator own time (CPU)",
+           "decode_steps": len(decode), "sections": _sections(decode, items, graphs, loop_steps, "decode step"),
+           "prefill_steps": len(prefill), "prefill": _sections(prefill, items, graphs, loop_steps, "prefill step")}
+    # a section that launched CUDA graphs but shows no kernel: the profiler did not trace the graphs' kernels
+    out["untraced_graphs"] = sorted(sec for part in ("sections", "prefill") for sec, v in out[part].items()
+                                    if gpu and v["graph_launches"] > 0 and v["kernels"] == 0)
+    return out
 
 
 # --------------------------------------------------------------------------- the run
@@ -332,7 +343,7 @@ def run(args) -> dict:
             with gzip.open(str(path) + ".gz", "wt") as f:
                 json.dump(trace, f)
         path.unlink()
-        result["batches"][str(b)] = split(trace, knobs.gamma)
+        result["batches"][str(b)] = split(trace, knobs.gamma, gpu=not cpu)
     le.free(llm)
     envcapture.write_env(args.out / "env.json", {"command": ["benchmarks/draft_profile.py", *args.argv]})
     (args.out / "draft_profile.json").write_text(json.dumps(result, indent=1))
@@ -353,6 +364,9 @@ def render(result: dict) -> str:
              "is a cost measurement.", ""]
     for b, res in result["batches"].items():
         unit = "µs of kernel time" if res["on_gpu"] else "µs of operator own time (CPU rehearsal)"
+        if res.get("untraced_graphs"):
+            lines += [f"**The profiler traced no kernel of the CUDA graphs in: {', '.join(res['untraced_graphs'])}** "
+                      "(their GPU time is missing below).", ""]
         for title, key, n in (("decode steps", "sections", res["decode_steps"]),
                               ("prefill steps", "prefill", res["prefill_steps"])):
             lines += [f"## Batch {b}, {title} ({n}; medians, {unit}; host: the ranges' host time)", ""]
@@ -368,12 +382,12 @@ def render(result: dict) -> str:
 def _table(sections: dict) -> list[str]:
     classes = sorted({c for s in sections.values() for c in s["by_class_us"]},
                      key=lambda c: -sum(s["by_class_us"].get(c, 0.0) for s in sections.values()))
-    lines = ["| section | per | " + " | ".join(classes) + " | sum | GPU span | host | kernels |",
-             "|---" * (len(classes) + 6) + "|"]
+    lines = ["| section | per | " + " | ".join(classes) + " | sum | GPU span | host | kernels | graph launches |",
+             "|---" * (len(classes) + 7) + "|"]
     for sec, s in sections.items():
         cells = " | ".join(f"{s['by_class_us'].get(c, 0.0):.1f}" for c in classes)
         lines.append(f"| {sec} | {s['per']} | {cells} | {s['sum_us']:.1f} | {s['span_us']:.1f} | "
-                     f"{s['host_us']:.1f} | {s['kernels']:.0f} |")
+                     f"{s['host_us']:.1f} | {s['kernels']:.0f} | {s['graph_launches']:.2g} |")
     return lines + [""]
 
 

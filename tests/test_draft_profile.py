@@ -57,7 +57,7 @@ def test_kernels_go_to_their_section_and_class():
     trace = {"traceEvents": _step(0.0) + _step(10_000.0) + _step(20_000.0, kind="prefill")
              + _step(30_000.0, spec=0)
              + [_x("kernel", "orphan", 5.0, 3.0, correlation=999_999)]}  # no launch: not counted
-    res = dp.split(trace, gamma=4)
+    res = dp.split(trace, gamma=4, gpu=True)
     assert res["on_gpu"] and res["decode_steps"] == 2  # the prompt step and the step without a draft left out
     assert res["prefill_steps"] == 1 and res["prefill"]["target"]["by_class_us"]["bf16 GEMM"] == pytest.approx(20.0)
     sec = res["sections"]
@@ -80,8 +80,17 @@ def test_kernels_go_to_their_section_and_class():
     assert first == {"int4 GEMM": pytest.approx(9.0), "KV write": pytest.approx(1.0)}
     assert sec["target"]["by_class_us"] == {"bf16 GEMM": pytest.approx(20.0), "attention": pytest.approx(6.0)}
     assert sec["step other"]["by_class_us"] == {"sampling": pytest.approx(2.0)}
+    assert loop["graph_launches"] == pytest.approx(1 / 3) and res["untraced_graphs"] == []
     top = {t["name"]: t for t in loop["top"]}
     assert top["w4a16_decode<1, 1, 4, true, false>"]["us_per"] == pytest.approx(8.0)
+
+
+def test_graph_launches_without_traced_kernels_are_named():
+    dp = _module()
+    trace = {"traceEvents": [e for e in _step(0.0) if e["cat"] != "kernel"]}
+    res = dp.split(trace, gamma=4, gpu=True)
+    assert res["decode_steps"] == 1 and set(res["untraced_graphs"]) >= {"draft steps", "target"}
+    assert res["sections"]["draft steps"]["kernels"] == 0
 
 
 def test_class_names():
