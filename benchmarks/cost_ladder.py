@@ -206,17 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         _print_tables(analyze(out, static))
         return 0
     for size in sizes:
-        if size == "tiny":
-            from workbench.tiny import ensure_tiny_models
+        from workbench.ladder_engine import bench_roles
 
-            m = ensure_tiny_models()
-            roles = {"target": str(m["target"]), "twin": str(m["twin-int4"])}
-        else:
-            from workbench.shapes import build_shapes
-
-            dirs = build_shapes(args.shapes_root)
-            roles = {"target": str(dirs[f"{size}-target"]), "twin": str(dirs[f"{size}-twin"])}
-        run_size(size, roles, args, out, cpu)
+        run_size(size, bench_roles(size, args.shapes_root), args, out, cpu)
     return 0
 
 

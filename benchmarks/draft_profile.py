@@ -287,18 +287,6 @@ def split(trace: dict, gamma: int, gpu: bool) -> dict:
 # --------------------------------------------------------------------------- the run
 
 
-def _roles(size: str) -> dict[str, str]:
-    if size == "tiny":
-        from workbench.tiny import ensure_tiny_models
-
-        m = ensure_tiny_models()
-        return {"target": str(m["target"]), "twin": str(m["twin-int4"])}
-    from workbench.shapes import build_shapes
-
-    dirs = build_shapes()
-    return {"target": str(dirs[f"{size}-target"]), "twin": str(dirs[f"{size}-twin"])}
-
-
 def run(args) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -310,7 +298,7 @@ def run(args) -> dict:
 
     cpu = args.size == "tiny" and not cuda_present()
     knobs = Knobs.from_leg_args(args)
-    roles = _roles(args.size)
+    roles = le.bench_roles(args.size)
     report = args.out / "report"
     report.mkdir(parents=True, exist_ok=True)
     le.set_process_env(cpu, str(report), {**knobs.to_env(str(report)), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})

@@ -313,7 +313,7 @@ def run_one(args, kind: str) -> dict:
 
     cpu = args.size == "tiny" and not cuda_present()
     knobs = _knobs(args)
-    roles = _roles(args.size)
+    roles = le.bench_roles(args.size)
     report = args.out / f"report_{kind}"
     report.mkdir(parents=True, exist_ok=True)
     env = {**knobs.to_env(str(report)), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -356,18 +356,6 @@ def run_one(args, kind: str) -> dict:
         envcapture.write_env(args.out / "env.json", {"command": sys.argv[1:]})
     le.free(llm)
     return out
-
-
-def _roles(size: str) -> dict[str, str]:
-    if size == "tiny":
-        from workbench.tiny import ensure_tiny_models
-
-        m = ensure_tiny_models()
-        return {"target": str(m["target"]), "twin": str(m["twin-int4"])}
-    from workbench.shapes import build_shapes
-
-    dirs = build_shapes()
-    return {"target": str(dirs[f"{size}-target"]), "twin": str(dirs[f"{size}-twin"])}
 
 
 def compare(out: Path) -> dict:

@@ -55,6 +55,20 @@ def vocab_hi(size: str) -> int:
     return 400 if size == "tiny" else 150000
 
 
+def bench_roles(size: str, shapes_root=None) -> dict[str, str]:
+    """The target and the twin a benchmark engine of ``size`` loads: the tiny models (built on first use), or
+    the shape stand-ins of ``8b`` / ``32b`` (``workbench.shapes``, random weights, under ``shapes_root``)."""
+    if size == "tiny":
+        from workbench.tiny import ensure_tiny_models
+
+        m = ensure_tiny_models()
+        return {"target": str(m["target"]), "twin": str(m["twin-int4"])}
+    from workbench.shapes import build_shapes
+
+    dirs = build_shapes(shapes_root) if shapes_root is not None else build_shapes()
+    return {"target": str(dirs[f"{size}-target"]), "twin": str(dirs[f"{size}-twin"])}
+
+
 def process_env(report_dir: str, knob_env: dict[str, str] | None = None) -> dict[str, str]:
     """Environment of a ladder engine process, set before vLLM is imported (the plugin reads it).
 
