@@ -26,7 +26,8 @@ medians over the profiled steps of each kind. On CPU the same split is made of t
 (their own time): it rehearses the code path, not the GPU.
 
 Output in ``--out``: ``draft_profile.json`` (per batch: sections, classes, the top kernels by time),
-``README.md`` (the tables), ``env.json``; ``--keep-trace`` keeps each batch's Chrome trace (gzip).
+``README.md`` (the tables), ``env.json``; ``--keep-trace`` keeps each batch's Chrome trace (gzip), and
+``--resplit --out RUN_DIR`` splits those traces again (no engine) after the classes change.
 """
 
 from __future__ import annotations
@@ -61,9 +62,18 @@ SECTIONS = ("draft steps", "draft first pass", "target", "step other")
 RANGE_PREFIX = "twin::"
 
 
+GEMMS = ("int4 GEMM", "bf16 GEMM")
+
+
 def class_of(name: str) -> str:
+    """A kernel's class by its name. Inductor's Triton kernels are named after the graph nodes around them (a
+    norm whose input is a Marlin GEMM's output is ``triton_red_fused_fused_add_rms_norm_marlin_gemm_0``), so
+    a ``triton_`` kernel is never a GEMM."""
     low = name.lower()
+    triton = low.startswith("triton_")
     for cls, keys in CLASSES:
+        if triton and cls in GEMMS:
+            continue
         if any(k in low for k in keys):
             return cls
     return "other"
@@ -244,9 +254,11 @@ def _one_step(st: dict, items: list[dict], graphs: list[float], loop_steps: int,
     row = {}
     for sec, a in acc.items():
         div = loop_steps if sec == "draft steps" else 1
-        span = (a["last"] - a["first"]) if a["first"] is not None else 0.0
+        # the rest of the step lies before and after the spans: a span from its first kernel to its last is not its own
+        span = None if sec == "step other" else (a["last"] - a["first"]) if a["first"] is not None else 0.0
         row[sec] = {"by_class_us": {k: v / div for k, v in a["by_class_us"].items()}, "kernels": a["kernels"] / div,
-                    "sum_us": a["sum_us"] / div, "span_us": span / div, "host_us": host[sec] / div,
+                    "sum_us": a["sum_us"] / div, "span_us": None if span is None else span / div,
+                    "host_us": host[sec] / div,
                     "graph_launches": n_graphs[sec] / div}
     return row
 
@@ -255,7 +267,9 @@ def _sections(steps: list[dict], items: list[dict], graphs: list[float], loop_st
     """Medians over ``steps`` per section, and each section's top kernels by time."""
     names: dict[tuple[str, str], list[float]] = {}
     per_step = [_one_step(st, items, graphs, loop_steps, names) for st in steps]
-    med = (lambda xs: statistics.median(xs) if xs else 0.0)
+    def med(xs):
+        xs = [x for x in xs if x is not None]
+        return statistics.median(xs) if xs else None
     out = {}
     for sec in SECTIONS:
         rows = [p[sec] for p in per_step]
@@ -280,7 +294,7 @@ def split(trace: dict, gamma: int, gpu: bool) -> dict:
            "prefill_steps": len(prefill), "prefill": _sections(prefill, items, graphs, loop_steps, "prefill step")}
     # a section that launched CUDA graphs but shows no kernel: the profiler did not trace the graphs' kernels
     out["untraced_graphs"] = sorted(sec for part in ("sections", "prefill") for sec, v in out[part].items()
-                                    if gpu and v["graph_launches"] > 0 and v["kernels"] == 0)
+                                    if gpu and (v["graph_launches"] or 0) > 0 and not v["kernels"])
     return out
 
 
@@ -341,6 +355,21 @@ def run(args) -> dict:
     return result
 
 
+def resplit(out: Path) -> dict:
+    """Split the kept traces of a run folder again (the classes as this file has them now): its
+    ``draft_profile.json`` and ``README.md`` rewritten, each batch from its ``trace_b<B>.json.gz``."""
+    result = json.loads((out / "draft_profile.json").read_text())
+    for b, old in result["batches"].items():
+        path = out / f"trace_b{b}.json.gz"
+        if not path.is_file():
+            raise SystemExit(f"--resplit {out}: no {path.name} (the run kept no trace of batch {b}: --keep-trace)")
+        with gzip.open(path, "rt") as f:
+            result["batches"][b] = split(json.load(f), old["gamma"], gpu=old["on_gpu"])
+    (out / "draft_profile.json").write_text(json.dumps(result, indent=1))
+    (out / "README.md").write_text(render(result))
+    return result
+
+
 def render(result: dict) -> str:
     k = result["knobs"]
     lines = [f"# Draft step profile: {result['size']}, γ {k.get('gamma')}, acceptance {k.get('acceptance')}",
@@ -368,14 +397,16 @@ def render(result: dict) -> str:
 
 
 def _table(sections: dict) -> list[str]:
+    def f(x, fmt=".1f"):
+        return "–" if x is None else format(x, fmt)
     classes = sorted({c for s in sections.values() for c in s["by_class_us"]},
-                     key=lambda c: -sum(s["by_class_us"].get(c, 0.0) for s in sections.values()))
+                     key=lambda c: -sum(s["by_class_us"].get(c) or 0.0 for s in sections.values()))
     lines = ["| section | per | " + " | ".join(classes) + " | sum | GPU span | host | kernels | graph launches |",
              "|---" * (len(classes) + 7) + "|"]
     for sec, s in sections.items():
-        cells = " | ".join(f"{s['by_class_us'].get(c, 0.0):.1f}" for c in classes)
-        lines.append(f"| {sec} | {s['per']} | {cells} | {s['sum_us']:.1f} | {s['span_us']:.1f} | "
-                     f"{s['host_us']:.1f} | {s['kernels']:.0f} | {s['graph_launches']:.2g} |")
+        cells = " | ".join(f(s["by_class_us"].get(c, 0.0)) for c in classes)
+        lines.append(f"| {sec} | {s['per']} | {cells} | {f(s['sum_us'])} | {f(s['span_us'])} | {f(s['host_us'])} | "
+                     f"{f(s['kernels'], '.0f')} | {f(s['graph_launches'], '.2g')} |")
     return lines + [""]
 
 
@@ -391,12 +422,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--keep-trace", action="store_true", help="keep each batch's Chrome trace (trace_b<B>.json.gz)")
+    ap.add_argument("--resplit", action="store_true",
+                    help="no engine: split the traces kept in --out again and rewrite its tables")
     Knobs.add_leg_options(ap)
     ap.set_defaults(gamma=4, acceptance="alpha:1", trace=False, async_scheduling=True,
                     draft_cudagraph_mode="full_all", draft_lm_head="int4")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
     args.argv = argv
+    if args.resplit:
+        if not (args.out / "draft_profile.json").is_file():
+            ap.error(f"--resplit: {args.out} holds no draft_profile.json")
+        print(render(resplit(args.out)))
+        return 0
     try:
         args.batches = [int(x) for x in args.batches.split(",") if x.strip()]
         if not args.batches or min(args.batches) < 1:

@@ -80,9 +80,32 @@ def test_kernels_go_to_their_section_and_class():
     assert first == {"int4 GEMM": pytest.approx(9.0), "KV write": pytest.approx(1.0)}
     assert sec["target"]["by_class_us"] == {"bf16 GEMM": pytest.approx(20.0), "attention": pytest.approx(6.0)}
     assert sec["step other"]["by_class_us"] == {"sampling": pytest.approx(2.0)}
+    assert sec["step other"]["span_us"] is None  # its kernels lie before and after the spans: no span of its own
     assert loop["graph_launches"] == pytest.approx(1 / 3) and res["untraced_graphs"] == []
     top = {t["name"]: t for t in loop["top"]}
     assert top["w4a16_decode<1, 1, 4, true, false>"]["us_per"] == pytest.approx(8.0)
+
+
+def test_resplit_reads_the_kept_traces_again(tmp_path):
+    import gzip
+
+    dp = _module()
+    trace = {"traceEvents": _step(0.0) + _step(10_000.0)}
+    with gzip.open(tmp_path / "trace_b1.json.gz", "wt") as f:
+        json.dump(trace, f)
+    stale = dp.split(trace, gamma=4, gpu=True)
+    stale["sections"]["draft steps"]["by_class_us"] = {"int4 GEMM": 1e9}  # as an older classifier had it
+    result = {"size": "8b", "knobs": {"gamma": 4, "acceptance": "alpha:1"}, "engine_report": {}, "tokens": 48,
+              "prompt_len": 128, "batches": {"1": stale}}
+    (tmp_path / "draft_profile.json").write_text(json.dumps(result))
+    done = _run("--resplit", "--out", str(tmp_path), timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    again = json.loads((tmp_path / "draft_profile.json").read_text())["batches"]["1"]
+    assert again["sections"]["draft steps"]["by_class_us"]["int4 GEMM"] == pytest.approx(8.0)
+    assert "| draft steps |" in (tmp_path / "README.md").read_text()
+    (tmp_path / "trace_b1.json.gz").unlink()
+    gone = _run("--resplit", "--out", str(tmp_path), timeout=60)
+    assert gone.returncode != 0 and "trace_b1.json.gz" in gone.stderr
 
 
 def test_graph_launches_without_traced_kernels_are_named():
@@ -102,6 +125,10 @@ def test_class_names():
     assert dp.class_of("_C::onednn_mm") == "bf16 GEMM"
     assert dp.class_of("void flash::flash_fwd_splitkv_kernel") == "attention"
     assert dp.class_of("something_new") == "other"
+    # Inductor's kernels named after the GEMMs beside them are not GEMMs
+    assert dp.class_of("triton_red_fused_fused_add_rms_norm_marlin_gemm_0") == "norm"
+    assert dp.class_of("triton_poi_fused_marlin_gemm_mul_silu_slice_1") == "activation"
+    assert dp.class_of("triton_red_fused_4") == "other"
 
 
 def test_cpu_operators_get_their_own_time():

@@ -51,18 +51,19 @@ def own_on_cpu(monkeypatch):
     return calls
 
 
-def test_the_op_runs_own_cuda_up_to_the_split_and_marlin_above(own_on_cpu):
+def test_the_op_runs_own_cuda_up_to_the_split_marlin_above_and_the_large_m_path_above_that(own_on_cpu):
     layer = hybrid_layer(calls=own_on_cpu, bias=torch.full((64,), 0.5, dtype=torch.bfloat16))
-    for m in (1, twin_hybrid.SPLIT_M, twin_hybrid.SPLIT_M + 1, 80):
+    big = twin_hybrid.DEQUANT_M
+    for m in (1, twin_hybrid.SPLIT_M, twin_hybrid.SPLIT_M + 1, 80, big, big + 1):
         x = torch.randn(m, 256).to(torch.bfloat16)
         y = twin_hybrid.hybrid_linear(x.view(1, m, 256), layer)
         assert y.shape == (1, m, 64)
-        if m <= twin_hybrid.SPLIT_M:  # the own layout, its bias (Marlin's is permuted in place)
+        if m <= twin_hybrid.SPLIT_M or m > big:  # the own layout, its bias (Marlin's is permuted in place)
             want = L.emulate_mm(x.float(), layer.twin_hybrid_own).to(torch.bfloat16) + 0.5
             assert torch.equal(y[0], want)
         else:
             assert torch.equal(y[0], torch.full((m, 64), 7.0))
-    assert own_on_cpu == [("own", 1), ("own", 4), ("marlin", 5), ("marlin", 80)]
+    assert own_on_cpu == [("own", 1), ("own", 4), ("marlin", 5), ("marlin", 80), ("marlin", big), ("own", big + 1)]
 
 
 def test_compiled_code_keeps_the_choice_per_call(own_on_cpu):
@@ -71,9 +72,9 @@ def test_compiled_code_keeps_the_choice_per_call(own_on_cpu):
     layer = hybrid_layer(calls=own_on_cpu)
     f = torch.compile(lambda x: twin_hybrid.hybrid_linear(x, layer) * 2, backend="aot_eager", dynamic=True,
                       fullgraph=True)
-    for m in (2, 9, 3, 17):
+    for m in (2, 9, 3, 17, twin_hybrid.DEQUANT_M + 3):
         f(torch.randn(m, 256).to(torch.bfloat16))
-    assert [c[0] for c in own_on_cpu] == ["own", "marlin", "own", "marlin"]
+    assert [c[0] for c in own_on_cpu] == ["own", "marlin", "own", "marlin", "own"]
 
 
 def test_gate_up_pairs_the_own_layout_and_applies_silu_on_either_path(own_on_cpu):
@@ -94,7 +95,9 @@ def test_gate_up_pairs_the_own_layout_and_applies_silu_on_either_path(own_on_cpu
     big = mlp.forward(torch.randn(6, 256).to(torch.bfloat16))  # Marlin's [M, 2 I] of 7.0, then vLLM's silu_and_mul
     assert big.shape == (6, 32) and torch.allclose(big.float(), torch.full((6, 32), 7.0 / (1 + torch.exp(
         torch.tensor(-7.0))) * 7.0), rtol=1e-2)
-    assert own_on_cpu == [("own", 3), ("marlin", 6)]
+    long = mlp.forward(torch.randn(twin_hybrid.DEQUANT_M + 1, 256).to(torch.bfloat16))  # the large-M path: own
+    assert long.shape == (twin_hybrid.DEQUANT_M + 1, 32)
+    assert own_on_cpu == [("own", 3), ("marlin", 6), ("own", twin_hybrid.DEQUANT_M + 1)]
 
 
 def test_knob_class_and_report():
@@ -191,12 +194,12 @@ def _compressed_tensors_layer_on_the_hybrid_class(symmetric, CompressedTensorsWN
     marlin_layer, marlin_scheme = build("MarlinLinearKernel")
     assert type(marlin_scheme.kernel) is MarlinLinearKernel
     ref_w = reference(packed, scales, zeros, 128).to(dev)
-    for m in (1, 4, 5, 16, 80):
+    for m in (1, 4, 5, 16, 80, twin_hybrid.DEQUANT_M + 1, 2048):
         x = torch.randn(m, k, device=dev).to(torch.bfloat16)
         y = scheme.apply_weights(layer, x, None).float()
         ref = x.float() @ ref_w.t()
         assert float((y - ref).abs().max() / ref.abs().max()) < 8e-3, m
-        if m <= twin_hybrid.SPLIT_M:
+        if twin_hybrid.uses_own(m):  # own-cuda, or its large-M path (dequantized slices and cuBLAS)
             assert torch.equal(y, twin_cuda.w4a16_mm(x, twin_hybrid.own_state(layer)).float()), m
         else:
             assert torch.equal(y, marlin_scheme.apply_weights(marlin_layer, x, None).float()), m

@@ -10,12 +10,13 @@ This class holds a layer in both layouts: ``own-cuda``'s (repacked from the chec
 layer's parameters) and Marlin's (vLLM's ``MarlinLinearKernel`` then transforms the parameters as it always
 does). The GEMM is one custom op, opaque to torch.compile, that picks by the token count it is called with:
 ``own-cuda`` up to :data:`SPLIT_M` tokens, Marlin above (decode at larger batches, the first pass at batch 16,
-every prefill). Under CUDA graphs M is fixed per captured graph, so each graph holds one kernel per layer. The
+short prefills), and above :data:`DEQUANT_M` tokens (long prefills, many prompts at once) own-cuda's large-M path:
+the weight dequantized to bf16 slice by slice and multiplied on cuBLAS. Under CUDA graphs M is fixed per captured graph, so each graph holds one kernel per layer. The
 price is memory: the twin's packed weights twice (the engine report's ``draft_hybrid_extra_bytes``).
 
-The MLP: ``draft_mlp`` pairs the own layout's gate_up tiles and calls :func:`gate_up_silu_mul`: up to
-:data:`SPLIT_M` tokens the own kernel's fused ``silu(gate) * up`` epilogue, above it Marlin's gate_up and
-vLLM's ``silu_and_mul``.
+The MLP: ``draft_mlp`` pairs the own layout's gate_up tiles and calls :func:`gate_up_silu_mul`: on the own
+layout the kernel's fused ``silu(gate) * up`` epilogue (on the large-M path one kernel after cuBLAS), on Marlin's
+its gate_up and vLLM's ``silu_and_mul``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ OP_NAME = "w4a16_by_m"
 # own-cuda up to this many tokens (H100: ahead of Marlin at M = 1 and 4 at both shapes, behind at 16; at 32B
 # M = 8 138.4 µs against Marlin's 124.7-131.4 at 4-16)
 SPLIT_M = 4
+# ... and above this many, the own layout's large-M path (its slices dequantized to bf16, then cuBLAS): Marlin's
+# cost grows with M where cuBLAS's bf16 GEMM is compute-efficient. H100, 8B shape, a draft's prefill
+# (results/draft-profile/20261206T224809Z-h100-marlin-traced): Marlin's GEMMs 2.4x the target's bf16 GEMMs at
+# 2048 tokens (85.2 against 35.1 ms), 1.7x at 129; the large-M path is 1.9x a bf16 GEMM at 512 tokens and 1.4x at
+# 2048 (32B layer set, results/int4-gemm/20261206T141942Z-h100), 2.4x at 128
+DEQUANT_M = 512
 
 _LAYERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # key -> layer (the op's handle)
 _IDS = itertools.count()
@@ -63,8 +70,9 @@ def layer_of(key: str):
 
 
 def uses_own(m: int) -> bool:
-    """Whether a call with ``m`` tokens runs on ``own-cuda`` (else Marlin)."""
-    return m <= SPLIT_M
+    """Whether a call with ``m`` tokens runs on the own layout (``own-cuda`` up to :data:`SPLIT_M`, its large-M
+    path above :data:`DEQUANT_M`), else on Marlin."""
+    return m <= SPLIT_M or m > DEQUANT_M
 
 
 def _marlin_gemm(args: tuple, x: torch.Tensor) -> torch.Tensor:
