@@ -449,6 +449,25 @@ def test_large_m_matches_the_reference_in_slices(symmetric, monkeypatch):
     assert float((y[:64, rows].float() - ref).abs().max() / ref.abs().max()) < 8e-3
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (and nvcc to build the extension)")
+def test_silu_mul_kernels_match_their_emulation():
+    """silu(gate) * up over a paired layout's output and over a merged [gate | up] output (the hybrid's Marlin
+    path): the layout emulation's math, within one bf16 rounding (expf against torch.exp), for M 1-2048; a slice
+    of a wider buffer too."""
+    dev = torch.device("cuda")
+    for m, n in ((1, 64), (16, 24576), (80, 2048), (2048, 512)):
+        h = (torch.randn(m, n, device=dev) * 4).to(torch.bfloat16)
+        for got, want in ((twin_cuda.silu_mul_halves(h), L.silu_mul_halves(h)),
+                          (twin_cuda.silu_mul_pairs(h), L.silu_mul(h))):
+            assert got.shape == (m, n // 2) and got.dtype == torch.bfloat16
+            diff = (got.float() - want.float()).abs()
+            assert float((diff / want.float().abs().clamp_min(1e-3)).max()) <= 2 ** -7, (m, n)
+    wide = (torch.randn(16, 1024, device=dev) * 4).to(torch.bfloat16)[:, :512]
+    assert torch.allclose(twin_cuda.silu_mul_halves(wide).float(), L.silu_mul_halves(wide).float(), rtol=2 ** -7,
+                          atol=1e-3)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on PATH: the walk probe is a host program")
 def test_the_walk_probe_builds(tmp_path):
     """benchmarks/int4_walk_probe.cu, whose output backs the x staging (results/int4-probe), builds as its

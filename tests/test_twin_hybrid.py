@@ -47,7 +47,12 @@ def own_on_cpu(monkeypatch):
         y = L.emulate_mm(x.float(), dict(st, pairs=False)).to(torch.bfloat16)
         return L.silu_mul(y) if st.get("pairs") else y
 
+    def halves(h):
+        calls.append(("silu_mul_halves", h.shape[0]))
+        return L.silu_mul_halves(h)
+
     monkeypatch.setattr(twin_cuda, "w4a16_mm", emulated)
+    monkeypatch.setattr(twin_cuda, "silu_mul_halves", halves)
     return calls
 
 
@@ -92,12 +97,13 @@ def test_gate_up_pairs_the_own_layout_and_applies_silu_on_either_path(own_on_cpu
     x = torch.randn(3, 256).to(torch.bfloat16)
     want = L.silu_mul(L.emulate_mm(x.float(), L.pair_tiles(flat)))
     assert torch.equal(mlp.forward(x), want)  # own path: the fused epilogue on the paired tiles
-    big = mlp.forward(torch.randn(6, 256).to(torch.bfloat16))  # Marlin's [M, 2 I] of 7.0, then vLLM's silu_and_mul
+    big = mlp.forward(torch.randn(6, 256).to(torch.bfloat16))  # Marlin's [M, 2 I] of 7.0, then one silu * up kernel
     assert big.shape == (6, 32) and torch.allclose(big.float(), torch.full((6, 32), 7.0 / (1 + torch.exp(
         torch.tensor(-7.0))) * 7.0), rtol=1e-2)
+    assert torch.equal(big, L.silu_mul_halves(torch.full((6, 64), 7.0)))
     long = mlp.forward(torch.randn(twin_hybrid.DEQUANT_M + 1, 256).to(torch.bfloat16))  # the large-M path: own
     assert long.shape == (twin_hybrid.DEQUANT_M + 1, 32)
-    assert own_on_cpu == [("own", 3), ("marlin", 6), ("own", twin_hybrid.DEQUANT_M + 1)]
+    assert own_on_cpu == [("own", 3), ("marlin", 6), ("silu_mul_halves", 6), ("own", twin_hybrid.DEQUANT_M + 1)]
 
 
 def test_knob_class_and_report():

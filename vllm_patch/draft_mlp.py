@@ -9,7 +9,7 @@ layer. The epilogue rounds gate and up to bf16 first, as the unfused GEMM's outp
 ``SiluAndMul`` computes from that output (to its last bit where both use the same ``exp``).
 
 Under ``own-cuda+marlin`` (``twin_hybrid``) the own layout's tiles are paired and the fused epilogue runs up to
-``twin_hybrid.SPLIT_M`` tokens; above, Marlin's gate_up and vLLM's ``silu_and_mul``.
+``twin_hybrid.SPLIT_M`` tokens; above, Marlin's gate_up and one activation kernel (``twin_cuda.silu_mul_halves``).
 
 Only the draft is changed: the target verifies every drafted token, so the strict tier's output is the
 target's whatever the draft's MLP rounds. Layers on another kernel, with a bias, another activation or
@@ -51,7 +51,7 @@ def _pair(gu):
 
     kernel = gu.scheme.kernel
     if type(kernel).__name__ == twin_hybrid.KERNEL_NAME:
-        twin_hybrid.pair(gu)  # the own layout only: Marlin's path runs silu_and_mul on its own output
+        twin_hybrid.pair(gu)  # the own layout only: Marlin's path applies the activation to its own output
         return _hybrid_forward
     paired = layout.pair_tiles(twin_cuda.layer_state(gu))
     replace_parameter(gu, kernel.w_q_name, paired["qw"])

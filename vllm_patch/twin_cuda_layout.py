@@ -135,6 +135,14 @@ def silu_mul(y: torch.Tensor) -> torch.Tensor:
     return (gate / (1.0 + torch.exp(-gate)) * up).reshape(m, n // 2).to(torch.bfloat16)
 
 
+def silu_mul_halves(y: torch.Tensor) -> torch.Tensor:
+    """``[M, N]`` merged gate_up output (gate columns, then up) -> ``[M, N/2]`` ``silu(gate) * up``, the same
+    math as :func:`silu_mul` (``twin_cuda.silu_mul_halves`` on the GPU)."""
+    h = y.to(torch.bfloat16).float()
+    gate, up = h[:, : h.shape[1] // 2], h[:, h.shape[1] // 2:]
+    return (gate / (1.0 + torch.exp(-gate)) * up).to(torch.bfloat16)
+
+
 # ---------------------------------------------------------------- emulation of the kernel's reads
 
 def _kernel_index(t_all: int, c: int, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,7 +36,8 @@ struct DequantParams {
 #ifndef __CUDACC_RTC__
 void launch_dequant(const DequantParams& p, cudaStream_t stream);
 // y [m][ldy] (half columns) <- silu(gate) * up of a paired layout's output h [m][ldh] (twin_w4a16_dequant.cuh)
-void launch_silu_mul_pairs(const void* h, void* y, int m, int half, int ldh, int ldy, cudaStream_t stream);
+void launch_silu_mul_pairs(const void* h, void* y, int m, int half, int ldh, int ldy, int halves,
+                           cudaStream_t stream);
 #endif
 
 constexpr int kWarps = 4;  // warps per CTA: each its own R row tiles, all on the CTA's k range

@@ -61,17 +61,18 @@ __global__ void __launch_bounds__(kDequantThreads) w4a16_dequant(const DequantPa
   }
 }
 
-// y [M][ldy] <- silu(gate) * up of a paired layout's output h [M][ldh] (gate rows 32 i + j, up 32 i + 16 + j ->
-// row 16 i + j; twin_cuda_layout.pair_tiles), as the decode kernel's epilogue computes it; one thread 8 outputs
+// y [M][ldy] <- silu(gate) * up of a gate_up output h [M][ldh], as the decode kernel's epilogue computes it; one
+// thread 8 outputs. A paired layout (halves 0; twin_cuda_layout.pair_tiles): gate rows 32 i + j, up 32 i + 16 + j
+// -> row 16 i + j. Halves (halves 1; vLLM's merged gate_up, as Marlin's GEMM writes it): gate j, up half + j -> j.
 __global__ void __launch_bounds__(kDequantThreads) w4a16_silu_mul_pairs(const void* hp, void* yp, int m, int half,
-                                                                        int ldh, int ldy) {
+                                                                        int ldh, int ldy, int halves) {
   const long long idx = (long long)blockIdx.x * kDequantThreads + threadIdx.x;
   const int per_row = half / 8;
   if (idx >= (long long)m * per_row) return;
   const int tok = static_cast<int>(idx / per_row), out = static_cast<int>(idx % per_row) * 8;
-  const int gate = 32 * (out / 16) + out % 16;
+  const int gate = halves ? out : 32 * (out / 16) + out % 16, up = halves ? half + out : gate + 16;
   const __nv_bfloat16* h = static_cast<const __nv_bfloat16*>(hp) + (size_t)tok * ldh;
-  const uint4 gv = *reinterpret_cast<const uint4*>(h + gate), uv = *reinterpret_cast<const uint4*>(h + gate + 16);
+  const uint4 gv = *reinterpret_cast<const uint4*>(h + gate), uv = *reinterpret_cast<const uint4*>(h + up);
   const __nv_bfloat16* g8 = reinterpret_cast<const __nv_bfloat16*>(&gv);
   const __nv_bfloat16* u8 = reinterpret_cast<const __nv_bfloat16*>(&uv);
   uint4 o;

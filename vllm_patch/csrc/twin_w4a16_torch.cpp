@@ -137,11 +137,14 @@ void w4a16_dequant(const torch::Tensor& qw, const torch::Tensor& sc, const c10::
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// y [M, N / 2] <- silu(gate) * up of h [M, N], the output of a paired gate_up layout (one launch)
-void w4a16_silu_mul_pairs(const torch::Tensor& h, torch::Tensor& y) {
+// y [M, N / 2] <- silu(gate) * up of h [M, N]: the output of a paired gate_up layout, or (halves) of vLLM's
+// merged gate_up, gate columns first (one launch)
+void silu_mul(const torch::Tensor& h, torch::Tensor& y, bool halves) {
   TORCH_CHECK(h.is_cuda() && h.scalar_type() == at::kBFloat16 && h.dim() == 2 && h.stride(1) == 1 &&
-                  h.size(1) % 32 == 0 && h.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(h.data_ptr()) % 16 == 0,
-              "h: bf16 [M, N], N a multiple of 32, rows 16-byte aligned");
+                  h.size(1) % (halves ? 16 : 32) == 0 && h.stride(0) % 8 == 0 &&
+                  reinterpret_cast<uintptr_t>(h.data_ptr()) % 16 == 0,
+              halves ? "h: bf16 [M, N], N a multiple of 16, rows 16-byte aligned"
+                     : "h: bf16 [M, N], N a multiple of 32, rows 16-byte aligned");
   TORCH_CHECK(y.scalar_type() == at::kBFloat16 && y.dim() == 2 && y.stride(1) == 1 && y.size(0) == h.size(0) &&
                   y.size(1) == h.size(1) / 2 && y.stride(0) % 8 == 0 &&
                   reinterpret_cast<uintptr_t>(y.data_ptr()) % 16 == 0,
@@ -149,9 +152,13 @@ void w4a16_silu_mul_pairs(const torch::Tensor& h, torch::Tensor& y) {
   const c10::cuda::CUDAGuard guard(h.device());
   twin_w4::launch_silu_mul_pairs(h.data_ptr(), y.data_ptr(), static_cast<int>(h.size(0)),
                                  static_cast<int>(y.size(1)), static_cast<int>(h.stride(0)),
-                                 static_cast<int>(y.stride(0)), c10::cuda::getCurrentCUDAStream());
+                                 static_cast<int>(y.stride(0)), halves ? 1 : 0, c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
+
+void w4a16_silu_mul_pairs(const torch::Tensor& h, torch::Tensor& y) { silu_mul(h, y, false); }
+
+void w4a16_silu_mul_halves(const torch::Tensor& h, torch::Tensor& y) { silu_mul(h, y, true); }
 
 }  // namespace
 
@@ -159,4 +166,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("w4a16_mm", &w4a16_mm, "W4A16 decode GEMM (bf16): y = x @ dequant(W)^T");
   m.def("w4a16_dequant", &w4a16_dequant, "row tiles of the layout dequantized to bf16 rows (the large-M path)");
   m.def("w4a16_silu_mul_pairs", &w4a16_silu_mul_pairs, "silu(gate) * up of a paired gate_up layout's output");
+  m.def("w4a16_silu_mul_halves", &w4a16_silu_mul_halves, "silu(gate) * up of a merged gate_up output [gate | up]");
 }
