@@ -274,24 +274,19 @@ def mm_large(x: torch.Tensor, st: dict) -> torch.Tensor:
     return silu_mul_pairs(y) if st.get("pairs") else y
 
 
-def silu_mul_pairs(h: torch.Tensor) -> torch.Tensor:
-    """``[M, N]`` output of a paired layout -> ``[M, N / 2]`` ``silu(gate) * up`` (one kernel; the decode
-    kernel's epilogue math, ``twin_cuda_layout.silu_mul`` emulates it)."""
+def silu_mul_pairs(h: torch.Tensor, halves: bool = False) -> torch.Tensor:
+    """``[M, N]`` output of a paired layout (``halves``: of a merged gate_up, gate then up, as Marlin writes it) ->
+    ``[M, N / 2]`` ``silu(gate) * up`` in one kernel over every element, the decode kernel's epilogue math
+    (``twin_cuda_layout.silu_mul`` / ``silu_mul_halves`` emulate it). vLLM's ``silu_and_mul`` (one CTA a token)
+    took 4x a compiled activation's time in the hybrid's batch-16 draft step (``results/draft-profile``)."""
     y = torch.empty((h.shape[0], h.shape[1] // 2), dtype=torch.bfloat16, device=h.device)
     if h.shape[0]:
-        extension().w4a16_silu_mul_pairs(h.contiguous(), y)
+        getattr(extension(), "w4a16_silu_mul_halves" if halves else "w4a16_silu_mul_pairs")(h.contiguous(), y)
     return y
 
 
 def silu_mul_halves(h: torch.Tensor) -> torch.Tensor:
-    """``[M, N]`` merged gate_up output (gate columns, then up: vLLM's layout, Marlin's output) -> ``[M, N / 2]``
-    ``silu(gate) * up``, the same math in one kernel over every element (``twin_cuda_layout.silu_mul_halves``
-    emulates it). vLLM's ``silu_and_mul`` launches one CTA a token: 16 CTAs at M = 16, 4x this kernel's time in
-    the hybrid's draft step at batch 16 (H100, 8B: 207 against 52 µs a step, ``results/draft-profile``)."""
-    y = torch.empty((h.shape[0], h.shape[1] // 2), dtype=torch.bfloat16, device=h.device)
-    if h.shape[0]:
-        extension().w4a16_silu_mul_halves(h.contiguous(), y)
-    return y
+    return silu_mul_pairs(h, halves=True)
 
 
 # ---------------------------------------------------------------- custom op (opaque to torch.compile)
