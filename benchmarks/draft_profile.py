@@ -340,11 +340,12 @@ def run(args) -> dict:
                 torch.cuda.synchronize()
         path = args.out / f"trace_b{b}.json"
         prof.export_chrome_trace(str(path))
-        trace = json.loads(path.read_text())
-        if args.keep_trace:
-            with gzip.open(str(path) + ".gz", "wt") as f:
-                json.dump(trace, f)
+        raw = path.read_bytes()
+        if args.keep_trace:  # the exported bytes as they are, compressed
+            with gzip.open(str(path) + ".gz", "wb") as f:
+                f.write(raw)
         path.unlink()
+        trace = json.loads(raw)
         result["batches"][str(b)] = split(trace, knobs.gamma, gpu=not cpu)
     le.free(llm)
     envcapture.write_env(args.out / "env.json", {"command": ["benchmarks/draft_profile.py", *args.argv]})

@@ -11,8 +11,9 @@ layer's parameters) and Marlin's (vLLM's ``MarlinLinearKernel`` then transforms 
 does). The GEMM is one custom op, opaque to torch.compile, that picks by the token count it is called with:
 ``own-cuda`` up to :data:`SPLIT_M` tokens, Marlin above (decode at larger batches, the first pass at batch 16,
 short prefills), and above :data:`DEQUANT_M` tokens (long prefills, many prompts at once) own-cuda's large-M path:
-the weight dequantized to bf16 slice by slice and multiplied on cuBLAS. Under CUDA graphs M is fixed per captured graph, so each graph holds one kernel per layer. The
-price is memory: the twin's packed weights twice (the engine report's ``draft_hybrid_extra_bytes``).
+the weight dequantized to bf16 slice by slice and multiplied on cuBLAS. Under CUDA graphs M is fixed per captured
+graph, so each graph holds one kernel per layer. The price is memory: the twin's packed weights twice (the engine
+report's ``draft_hybrid_extra_bytes``).
 
 The MLP: ``draft_mlp`` pairs the own layout's gate_up tiles and calls :func:`gate_up_silu_mul`: on the own
 layout the kernel's fused ``silu(gate) * up`` epilogue (on the large-M path one kernel after cuBLAS), on Marlin's
