@@ -71,6 +71,46 @@ def test_the_op_runs_own_cuda_up_to_the_split_marlin_above_and_the_large_m_path_
     assert own_on_cpu == [("own", 1), ("own", 4), ("marlin", 5), ("marlin", 80), ("marlin", big), ("own", big + 1)]
 
 
+@pytest.fixture
+def machete_on_cpu(own_on_cpu, monkeypatch):
+    """Machete's GEMM as a recorded stand-in (its layout is vLLM's CUDA-only prepack)."""
+    def machete(layer, x):
+        own_on_cpu.append(("machete", x.shape[0]))
+        return torch.full((x.shape[0], layer.twin_hybrid_own["n"]), 3.0)
+
+    monkeypatch.setattr(twin_hybrid, "_machete", machete)
+    return own_on_cpu
+
+
+def test_with_machetes_layout_the_calls_above_its_split_run_on_machete(machete_on_cpu):
+    """own-cuda+marlin+machete: own-cuda up to SPLIT_M, Marlin up to MACHETE_M (one 64-row tile), Machete above,
+    the large-M range included; a layer Machete refused keeps the two-layout routing."""
+    assert twin_hybrid.SPLIT_M < twin_hybrid.MACHETE_M < twin_hybrid.DEQUANT_M
+    layer = hybrid_layer(calls=machete_on_cpu)
+    layer.twin_hybrid_machete = {"b_q": torch.zeros(1)}
+    refused = hybrid_layer(n=32, calls=machete_on_cpu)
+    refused.twin_hybrid_machete = {"unavailable": "Machete requires compute capability of 90 (Hopper)"}
+    ms = (1, twin_hybrid.SPLIT_M + 1, twin_hybrid.MACHETE_M, twin_hybrid.MACHETE_M + 1, twin_hybrid.DEQUANT_M + 1)
+    for m in ms:
+        y = twin_hybrid.hybrid_linear(torch.randn(m, 256).to(torch.bfloat16), layer)
+        if m > twin_hybrid.MACHETE_M:
+            assert torch.equal(y, torch.full((m, 64), 3.0))
+        twin_hybrid.hybrid_linear(torch.randn(m, 256).to(torch.bfloat16), refused)
+    big = twin_hybrid.DEQUANT_M + 1
+    assert machete_on_cpu == [("own", 1), ("own", 1), ("marlin", 5), ("marlin", 5), ("marlin", 64), ("marlin", 64),
+                              ("machete", 65), ("marlin", 65), ("machete", big), ("own", big)]
+    assert [twin_hybrid.path(m, True) for m in ms] == ["own", "marlin", "marlin", "machete", "machete"]
+    assert [twin_hybrid.path(m) for m in ms] == ["own", "marlin", "marlin", "marlin", "own"]
+
+
+def test_machetes_path_applies_silu_after_its_gemm(machete_on_cpu):
+    layer = hybrid_layer(n=64, calls=machete_on_cpu)
+    layer.twin_hybrid_machete = {"b_q": torch.zeros(1)}
+    y = twin_hybrid.gate_up_silu_mul(torch.randn(80, 256).to(torch.bfloat16), layer)
+    assert torch.equal(y, L.silu_mul_halves(torch.full((80, 64), 3.0)))
+    assert machete_on_cpu == [("machete", 80), ("silu_mul_halves", 80)]
+
+
 def test_compiled_code_keeps_the_choice_per_call(own_on_cpu):
     """The op is opaque: a graph traced with a dynamic token count still asks per call (a Python branch on M in
     the layer's forward would be traced once and guard or bake in one kernel)."""
@@ -128,6 +168,31 @@ def test_knob_class_and_report():
     assert rep["draft_hybrid_marlin_direct"] == 0  # CPU stand-ins: no direct Marlin arguments
     assert rep["draft_hybrid_extra_bytes"] == sum(
         t.numel() * t.element_size() for st in own for t in (st["qw"], st["sc"], st["zp"]))
+    assert "draft_hybrid_machete_layers" not in rep
+
+
+def test_the_machete_knob_class_and_report():
+    from vllm_patch.knobs import ENV_LINEAR_KERNEL, read_knobs
+
+    assert read_knobs({ENV_LINEAR_KERNEL: "own-cuda+marlin+machete"}).draft_linear_kernel == "own-cuda+marlin+machete"
+    assert draft_kernels.resolve("own-cuda+marlin+machete", on_cuda=True)[0] == twin_hybrid.MACHETE_KERNEL_NAME
+    cls = draft_kernels.kernel_class(twin_hybrid.MACHETE_KERNEL_NAME)
+    assert issubclass(cls, draft_kernels.kernel_class(twin_hybrid.KERNEL_NAME))
+    assert cls.__name__ == twin_hybrid.MACHETE_KERNEL_NAME
+    layers = torch.nn.ModuleList([hybrid_layer(scheme=True), hybrid_layer(n=32, scheme=True)])
+    for m in layers:
+        m.scheme.kernel.__class__ = type(twin_hybrid.MACHETE_KERNEL_NAME, (TwinHybridLinearKernel,), {})
+    b_q = torch.zeros(64, 32, dtype=torch.int32)
+    scales = torch.zeros(2, 64, dtype=torch.bfloat16)
+    layers[0].twin_hybrid_machete = {"b_q": b_q, "scales": scales, "zeros": scales.clone()}
+    layers[1].twin_hybrid_machete = {"unavailable": "no Hopper"}
+    rep = draft_kernels.report(layers, twin_hybrid.MACHETE_KERNEL_NAME)
+    assert rep["draft_linear_kernel"] == twin_hybrid.MACHETE_KERNEL_NAME
+    assert rep["draft_hybrid_machete_m"] == twin_hybrid.MACHETE_M
+    assert rep["draft_hybrid_machete_layers"] == 1 and rep["draft_hybrid_machete_refused"] == {"no Hopper": 1}
+    own = sum(t.numel() * t.element_size() for m in layers for t in (m.twin_hybrid_own["qw"],
+                                                                     m.twin_hybrid_own["sc"], m.twin_hybrid_own["zp"]))
+    assert rep["draft_hybrid_extra_bytes"] == own + b_q.numel() * 4 + 2 * scales.numel() * 2
 
 
 def test_keys_follow_the_module_path():
@@ -156,14 +221,14 @@ def test_a_freed_layer_is_named():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU, nvcc and vLLM's CUDA kernels")
+@pytest.mark.parametrize("machete", [False, True], ids=["own-cuda+marlin", "own-cuda+marlin+machete"])
 @pytest.mark.parametrize("symmetric", [False, True])
-def test_a_compressed_tensors_layer_on_the_hybrid_class(symmetric):
+def test_a_compressed_tensors_layer_on_the_hybrid_class(symmetric, machete):
     """vLLM's own scheme builds the layer and picks the class (put first as the engine does); every M gives the
     dequantized reference, the own path what own-cuda alone gives, the Marlin path what Marlin alone gives."""
     pytest.importorskip("vllm", reason="needs vLLM's Marlin (a kernel-only GPU host has no vLLM)")
     from vllm.model_executor.layers.quantization.compressed_tensors.schemes.compressed_tensors_wNa16 import (
         CompressedTensorsWNA16)
-    from vllm.model_executor.kernels.linear import MarlinLinearKernel
 
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed import parallel_state as ps
@@ -173,10 +238,10 @@ def test_a_compressed_tensors_layer_on_the_hybrid_class(symmetric):
             ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                                             distributed_init_method=f"tcp://127.0.0.1:{29500 + os.getpid() % 1000}")
             ps.initialize_model_parallel(1, 1)
-        _compressed_tensors_layer_on_the_hybrid_class(symmetric, CompressedTensorsWNA16, MarlinLinearKernel)
+        _compressed_tensors_layer_on_the_hybrid_class(symmetric, machete, CompressedTensorsWNA16)
 
 
-def _compressed_tensors_layer_on_the_hybrid_class(symmetric, CompressedTensorsWNA16, MarlinLinearKernel):
+def _compressed_tensors_layer_on_the_hybrid_class(symmetric, machete, CompressedTensorsWNA16):
     dev, n, k = torch.device("cuda"), 1024, 2048
     packed, scales, zeros = checkpoint(n, k, 128, symmetric, seed=3)
 
@@ -194,21 +259,25 @@ def _compressed_tensors_layer_on_the_hybrid_class(symmetric, CompressedTensorsWN
         scheme.process_weights_after_loading(layer)
         return layer, scheme
 
-    layer, scheme = build(twin_hybrid.KERNEL_NAME)
-    assert type(scheme.kernel).__name__ == twin_hybrid.KERNEL_NAME
+    name = twin_hybrid.MACHETE_KERNEL_NAME if machete else twin_hybrid.KERNEL_NAME
+    layer, scheme = build(name)
+    assert type(scheme.kernel).__name__ == name
     assert layer.twin_hybrid_marlin is not None  # the direct marlin_gemm call, equal to vLLM's apply on its probe
-    marlin_layer, marlin_scheme = build("MarlinLinearKernel")
-    assert type(marlin_scheme.kernel) is MarlinLinearKernel
+    assert twin_hybrid._has_machete(layer) == machete, getattr(layer, "twin_hybrid_machete", None)
+    alone = {way: build(cls) for way, cls in (("marlin", "MarlinLinearKernel"), ("machete", "MacheteLinearKernel"))}
+    assert [type(s.kernel).__name__ for _, s in alone.values()] == ["MarlinLinearKernel", "MacheteLinearKernel"]
     ref_w = reference(packed, scales, zeros, 128).to(dev)
-    for m in (1, 4, 5, 16, 80, twin_hybrid.DEQUANT_M + 1, 2048):
+    for m in (1, 4, 5, 16, 64, 65, 80, twin_hybrid.DEQUANT_M + 1, 2048):
         x = torch.randn(m, k, device=dev).to(torch.bfloat16)
         y = scheme.apply_weights(layer, x, None).float()
         ref = x.float() @ ref_w.t()
         assert float((y - ref).abs().max() / ref.abs().max()) < 8e-3, m
-        if twin_hybrid.uses_own(m):  # own-cuda, or its large-M path (dequantized slices and cuBLAS)
+        way = twin_hybrid.path(m, machete)
+        if way == "own":  # own-cuda, or its large-M path (dequantized slices and cuBLAS)
             assert torch.equal(y, twin_cuda.w4a16_mm(x, twin_hybrid.own_state(layer)).float()), m
-        else:
-            assert torch.equal(y, marlin_scheme.apply_weights(marlin_layer, x, None).float()), m
+        else:  # bit for bit what vLLM's Marlin / Machete class gives on the same checkpoint
+            other_layer, other = alone[way]
+            assert torch.equal(y, other.apply_weights(other_layer, x, None).float()), (m, way)
 
 
 def test_own_cuda_ops_trace_opaquely_too(own_on_cpu):

@@ -35,6 +35,8 @@ KERNEL_CLASSES = {
     "own": "TwinGemvLinearKernel",
     "own-cuda": "TwinCudaLinearKernel",  # the faster of the two own kernels (issue 37)
     "own-cuda+marlin": "TwinHybridLinearKernel",  # own-cuda up to twin_hybrid.SPLIT_M tokens, Marlin above
+    # ... and Machete above twin_hybrid.MACHETE_M tokens (its layout held too)
+    "own-cuda+marlin+machete": "TwinHybridMacheteLinearKernel",
 }
 AUTO_ON_CUDA = "marlin"
 
@@ -73,10 +75,10 @@ def kernel_class(name: str):
         from .twin_cuda import TwinCudaLinearKernel
 
         return TwinCudaLinearKernel
-    if name == KERNEL_CLASSES["own-cuda+marlin"]:
-        from .twin_hybrid import TwinHybridLinearKernel
+    if name in (KERNEL_CLASSES["own-cuda+marlin"], KERNEL_CLASSES["own-cuda+marlin+machete"]):
+        from . import twin_hybrid
 
-        return TwinHybridLinearKernel
+        return getattr(twin_hybrid, name)
     from vllm.model_executor.kernels import linear
 
     cls = getattr(linear, name, None)
@@ -142,11 +144,15 @@ def report(model, preferred: str | None) -> dict:
     else:
         ran = "mixed"
     out = {"draft_linear_kernel": ran, "draft_mp_kernels": counts, "draft_linear_kernel_fallback_layers": fell_back}
-    if counts.get(KERNEL_CLASSES["own-cuda+marlin"]):  # both layouts held: what the choice per M costs in memory
-        from . import twin_hybrid
+    from . import twin_hybrid
 
+    if any(counts.get(k) for k in twin_hybrid.KERNEL_NAMES):  # layouts held: what the choice per M costs in memory
         out.update(draft_hybrid_split_m=twin_hybrid.SPLIT_M, draft_hybrid_extra_bytes=twin_hybrid.extra_bytes(model),
                    draft_hybrid_marlin_direct=twin_hybrid.direct_layers(model))
+    if counts.get(twin_hybrid.MACHETE_KERNEL_NAME):
+        held, why = twin_hybrid.machete_layers(model)
+        out.update(draft_hybrid_machete_m=twin_hybrid.MACHETE_M, draft_hybrid_machete_layers=held,
+                   draft_hybrid_machete_refused=why)
     return out
 
 

@@ -25,7 +25,7 @@ import torch
 from . import twin_cuda, twin_hybrid
 from . import twin_cuda_layout as layout
 
-FUSABLE = (twin_cuda.KERNEL_NAME, twin_hybrid.KERNEL_NAME)  # own-cuda, and own-cuda+marlin (own up to SPLIT_M)
+FUSABLE = (twin_cuda.KERNEL_NAME, *twin_hybrid.KERNEL_NAMES)  # own-cuda, and the hybrids (own up to SPLIT_M)
 
 
 def _why_not(module) -> str | None:
@@ -50,8 +50,8 @@ def _pair(gu):
     from vllm.model_executor.utils import replace_parameter
 
     kernel = gu.scheme.kernel
-    if type(kernel).__name__ == twin_hybrid.KERNEL_NAME:
-        twin_hybrid.pair(gu)  # the own layout only: Marlin's path applies the activation to its own output
+    if type(kernel).__name__ in twin_hybrid.KERNEL_NAMES:
+        twin_hybrid.pair(gu)  # the own layout only: Marlin's (Machete's) path applies the activation to its output
         return _hybrid_forward
     paired = layout.pair_tiles(twin_cuda.layer_state(gu))
     replace_parameter(gu, kernel.w_q_name, paired["qw"])

@@ -143,8 +143,10 @@ def _any(_: Any) -> bool:
 
 
 DRAFT_CUDAGRAPH_MODES = ("auto", "none", "piecewise", "full", "full_all")
-DRAFT_LINEAR_KERNELS = ("auto", "machete", "marlin", "humming", "exllama", "own", "own-cuda", "own-cuda+marlin")
-OWN_KERNEL_MODULES = {"own": "twin_gemv", "own-cuda": "twin_cuda", "own-cuda+marlin": "twin_hybrid"}
+DRAFT_LINEAR_KERNELS = ("auto", "machete", "marlin", "humming", "exllama", "own", "own-cuda", "own-cuda+marlin",
+                        "own-cuda+marlin+machete")
+OWN_KERNEL_MODULES = {"own": "twin_gemv", "own-cuda": "twin_cuda", "own-cuda+marlin": "twin_hybrid",
+                      "own-cuda+marlin+machete": "twin_hybrid"}
 TARGET_GRAPHS = ("vllm", "full")  # under vLLM's γ schedule: its PIECEWISE target, or FULL graphs per length
 DRAFT_IDLE = ("sync", "skip", "skip_all")  # a step with γ 0: the draft's pass keeps its KV cache (vLLM), or none
 # runs at a decode-only step (skip), or none at any step, prompt tokens included (skip_all)
@@ -196,7 +198,8 @@ SWITCHES: dict[str, Knob] = {k.name: k for k in [
          "W4A16 kernel of the draft's linear layers (the target's are vLLM's choice); auto: Marlin "
          "first on CUDA, vLLM's CPU kernels on CPU; own: vllm_patch.twin_gemv (Triton); own-cuda: "
          "vllm_patch.twin_cuda (CUDA C++, being measured against own; one of the two stays); own-cuda+marlin: "
-         "vllm_patch.twin_hybrid (both layouts: own-cuda up to 4 tokens, Marlin above; the weights twice)",
+         "vllm_patch.twin_hybrid (both layouts: own-cuda up to 4 tokens, Marlin above; the weights twice); "
+         "own-cuda+marlin+machete: the same with Machete above 64 tokens (SM 9.0; the weights three times)",
          env=ENV_LINEAR_KERNEL, flag="--draft-linear-kernel", spec_only=True, applies_on_cpu=False,
          column="leg"),
     Knob("draft_lm_head", str, "model", lambda v: v in DRAFT_LM_HEADS, "one of " + ", ".join(DRAFT_LM_HEADS),

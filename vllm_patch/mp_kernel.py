@@ -61,16 +61,19 @@ def checkpoint_tensors(kernel, layer, name: str) -> tuple:
     return w_q, w_s, w_zp if c.zero_points else None
 
 
-def lazy_class(module_name: str, class_name: str, build: Callable[[], type]) -> Callable[[str], type]:
-    """A module's ``__getattr__`` that builds ``class_name`` with ``build`` on first access and keeps it (the
-    kernel modules import without vLLM; the class needs it)."""
+def lazy_class(module_name: str, class_name: str | tuple[str, ...], build: Callable[[], type | dict]) -> Callable:
+    """A module's ``__getattr__`` that builds ``class_name`` (or each of several names: ``build`` then returns a
+    dict name -> class) with ``build`` on first access and keeps it (the kernel modules import without vLLM; the
+    class needs it)."""
+    names = (class_name,) if isinstance(class_name, str) else tuple(class_name)
     built: dict[str, type] = {}
 
     def __getattr__(name: str) -> type:
-        if name != class_name:
+        if name not in names:
             raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
         if name not in built:
-            built[name] = build()
+            made = build()
+            built.update(made if isinstance(made, dict) else {names[0]: made})
         return built[name]
 
     return __getattr__

@@ -33,6 +33,10 @@ from . import twin_cuda_layout as layout
 from .mp_kernel import checkpoint_tensors, lazy_class
 
 KERNEL_NAME = "TwinHybridLinearKernel"
+# draft_linear_kernel=own-cuda+marlin+machete: the same, with Machete's layout held too (SM 9.0) for the calls above
+# MACHETE_M tokens (the first pass at batch 16, prefills)
+MACHETE_KERNEL_NAME = "TwinHybridMacheteLinearKernel"
+KERNEL_NAMES = (KERNEL_NAME, MACHETE_KERNEL_NAME)
 OP_NAME = "w4a16_by_m"
 # own-cuda up to this many tokens (H100: ahead of Marlin at M = 1 and 4 at both shapes, behind at 16; at 32B
 # M = 8 138.4 µs against Marlin's 124.7-131.4 at 4-16)
@@ -43,6 +47,11 @@ SPLIT_M = 4
 # 2048 tokens (85.2 against 35.1 ms), 1.7x at 129; the large-M path is 1.9x a bf16 GEMM at 512 tokens and 1.4x at
 # 2048 (32B layer set, results/int4-gemm/20261206T141942Z-h100), 2.4x at 128
 DEQUANT_M = 512
+# ... and with Machete's layout held, Machete above this many (Marlin's tile is 64 rows: above 64 it passes over
+# the weights twice). H100, results/int4-gemm/20261207T011059Z-h100, 32B layer set, µs at M = 48 / 80 / 128 / 512 /
+# 2048: Machete 190 / 244 / 247 / 853 / 2849, Marlin 191 / 374 / 381 / 1618 / 6310, own-cuda's large-M path - /
+# 867 / 894 / 1333 / 3515, cuBLAS bf16 360 / 375 / 376 / 720 / 2607; at M = 16 Marlin 133 against Machete's 163
+MACHETE_M = 64
 
 _LAYERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # key -> layer (the op's handle)
 _IDS = itertools.count()
@@ -71,10 +80,55 @@ def layer_of(key: str):
         raise KeyError(f"{OP_NAME}: no live draft layer {key!r} (its model was freed)") from None
 
 
+def path(m: int, machete: bool = False) -> str:
+    """The layout a call with ``m`` tokens runs on: ``own`` (``own-cuda`` up to :data:`SPLIT_M`; its large-M path
+    above :data:`DEQUANT_M`), ``machete`` (above :data:`MACHETE_M`, where the layer holds Machete's layout), else
+    ``marlin``."""
+    if m <= SPLIT_M:
+        return "own"
+    if machete and m > MACHETE_M:
+        return "machete"
+    return "own" if m > DEQUANT_M else "marlin"
+
+
 def uses_own(m: int) -> bool:
-    """Whether a call with ``m`` tokens runs on the own layout (``own-cuda`` up to :data:`SPLIT_M`, its large-M
-    path above :data:`DEQUANT_M`), else on Marlin."""
-    return m <= SPLIT_M or m > DEQUANT_M
+    """Whether a call with ``m`` tokens runs on the own layout on a layer without Machete's."""
+    return path(m) == "own"
+
+
+def machete_state(c, w_q: torch.Tensor, w_s: torch.Tensor, w_zp: torch.Tensor | None) -> dict | None:
+    """Machete's tensors for a layer from its checkpoint tensors (compressed-tensors: ``w_q [N, K / 8]`` packed
+    along K, ``w_s [N, K / group]``, ``w_zp [N / 8, K / group]`` packed along N), as vLLM 0.27.1's
+    ``MacheteLinearKernel.process_weights_after_loading`` makes them from the same parameters (K-major, the
+    zero points unpacked and scaled: ``-s z``); None where Machete cannot run the layer (its reason is kept)."""
+    from vllm import _custom_ops as ops
+    from vllm.model_executor.kernels.linear import MacheteLinearKernel
+    from vllm.model_executor.layers.quantization.utils.quant_utils import unpack_quantized_values_into_int32
+
+    ok, why = MacheteLinearKernel.can_implement(c)
+    if not ok or c.has_g_idx:  # the twin has no act order; vLLM's Machete path would permute x for one
+        return {"unavailable": str(why) if not ok else "act order (g_idx)"}
+    b_q = ops.machete_prepack_B(w_q.contiguous().t(), a_type=c.act_type, b_type=c.weight_type,
+                                group_scales_type=c.act_type)
+    scales = w_s.t().contiguous()
+    zeros = None
+    if w_zp is not None:
+        z = unpack_quantized_values_into_int32(w_zp.t(), c.weight_type, packed_dim=1)[:, : scales.shape[1]]
+        zeros = (-1.0 * scales * z.to(scales.dtype)).contiguous()
+    return {"b_q": b_q, "type_id": c.weight_type.id, "scales": scales, "zeros": zeros, "group": c.group_size}
+
+
+def _machete(layer, x: torch.Tensor) -> torch.Tensor:
+    st = layer.twin_hybrid_machete
+    y = torch.ops._C.machete_mm(x, st["b_q"], st["type_id"], None, st["scales"], st["zeros"], st["group"], None,
+                                None, None)
+    bias = getattr(layer, "twin_hybrid_bias", None)
+    return y if bias is None else y + bias
+
+
+def _has_machete(layer) -> bool:
+    st = getattr(layer, "twin_hybrid_machete", None)
+    return st is not None and "b_q" in st
 
 
 def _marlin_gemm(args: tuple, x: torch.Tensor) -> torch.Tensor:
@@ -92,8 +146,9 @@ def _marlin(layer, x: torch.Tensor) -> torch.Tensor:
 
 def _mm_impl(x: torch.Tensor, key: str, n: int) -> torch.Tensor:
     layer = layer_of(key)
-    if not uses_own(x.shape[0]):
-        return _marlin(layer, x)
+    way = path(x.shape[0], _has_machete(layer))
+    if way != "own":
+        return _marlin(layer, x) if way == "marlin" else _machete(layer, x)
     y = twin_cuda.w4a16_mm(x, own_state(layer))
     bias = getattr(layer, "twin_hybrid_bias", None)
     return y if bias is None else y + bias
@@ -101,10 +156,11 @@ def _mm_impl(x: torch.Tensor, key: str, n: int) -> torch.Tensor:
 
 def _silu_mul_impl(x: torch.Tensor, key: str, n: int) -> torch.Tensor:
     layer = layer_of(key)
-    if uses_own(x.shape[0]):
+    way = path(x.shape[0], _has_machete(layer))
+    if way == "own":
         return twin_cuda.w4a16_mm(x, own_state(layer))  # the paired layout: silu(gate) * up in the epilogue
     # one kernel over every element (vLLM's silu_and_mul: one CTA a token, 4x the time at M = 16)
-    return twin_cuda.silu_mul_halves(_marlin(layer, x))
+    return twin_cuda.silu_mul_halves(_marlin(layer, x) if way == "marlin" else _machete(layer, x))
 
 
 _SCHEMA = "(Tensor x, str key, int n) -> Tensor"
@@ -136,13 +192,31 @@ def pair(layer) -> None:
 
 
 def extra_bytes(model) -> int:
-    """Bytes the own layouts add to the draft (the price of holding both)."""
+    """Bytes the own layouts (and Machete's, where held) add to the draft (the price of holding several)."""
     total = 0
     for module in (model.modules() if model is not None else ()):
         st = getattr(module, "twin_hybrid_own", None)
         if st:
             total += sum(t.numel() * t.element_size() for t in (st["qw"], st["sc"], st["zp"]) if t is not None)
+        if _has_machete(module):
+            st = module.twin_hybrid_machete
+            total += sum(t.numel() * t.element_size() for t in (st["b_q"], st["scales"], st["zeros"])
+                         if t is not None)
     return total
+
+
+def machete_layers(model) -> tuple[int, dict[str, int]]:
+    """Layers holding Machete's layout; the reasons the others of the Machete class do not (reason -> layers)."""
+    held, why = 0, {}
+    for module in (model.modules() if model is not None else ()):
+        st = getattr(module, "twin_hybrid_machete", None)
+        if st is None:
+            continue
+        if "b_q" in st:
+            held += 1
+        else:
+            why[st["unavailable"]] = why.get(st["unavailable"], 0) + 1
+    return held, why
 
 
 def direct_layers(model) -> int:
@@ -225,7 +299,18 @@ def _build_class():
                     (padded_n, padded_k, self.is_k_full, atomic, mu.USE_FP32_REDUCE_DEFAULT, False))
 
     TwinHybridLinearKernel.__qualname__ = KERNEL_NAME
-    return TwinHybridLinearKernel
+
+    class TwinHybridMacheteLinearKernel(TwinHybridLinearKernel):
+        """The hybrid with Machete's layout beside (made first, from the checkpoint tensors, before Marlin's
+        transform replaces them); a layer Machete cannot run keeps the two layouts (the report counts it)."""
+
+        def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+            layer.twin_hybrid_machete = machete_state(self.config,
+                                                      *checkpoint_tensors(self, layer, MACHETE_KERNEL_NAME))
+            super().process_weights_after_loading(layer)
+
+    TwinHybridMacheteLinearKernel.__qualname__ = TwinHybridMacheteLinearKernel.__name__ = MACHETE_KERNEL_NAME
+    return {KERNEL_NAME: TwinHybridLinearKernel, MACHETE_KERNEL_NAME: TwinHybridMacheteLinearKernel}
 
 
-__getattr__ = lazy_class(__name__, KERNEL_NAME, _build_class)  # the class is built on first access
+__getattr__ = lazy_class(__name__, KERNEL_NAMES, _build_class)  # built on first access (imports need no vLLM)

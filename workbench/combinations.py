@@ -26,7 +26,8 @@ from typing import Any, Iterable, Mapping
 
 __all__ = ["weight_only_bits", "cpu_int4_path", "combination_problems", "kernel_problems", "dequantized_twin"]
 
-BUILT_KERNELS = ("own-cuda", "own-cuda+marlin")  # draft_linear_kernel values whose extension nvcc builds
+# draft_linear_kernel values whose extension nvcc builds
+BUILT_KERNELS = ("own-cuda", "own-cuda+marlin", "own-cuda+marlin+machete")
 
 
 def weight_only_bits(config: Mapping[str, Any] | None) -> tuple[str, int] | None:
