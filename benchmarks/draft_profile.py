@@ -45,6 +45,10 @@ sys.path.insert(0, str(REPO))
 # (class, name fragments), first match wins: "fused_add_rms_norm" is a norm, not a copy, and
 # "reshape_and_cache_flash" a KV write, not attention
 CLASSES = (
+    # the own extension's other kernels (named w4a16_* like its GEMM): silu(gate) * up, and the large-M path's
+    # dequantization of the weight to bf16 (its cuBLAS GEMM counts as bf16)
+    ("activation", ("w4a16_silu_mul",)),
+    ("int4 dequant", ("w4a16_dequant",)),
     ("int4 GEMM", ("marlin", "w4a16", "machete", "twin_gemv", "wna16", "twin_hybrid", "twin_cuda", "humming")),
     ("KV write", ("reshape_and_cache", "concat_and_cache", "cache_kernel", "kv_cache_update")),
     ("attention", ("flash", "fmha", "attn", "attention", "sdpa", "paged")),
