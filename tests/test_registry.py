@@ -101,8 +101,10 @@ def test_a_named_only_leg_runs_when_named():
 
     default = [leg.name for leg in plan("E18", "8b-shape").legs]
     assert "twin_a1" in default and "twin_a1_hybrid" not in default
-    named = {leg.name: leg for leg in plan("E18", "8b-shape", ["legs=twin_a1,twin_a1_hybrid"]).legs}
+    named = {leg.name: leg for leg in plan("E18", "8b-shape", ["legs=twin_a1,twin_a1_hybrid,twin_a1_machete"]).legs}
     assert named["twin_a1_hybrid"].knobs["draft_linear_kernel"] == "own-cuda+marlin"
+    assert named["twin_a1_machete"].knobs["draft_linear_kernel"] == "own-cuda+marlin+machete"
+    assert "twin_a1_machete" not in default
     assert named["twin_a1"].knobs["draft_linear_kernel"] == "auto"
 
 
