@@ -207,6 +207,29 @@ def test_plan_sizes_the_kv_cache_and_refuses_with_numbers_and_a_way_out():
         plan_memory(models, max_model_len=3584, max_num_seqs=1, device_bytes=H200_BYTES, cap=0.6)
 
 
+def test_plan_counts_the_layouts_a_hybrid_draft_kernel_holds():
+    """own-cuda+marlin holds the twin's int4 layers twice, own-cuda+marlin+machete three times: the plan adds
+    them, and refuses (naming the kernel) a ladder that fits with Marlin alone."""
+    root = _shapes()
+    models = {"target": root / "32b-target", "draft": root / "32b-twin"}
+    q = model_memory(root / "32b-twin").quantized_bytes
+    assert 15 * GiB < q < 20 * GiB and model_memory(root / "32b-target").quantized_bytes == 0
+    base = plan_memory(models, max_model_len=2048, max_num_seqs=4, device_bytes=H200_BYTES)
+    two = plan_memory(models, max_model_len=2048, max_num_seqs=4, device_bytes=H200_BYTES,
+                      draft_linear_kernel="own-cuda+marlin")
+    three = plan_memory(models, max_model_len=2048, max_num_seqs=4, device_bytes=H200_BYTES,
+                        draft_linear_kernel="own-cuda+marlin+machete")
+    assert two.weights_bytes - base.weights_bytes == q and three.weights_bytes - base.weights_bytes == 2 * q
+    assert three.gpu_memory_utilization > two.gpu_memory_utilization > base.gpu_memory_utilization
+    plan_memory(models, max_model_len=2048, max_num_seqs=32, device_bytes=H200_BYTES)  # fits with Marlin alone
+    with pytest.raises(MemoryPlanError, match="int4 layers 3 times: draft_linear_kernel own-cuda"):
+        plan_memory(models, max_model_len=2048, max_num_seqs=32, device_bytes=H200_BYTES,
+                    draft_linear_kernel="own-cuda+marlin+machete")
+    vanilla = plan_memory({"target": models["target"]}, max_model_len=2048, max_num_seqs=4,
+                          device_bytes=H200_BYTES, draft_linear_kernel="own-cuda+marlin+machete")
+    assert vanilla.weights_bytes == model_memory(models["target"]).weights_bytes  # no draft, nothing added
+
+
 def test_plan_reads_safetensors_sizes_where_the_folder_has_weights(tiny_models):
     folder = Path(tiny_models["target"])
     size = sum(f.stat().st_size for f in folder.glob("*.safetensors"))

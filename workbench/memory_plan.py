@@ -12,7 +12,9 @@ configs (the shape profiles have no weights to measure) and the device's memory:
 * KV: 2 (K and V) × layers × KV heads × head dim × dtype bytes per token, target and draft, for
   ``max_model_len`` tokens × ``max_num_seqs`` sequences (every sequence at the engine's longest);
 * overhead: activations of a ``max_num_batched_tokens`` forward, CUDA graphs, the CUDA context and
-  allocator slack (a flat 5 GiB plus the MLP's activations).
+  allocator slack (a flat 5 GiB plus the MLP's activations);
+* the draft's extra layouts: a hybrid ``draft_linear_kernel`` holds the twin's int4 layers once more per
+  layout beside vLLM's (``own-cuda+marlin`` one copy, ``own-cuda+marlin+machete`` two; ``LAYOUT_COPIES``).
 
 It then asks vLLM for exactly that KV cache (``kv_cache_memory_bytes``) and a
 ``gpu_memory_utilization`` that covers the sum, or refuses with the numbers and a way out.
@@ -35,6 +37,8 @@ GiB = 1024 ** 3
 MAX_UTILIZATION = 0.94     # what the plan may ask of one device (vLLM's own default is 0.9)
 OVERHEAD_BYTES = 5 * GiB   # CUDA context, graphs, allocator slack, sampler buffers (measured 3-4 GiB at 32B)
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "auto": 2, "float32": 4}
+# draft_linear_kernel -> copies of the draft's int4 layers held beside vLLM's (vllm_patch.twin_hybrid)
+LAYOUT_COPIES = {"own-cuda+marlin": 1, "own-cuda+marlin+machete": 2}
 
 
 class MemoryPlanError(ValueError):
@@ -47,6 +51,7 @@ class ModelMemory:
     kv_bytes_per_token: int
     intermediate: int
     source: str   # "safetensors" or "config"
+    quantized_bytes: int = 0  # of weights_bytes, the int4 layers' (packed weights, scales, zero points)
 
 
 def _text_cfg(cfg: dict) -> dict:
@@ -89,20 +94,17 @@ def model_memory(folder: str | Path, dtype: str = "bfloat16") -> ModelMemory:
     inter, vocab = int(t["intermediate_size"]), int(t["vocab_size"])
     elt = _DTYPE_BYTES.get(dtype, 2)
     kv = 2 * layers * kv_heads * head_dim * elt
+    linear = layers * (hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * inter)
+    q = _quant_bits(cfg)
+    # packed weights, a bf16 scale and a packed zero point per group of each output row
+    qbytes = 0 if q is None else int(linear * (q[0] / 8 + 2 / q[1] + 0.5 / q[1]))
     files = sorted(folder.glob("*.safetensors"))
     if files:
-        return ModelMemory(sum(f.stat().st_size for f in files), kv, inter, "safetensors")
-    linear = layers * (hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * inter)
+        return ModelMemory(sum(f.stat().st_size for f in files), kv, inter, "safetensors", qbytes)
     tied = bool(cfg.get("tie_word_embeddings", t.get("tie_word_embeddings", False)))
     dense = vocab * hidden * (1 if tied else 2) + _vision_params(cfg.get("vision_config") or {})
-    q = _quant_bits(cfg)
-    if q is None:
-        wbytes = (linear + dense) * elt
-    else:
-        bits, group = q
-        # packed weights, a bf16 scale and a packed zero point per group of each output row
-        wbytes = int(linear * (bits / 8 + 2 / group + 0.5 / group)) + dense * 2
-    return ModelMemory(int(wbytes), kv, inter, "config")
+    wbytes = (linear + dense) * elt if q is None else qbytes + dense * 2
+    return ModelMemory(int(wbytes), kv, inter, "config", qbytes)
 
 
 @dataclass
@@ -130,8 +132,10 @@ class MemoryPlan:
 
 def plan_memory(models: dict[str, str | Path], max_model_len: int, max_num_seqs: int, device_bytes: int,
                 dtype: str = "bfloat16", max_num_batched_tokens: int | None = None,
-                tensor_parallel_size: int = 1, where: str = "", cap: float | None = None) -> MemoryPlan:
-    """The plan for one engine holding ``models`` (role -> folder: the target and, for a spec leg, its draft).
+                tensor_parallel_size: int = 1, where: str = "", cap: float | None = None,
+                draft_linear_kernel: str = "auto") -> MemoryPlan:
+    """The plan for one engine holding ``models`` (role -> folder: the target and, for a spec leg, its draft;
+    ``draft_linear_kernel``: the draft's extra layouts, ``LAYOUT_COPIES``).
 
     Under tensor parallelism each device holds 1/tp of weights and KV. Raises MemoryPlanError when it
     cannot fit ``cap`` (the leg's ``gpu_memory_utilization`` knob, at most ``MAX_UTILIZATION``) of
@@ -140,7 +144,9 @@ def plan_memory(models: dict[str, str | Path], max_model_len: int, max_num_seqs:
     cap = min(MAX_UTILIZATION, float(cap)) if cap else MAX_UTILIZATION
     mems = {role: model_memory(path, dtype) for role, path in models.items()}
     tp = max(1, int(tensor_parallel_size))
-    weights = sum(m.weights_bytes for m in mems.values()) // tp
+    copies = LAYOUT_COPIES.get(draft_linear_kernel, 0) if "draft" in mems else 0
+    extra = copies * mems["draft"].quantized_bytes if copies else 0
+    weights = (sum(m.weights_bytes for m in mems.values()) + extra) // tp
     per_token = sum(m.kv_bytes_per_token for m in mems.values()) // tp
     block = 16
     tokens = max_num_seqs * (math.ceil(max_model_len / block) + 1) * block
@@ -158,7 +164,10 @@ def plan_memory(models: dict[str, str | Path], max_model_len: int, max_num_seqs:
         way = (f"lower max_num_seqs to {fit_seqs} or max_model_len to {fit_len}" if free_for_kv > 0
                else "the weights alone do not fit: use tensor_parallel_size > 1 or a larger device")
         raise MemoryPlanError(
-            f"{pre}does not fit the device: weights {weights / GiB:.1f} GiB + KV cache {kv / GiB:.1f} GiB "
+            f"{pre}does not fit the device: weights {weights / GiB:.1f} GiB"
+            + (f" (the draft's int4 layers {copies + 1} times: draft_linear_kernel {draft_linear_kernel})"
+               if copies else "")
+            + f" + KV cache {kv / GiB:.1f} GiB "
             f"(max_model_len {max_model_len} × max_num_seqs {max_num_seqs} = {tokens} tokens × "
             f"{per_token / 1024:.0f} KiB) + overhead {overhead / GiB:.1f} GiB = {needed / GiB:.1f} GiB > "
             f"{cap:.0%} of {device_bytes / GiB:.1f} GiB (gpu_memory_utilization {cap}); {way}")
@@ -199,7 +208,8 @@ def plan_for_leg(cfg, where: str = "") -> MemoryPlan | None:
     return plan_memory(models, cfg.max_model_len, cfg.max_num_seqs, device, dtype=cfg.dtype,
                        max_num_batched_tokens=cfg.max_num_batched_tokens,
                        tensor_parallel_size=cfg.tensor_parallel_size, where=where or f"leg {cfg.leg}",
-                       cap=cfg.gpu_memory_utilization)
+                       cap=cfg.gpu_memory_utilization,
+                       draft_linear_kernel=str(getattr(cfg.knobs, "draft_linear_kernel", "auto")))
 
 
 def memory_problems(p, models: dict[str, str], bad_models: set[str]) -> list[str]:
@@ -223,7 +233,8 @@ def memory_problems(p, models: dict[str, str], bad_models: set[str]) -> list[str
             plan_memory({r: models[r] for r in roles}, int(k["max_model_len"]),
                         max(concs) if concs else int(k["max_num_seqs"]), device,
                         dtype=str(k.get("dtype") or "auto"), tensor_parallel_size=int(k.get("tensor_parallel_size") or 1),
-                        where=f"leg {l.name}", cap=k.get("gpu_memory_utilization"))
+                        where=f"leg {l.name}", cap=k.get("gpu_memory_utilization"),
+                        draft_linear_kernel=str(k.get("draft_linear_kernel") or "auto"))
         except MemoryPlanError as exc:
             out.append(str(exc))
     return out
