@@ -19,6 +19,10 @@ The MLP: ``draft_mlp`` pairs the own layout's gate_up tiles and calls :func:`gat
 layout the kernel's fused ``silu(gate) * up`` epilogue (on the large-M path one kernel after cuBLAS), on Marlin's
 its gate_up and the own extension's ``silu(gate) * up`` over every element (``twin_cuda.silu_mul_halves``; vLLM's
 ``silu_and_mul`` launches one CTA a token, 4x the time at 16 tokens).
+
+``own-cuda+marlin+machete`` (:data:`MACHETE_KERNEL_NAME`) holds Machete's layout too, made from the checkpoint
+tensors before Marlin's transform as vLLM's ``MacheteLinearKernel`` makes it, and takes it above
+:data:`MACHETE_M` tokens (a third copy of the packed weights).
 """
 
 from __future__ import annotations
