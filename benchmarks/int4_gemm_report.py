@@ -3,7 +3,8 @@
 ``markdown`` renders the tables printed at the end and written as ``README.md``: per model and scope
 (decoder, layer set, GEMM) every kernel's median time (IQR) and effective bandwidth beside the byte floor,
 the best swept ``twin-gemv`` configuration per GEMM and M (with the ``TUNED`` entries worth adding) and the
-``--check`` errors. ``write_results`` writes ``env.json``, ``kernels.csv``, ``sweep.csv`` and ``README.md``.
+``--check`` errors, and per model the fastest int4 kernel of the layer set at each M beside the kernel the draft's
+hybrids (``vllm_patch.twin_hybrid``) route that M to. ``write_results`` writes ``env.json``, ``kernels.csv``, ``sweep.csv`` and ``README.md``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,45 @@ import json
 from pathlib import Path
 
 from int4_gemm_kernels import CHECK_TOLERANCE, GEMMS, KERNEL_ORDER
+
+
+DENSE = ("cublas-bf16",)  # not an int4 kernel: the dense reference
+
+
+def fastest_per_m(rows, size: str) -> list[dict]:
+    """Per M of ``size``'s layer set: the fastest int4 kernel's default row (no ``[variant]``), its µs, the
+    runner-up's, and the layout ``own-cuda+marlin`` / ``own-cuda+marlin+machete`` take at that M."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from vllm_patch import twin_hybrid
+
+    sub = [r for r in rows if r["model"] == size and r["scope"] == "layer" and r["kernel"] not in DENSE
+           and "[" not in r["kernel"]]
+    out = []
+    for m in sorted({r["m"] for r in sub}):
+        ranked = sorted((r for r in sub if r["m"] == m), key=lambda r: r["us_median"])
+        name = {"own": "own-cuda", "marlin": "marlin", "machete": "machete"}
+        out.append({"m": m, "fastest": ranked[0]["kernel"], "us": ranked[0]["us_median"],
+                    "next": ranked[1]["kernel"] if len(ranked) > 1 else "",
+                    "next_us": ranked[1]["us_median"] if len(ranked) > 1 else None,
+                    "hybrid": name[twin_hybrid.path(m)], "hybrid_machete": name[twin_hybrid.path(m, True)]})
+    return out
+
+
+def _fastest_table(rows, size) -> list[str]:
+    best = fastest_per_m(rows, size)
+    if not best or not best[0]["next"]:  # one int4 kernel timed: nothing to pick between
+        return []
+    out = [f"## {size}: the fastest int4 kernel of the layer set per M, and the hybrids' choice", "",
+           "| M | fastest | µs | next | µs | own-cuda+marlin takes | own-cuda+marlin+machete takes |",
+           "|---|---|---|---|---|---|---|"]
+    for r in best:
+        nxt = "" if r["next_us"] is None else f"{r['next_us']:.1f}"
+        out.append(f"| {r['m']} | {r['fastest']} | {r['us']:.1f} | {r['next']} | {nxt} | {r['hybrid']} | "
+                   f"{r['hybrid_machete']} |")
+    out += ["", "(own-cuda's row above 64 tokens is its large-M path: dequantized slices and cuBLAS.)", ""]
+    return out
 
 
 def markdown(rows, sweep_rows, ms, facts) -> str:
@@ -50,6 +90,7 @@ def markdown(rows, sweep_rows, ms, facts) -> str:
                     cells.append("" if r is None else f"{r['us_median']:.1f} ({r['iqr_us']:.1f}) · {r['tbps']:.2f}")
                 out.append(f"| {g} | {kname} | " + " | ".join(cells) + " |")
             out.append("")
+        out += _fastest_table(rows, size)
     tuned = []
     if sweep_rows:
         out += ["## twin-gemv: best swept config per GEMM and M (sweep.csv has all)", "",

@@ -39,3 +39,31 @@ def test_the_cuda_sweep_times_every_own_kernel_variant_beside_the_default():
     assert (plain.pdl, plain.r, plain.waves, plain.deep, plain.pipe) == (False, None, None, False, False)
     assert ks[0].pdl is None  # the default row launches as the engine does (twin_cuda.plan's default)
     assert [k.name for k in int4_gemm._kernels({"own-cuda"}, cuda_sweep=False)[0]] == ["own-cuda"]
+
+
+def _layer_row(kernel, m, us):
+    return {"model": "32b", "scope": "layer", "gemm": "qkv+o+gate_up+down", "kernel": kernel, "m": m,
+            "us_median": us, "iqr_us": 0.1, "tbps": 1.0, "floor_us": 80.0, "check_rel_err": ""}
+
+
+def test_the_report_names_the_fastest_int4_kernel_per_m_beside_the_hybrids_choice():
+    """The layer set's fastest int4 kernel per M (cuBLAS on bf16 weights and the sweep's variants left out) and the
+    layout each hybrid takes there, from the H100's figures (results/int4-gemm/20261207T011059Z-h100)."""
+    bench = _bench()  # puts benchmarks/ on the path
+    import int4_gemm_report as report
+
+    figures = {16: (352.3, 162.8, 132.8, 178.4), 80: (375.4, 243.8, 373.9, 866.6), 2048: (2607.2, 2849.0, 6309.6, 3514.8)}
+    rows = [_layer_row(k, m, us) for m, t in figures.items()
+            for k, us in zip(("cublas-bf16", "machete", "marlin", "own-cuda"), t)]
+    rows.append(_layer_row("own-cuda[plain]", 16, 1.0))  # a variant: never the pick
+    best = {r["m"]: r for r in report.fastest_per_m(rows, "32b")}
+    assert [(best[m]["fastest"], best[m]["next"]) for m in (16, 80, 2048)] == [
+        ("marlin", "machete"), ("machete", "marlin"), ("machete", "own-cuda")]
+    assert [best[m]["hybrid"] for m in (16, 80, 2048)] == ["marlin", "marlin", "own-cuda"]
+    assert [best[m]["hybrid_machete"] for m in (16, 80, 2048)] == ["marlin", "machete", "machete"]
+    facts = {"gpu": "GPU", "copy_tbps": 2.4, "read_tbps": 3.0, "repeats": 3, "group": 128,
+             "flavour": "uint4 with zero points", "skipped": {}}
+    md = bench.markdown(rows, [], [16, 80, 2048], facts)
+    assert "| 80 | machete | 243.8 | marlin | 373.9 | marlin | machete |" in md
+    one = bench.markdown([r for r in rows if r["kernel"] in ("cublas-bf16", "marlin")], [], [16], facts)
+    assert "fastest int4 kernel" not in one  # one int4 kernel timed: no pick to show
