@@ -30,6 +30,7 @@ ALLOWED_MEMOS = {
     ("twin_gemv_kernel.py", "_SM_COUNT"): "multiprocessor count per CUDA device",
     ("twin_gemv_kernel.py", "_COUNTERS"): "the split-K kernels' counter workspace per device, allocated once",
     ("twin_cuda.py", "_EXT"): "the compiled CUDA extension, built or loaded once per process",
+    ("twin_attention.py", "_EXT"): "the compiled decode-attention extension, built or loaded once per process",
     ("twin_cuda.py", "_SMS"): "multiprocessor count per CUDA device",
     ("twin_cuda.py", "_COUNTERS"): "the split-K counter workspace per device, allocated once",
     ("twin_hybrid.py", "_LAYERS"): "the custom op's handle to each live layer (a string key, as vLLM's attention "
@@ -252,3 +253,16 @@ def test_applying_twice_installs_one_set_of_patches(tmp_path):
                    "apply_returns_it": True, "G_is_it": True, "step_timer": True}
     reports = list(tmp_path.glob("engine-*.json"))
     assert len(reports) == 1 and json.loads(reports[0].read_text())["knobs"]["relax_logtau"] == 0.5
+
+
+def test_the_cuda_sources_ship_with_the_package():
+    """Every file of vllm_patch/csrc matches a package-data pattern: an installed plugin builds its kernels from
+    the package's own copy (a server started outside the source tree has no other)."""
+    import fnmatch
+    import tomllib
+
+    conf = tomllib.loads((PLUGIN.parent / "pyproject.toml").read_text())
+    patterns = conf["tool"]["setuptools"]["package-data"]["vllm_patch"]
+    sources = sorted((PLUGIN / "csrc").iterdir())
+    assert sources and all(any(fnmatch.fnmatch(f"csrc/{f.name}", pat) for pat in patterns) for f in sources), [
+        f.name for f in sources]

@@ -19,20 +19,16 @@ nvcc nor vLLM.
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from . import custom_ops
 from . import twin_cuda_layout as layout
 from . import twin_gemv_kernel as _gemv_kernel
+from .cuda_ext import CSRC, extension_name, load_extension, toolchain_reason  # noqa: F401 (re-exported)
 from .mp_kernel import build, lazy_class
 
-CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("twin_w4a16_torch.cpp", "twin_w4a16_zp.cu", "twin_w4a16_zp_deep.cu", "twin_w4a16_sym.cu",
            "twin_w4a16_sym_deep.cu", "twin_w4a16_pipe.cu", "twin_w4a16_bulk.cu", "twin_w4a16_dequant.cu")
 WARPS = 4  # kWarps of twin_w4a16_api.h
@@ -169,36 +165,10 @@ def unavailable_reason() -> str | None:
     return toolchain_reason()
 
 
-def toolchain_reason(env=None, which=shutil.which) -> str | None:
-    """Why the extension cannot be built on this host (no CUDA context needed: the workbench asks before a run)."""
-    if which("nvcc") is None and not (os.environ if env is None else env).get("CUDA_HOME"):
-        return "nvcc is not on PATH and CUDA_HOME is unset (the extension is built at the first engine start)"
-    return None
-
-
-def extension_name() -> str:
-    """The extension's name, so its cache folder, per torch and CUDA version: torch's loader rebuilds on a change
-    of the sources or flags only, and would load a build made against another torch's headers."""
-    return re.sub(r"\W", "_", f"twin_w4a16_t{torch.__version__}_cu{torch.version.cuda}")
-
-
 def extension():
-    """The compiled extension (built once, then loaded from torch's extension cache)."""
+    """The GEMM's compiled extension (built once, then loaded from torch's extension cache)."""
     global _EXT
-    if _EXT is None:
-        from torch.utils.cpp_extension import load
-
-        saved = os.environ.get("TORCH_CUDA_ARCH_LIST")
-        if torch.cuda.is_available() and saved is None:
-            major, minor = torch.cuda.get_device_capability()
-            os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}" + ("a" if (major, minor) == (9, 0) else "")
-        try:
-            _EXT = load(name=extension_name(), sources=[str(CSRC / s) for s in SOURCES],
-                        extra_include_paths=[str(CSRC)], extra_cflags=["-O3", "-std=c++17"],
-                        extra_cuda_cflags=["-O3", "-std=c++17", "-lineinfo"], verbose=False)
-        finally:
-            if saved is None:
-                os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+    _EXT = _EXT if _EXT is not None else load_extension("twin_w4a16", SOURCES)
     return _EXT
 
 

@@ -1,0 +1,139 @@
+"""The draft's decode attention (``csrc/twin_decode_attn.cu*``; issue 37, "the draft's other work"): one query token
+per request against its paged KV cache, in one launch.
+
+In the draft's single-token step FlashAttention 3 runs two kernels a layer (split-KV and combine): 12 µs a layer
+at batch 1 on an H100 at the 8B shape, 0.43 ms of a 3.4 ms step (``benchmarks/draft_profile.py``), where the K and
+V bytes of a few hundred tokens take well under a microsecond to read. This kernel splits each request's tokens
+over ``S`` CTAs per KV head (FlashDecoding's split), keeps an online softmax per warp and query head, and lets
+the last CTA of a (request, KV head) combine the splits in split order (deterministic); the sequence lengths are
+read on the device, so one CUDA graph serves any length. Head dim 128, 1 / 2 / 4 / 8 query heads per KV head,
+bf16 in and out, fp32 inside; vLLM's FlashAttention cache layout ``[num_blocks, block_size, Hkv, 128]``.
+
+Standalone for now: ``benchmarks/decode_attention.py`` times it against the figures above before it is wired into
+the drafter. :func:`emulate` is its arithmetic on the CPU (the splits, the per-warp token order, the merges), which
+the suite checks against :func:`reference`. Importing this module needs neither CUDA nor nvcc.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .cuda_ext import load_extension
+
+SOURCES = ("twin_decode_attn.cu",)
+HEAD_DIM = 128
+GROUPS = (1, 2, 4, 8)  # query heads per KV head the extension has instances for
+WARPS = 4  # kWarps of twin_decode_attn.cuh
+_EXT = None
+
+
+def extension():
+    global _EXT
+    _EXT = _EXT if _EXT is not None else load_extension("twin_decode_attn", SOURCES)
+    return _EXT
+
+
+def splits_for(batch: int, kv_heads: int, max_len: int, sms: int, min_tokens: int = 16) -> int:
+    """Splits so that about two CTAs an SM run (``batch * kv_heads * S`` of them), each with at least ``min_tokens``
+    tokens of the longest request: fewer, longer CTAs where the batch alone fills the device."""
+    want = max(1, math.ceil(2 * sms / max(1, batch * kv_heads)))
+    return max(1, min(want, math.ceil(max_len / min_tokens)))
+
+
+def check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """The shapes the kernel takes, with what is wrong named."""
+    if q.dim() != 3 or q.shape[2] != HEAD_DIM:
+        raise ValueError(f"q must be [batch, query heads, {HEAD_DIM}], not {tuple(q.shape)}")
+    if k_cache.dim() != 4 or k_cache.shape[3] != HEAD_DIM or v_cache.shape != k_cache.shape:
+        raise ValueError(f"k_cache and v_cache must be [blocks, block_size, kv heads, {HEAD_DIM}], not "
+                         f"{tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
+    hq, hkv = q.shape[1], k_cache.shape[2]
+    if hq % hkv or hq // hkv not in GROUPS:
+        raise ValueError(f"{hq} query heads over {hkv} KV heads: the kernel takes {GROUPS} a KV head")
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                     seq_lens: torch.Tensor, scale: float, splits: int, out: torch.Tensor | None = None,
+                     workspace: dict | None = None) -> torch.Tensor:
+    """``out [B, Hq, 128]``: softmax(q kᵀ scale) v over each request's ``seq_lens[b]`` cached tokens. ``workspace``
+    (:func:`workspace`, made before a CUDA-graph capture) holds the split partials and the zeroed counters."""
+    check(q, k_cache, v_cache)
+    out = torch.empty_like(q) if out is None else out
+    ws = workspace or make_workspace(q.shape[0], q.shape[1], k_cache.shape[2], splits, q.device)
+    extension().decode_attention(q, k_cache, v_cache, block_table, seq_lens, out, ws["o"], ws["ml"],
+                                 ws["counters"], float(scale), int(splits))
+    return out
+
+
+def make_workspace(batch: int, q_heads: int, kv_heads: int, splits: int, device) -> dict:
+    """The split partials (fp32) and the arrival counters (zero; every launch leaves them zero)."""
+    n = max(1, batch * q_heads * splits)
+    return {"o": torch.empty(n * HEAD_DIM, dtype=torch.float32, device=device),
+            "ml": torch.empty(n * 2, dtype=torch.float32, device=device),
+            "counters": torch.zeros(max(1, batch * kv_heads), dtype=torch.int32, device=device)}
+
+
+def _tokens(k_cache, v_cache, block_table, b: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V ``[n, Hkv, 128]`` of request ``b``'s first ``n`` cached tokens, through its block table."""
+    bs = k_cache.shape[1]
+    t = torch.arange(n)
+    blocks = block_table[b, t // bs].long()
+    return k_cache[blocks, t % bs].float(), v_cache[blocks, t % bs].float()
+
+
+def reference(q, k_cache, v_cache, block_table, seq_lens, scale: float) -> torch.Tensor:
+    """Plain attention in float32 (grouped heads), the result the kernel must give up to rounding."""
+    b_n, hq, _ = q.shape
+    g = hq // k_cache.shape[2]
+    out = torch.zeros(b_n, hq, HEAD_DIM)
+    for b in range(b_n):
+        n = int(seq_lens[b])
+        if n == 0:
+            continue
+        k, v = _tokens(k_cache, v_cache, block_table, b, n)
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)  # [n, Hq, D]
+        s = torch.einsum("hd,nhd->hn", q[b].float(), k) * scale
+        out[b] = torch.einsum("hn,nhd->hd", torch.softmax(s, dim=-1), v)
+    return out
+
+
+def _merge(a: tuple, m2: torch.Tensor, l2: torch.Tensor, o2: torch.Tensor) -> tuple:
+    """(m, l, o) of two partials merged (a partial with m = -inf weighs nothing), as merge_factors does."""
+    m1, l1, o1 = a
+    m = torch.maximum(m1, m2)
+    f1 = torch.where(m1 == -math.inf, 0.0, torch.exp(m1 - m))
+    f2 = torch.where(m2 == -math.inf, 0.0, torch.exp(m2 - m))
+    return m, l1 * f1 + l2 * f2, o1 * f1[:, None] + o2 * f2[:, None]
+
+
+def emulate(q, k_cache, v_cache, block_table, seq_lens, scale: float, splits: int) -> torch.Tensor:
+    """The kernel's arithmetic on the CPU in float32: each split's tokens, each warp's every ``WARPS``-th token with
+    an online softmax per head, the warps merged in order, then the splits merged in split order."""
+    b_n, hq, _ = q.shape
+    hkv = k_cache.shape[2]
+    g = hq // hkv
+    out = torch.zeros(b_n, hq, HEAD_DIM)
+    empty = (torch.full((g,), -math.inf), torch.zeros(g), torch.zeros(g, HEAD_DIM))
+    for b in range(b_n):
+        n = int(seq_lens[b])
+        k_all, v_all = _tokens(k_cache, v_cache, block_table, b, n)
+        per = -(-n // splits)
+        for h in range(hkv):
+            qh = q[b, h * g:(h + 1) * g].float()  # [G, D]
+            acc = empty
+            for s in range(splits):
+                cta = empty
+                for w in range(WARPS):
+                    m, l, o = (t.clone() for t in empty)
+                    for t in range(s * per + w, min(n, (s + 1) * per), WARPS):
+                        sc = (qh @ k_all[t, h]) * scale
+                        mn = torch.maximum(m, sc)
+                        c, e = torch.exp(m - mn), torch.exp(sc - mn)
+                        m, l, o = mn, l * c + e, o * c[:, None] + e[:, None] * v_all[t, h][None]
+                    cta = _merge(cta, m, l, o)
+                acc = _merge(acc, *cta)
+            _, l, o = acc
+            out[b, h * g:(h + 1) * g] = torch.where(l[:, None] > 0, o / l.clamp_min(1e-30)[:, None], 0.0)
+    return out
