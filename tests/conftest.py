@@ -42,12 +42,14 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 _IPC_BEFORE: set[str] = set()
+_SHM_BEFORE: set[str] = set()
 
 
 def pytest_sessionstart(session):
     from workbench import shm
 
     _IPC_BEFORE.update(shm.ipc_entries(shm.ipc_root()))
+    _SHM_BEFORE.update(shm.entries(shm.shm_root()))
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -58,6 +60,9 @@ def pytest_sessionfinish(session, exitstatus):
     from workbench import shm
 
     shm.clean_ipc(_IPC_BEFORE, shm.ipc_root())
+    # and the /dev/shm segments of those engines (vLLM's CPU communicator's pairs at TP 2, the multiprocessing
+    # segments of the engines the kill tests kill): new since this session began, vLLM-named, mapped by no one
+    shm.clean_shm(_SHM_BEFORE, shm.shm_root())
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -35,7 +35,7 @@ from pathlib import Path
 from workbench.runfolder import write_json_atomic
 
 __all__ = ["SHM", "SNAPSHOT", "PATTERNS", "shm_root", "entries", "in_use", "leftovers", "ipc_root", "ipc_entries",
-           "bound_sockets", "ipc_leftovers", "clean_ipc", "snapshot", "clean_after"]
+           "bound_sockets", "ipc_leftovers", "clean_shm", "clean_ipc", "snapshot", "clean_after"]
 
 SHM = Path("/dev/shm")
 ROOT_ENV = "WORKBENCH_SHM_ROOT"  # another folder in place of /dev/shm (the suite's kill test: see shm_root)
@@ -159,6 +159,11 @@ def _remove(root: Path, names: list[str]) -> list[str]:
     return removed
 
 
+def clean_shm(before: set[str], root: Path = SHM) -> list[str]:
+    """Remove the /dev/shm leftovers new since ``before`` (:func:`leftovers`); returns the names removed."""
+    return _remove(root, leftovers(before, root))
+
+
 def clean_ipc(before: set[str], root: Path) -> list[str]:
     """Remove the leftover sockets of ``root`` new since ``before`` (``ipc_leftovers``); returns their names."""
     return _remove(root, ipc_leftovers(before, root))
@@ -173,7 +178,7 @@ def clean_after(leg_folder: str | Path) -> list[str]:
     except (OSError, ValueError):
         return []
     root = Path(data.get("root") or shm_root())
-    removed = _remove(root, leftovers(set(data.get("names") or []), root))
+    removed = clean_shm(set(data.get("names") or []), root)
     if "ipc_root" in data:  # snapshots written before sockets were cleaned have none
         removed += clean_ipc(set(data.get("ipc_names") or []), Path(data["ipc_root"]))
     path.unlink(missing_ok=True)
