@@ -1,7 +1,7 @@
 """The draft's decode attention: the project's one-launch kernel (``vllm_patch.twin_attention``) against
 FlashAttention 3 as vLLM calls it, at the draft's shapes, per layer and per draft step.
 
-One query token per request over a paged bf16 KV cache (vLLM's FlashAttention layout, blocks of 16 scattered
+One query token per request over a paged bf16 KV cache (vLLM 0.27.1's FlashAttention cache, blocks of 16 scattered
 through the cache), the twin's head counts (8B: 32 query / 8 KV heads, 36 layers; 32B: 64 / 8, 64 layers), batch
 1 / 4 / 16 / 32, every request at one context length (256 / 1024 / 3584 tokens). Each kernel is captured in a CUDA
 graph of ``--calls`` launches over rotating caches (above the L2) and timed by CUDA events, interleaved, ``--repeats``
@@ -41,8 +41,9 @@ def _paged(batch, hq, hkv, length, device, seed=0):
     g = torch.Generator(device="cpu").manual_seed(seed)
     per = -(-length // BLOCK)
     n_blocks = batch * per + 1
-    k = torch.randn(n_blocks, BLOCK, hkv, ta.HEAD_DIM, generator=g).to(torch.bfloat16).to(device)
-    v = torch.randn(n_blocks, BLOCK, hkv, ta.HEAD_DIM, generator=g).to(torch.bfloat16).to(device)
+    # vLLM 0.27.1's FlashAttention cache [blocks, KV heads, block, 2 x 128], seen as K and V as its backend does
+    kv = torch.randn(n_blocks, hkv, BLOCK, 2 * ta.HEAD_DIM, generator=g).to(torch.bfloat16).to(device)
+    k, v = kv.transpose(1, 2).split(ta.HEAD_DIM, dim=-1)
     table = torch.randperm(n_blocks, generator=g)[: batch * per].view(batch, per).to(torch.int32).to(device)
     q = torch.randn(batch, hq, ta.HEAD_DIM, generator=g).to(torch.bfloat16).to(device)
     lens = torch.full((batch,), length, dtype=torch.int32, device=device)

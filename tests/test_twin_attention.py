@@ -16,12 +16,14 @@ def paged(batch, q_heads, kv_heads, lens, block=16, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     per = max(1, -(-max(lens) // block))
     n_blocks = batch * per + 3
-    k = torch.randn(n_blocks, block, kv_heads, ta.HEAD_DIM, generator=g).to(torch.bfloat16)
-    v = torch.randn(n_blocks, block, kv_heads, ta.HEAD_DIM, generator=g).to(torch.bfloat16)
+    # vLLM 0.27.1's FlashAttention cache: [blocks, KV heads, block size, 2 x 128], seen as K and V
+    # [blocks, block size, KV heads, 128] by a transpose and a split (strided views)
+    kv = torch.randn(n_blocks, kv_heads, block, 2 * ta.HEAD_DIM, generator=g).to(torch.bfloat16).to(device)
+    k, v = kv.transpose(1, 2).split(ta.HEAD_DIM, dim=-1)
     table = torch.randperm(n_blocks, generator=g)[: batch * per].view(batch, per).to(torch.int32)
     q = torch.randn(batch, q_heads, ta.HEAD_DIM, generator=g).to(torch.bfloat16)
     lens = torch.tensor(lens, dtype=torch.int32)
-    return [t.to(device) for t in (q, k, v, table, lens)]
+    return [q.to(device), k, v, table.to(device), lens.to(device)]
 
 
 @pytest.mark.parametrize("q_heads,kv_heads", [(8, 2), (16, 2), (4, 4)])

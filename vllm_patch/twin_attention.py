@@ -7,7 +7,8 @@ V bytes of a few hundred tokens take well under a microsecond to read. This kern
 over ``S`` CTAs per KV head (FlashDecoding's split), keeps an online softmax per warp and query head, and lets
 the last CTA of a (request, KV head) combine the splits in split order (deterministic); the sequence lengths are
 read on the device, so one CUDA graph serves any length. Head dim 128, 1 / 2 / 4 / 8 query heads per KV head,
-bf16 in and out, fp32 inside; vLLM's FlashAttention cache layout ``[num_blocks, block_size, Hkv, 128]``.
+bf16 in and out, fp32 inside; K and V as vLLM 0.27.1's FlashAttention backend sees its cache
+(``[num_blocks, block_size, Hkv, 128]`` views of ``[num_blocks, Hkv, block_size, 256]``: any strides).
 
 Standalone for now: ``benchmarks/decode_attention.py`` times it against the figures above before it is wired into
 the drafter. :func:`emulate` is its arithmetic on the CPU (the splits, the per-warp token order, the merges), which

@@ -19,14 +19,15 @@ void decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, cons
                       int64_t splits) {
   using twin_attn::kD;
   TORCH_CHECK(q.is_cuda() && q.scalar_type() == at::kBFloat16 && q.dim() == 3 && q.size(2) == kD &&
-                  q.stride(2) == 1 && q.stride(1) == kD,
+                  q.stride(2) == 1 && q.stride(1) == kD && q.stride(0) % 4 == 0,
               "q: bf16 [B, Hq, 128], heads contiguous");
   TORCH_CHECK(out.scalar_type() == at::kBFloat16 && out.sizes() == q.sizes() && out.stride(2) == 1 &&
                   out.stride(1) == kD,
               "out: bf16 like q");
   TORCH_CHECK(k_cache.scalar_type() == at::kBFloat16 && k_cache.dim() == 4 && k_cache.size(3) == kD &&
-                  k_cache.stride(3) == 1 && k_cache.stride(2) == kD && k_cache.stride(1) == k_cache.size(2) * kD,
-              "k_cache: bf16 [num_blocks, block_size, Hkv, 128], each block's tokens contiguous");
+                  k_cache.stride(3) == 1 && k_cache.stride(0) % 4 == 0 && k_cache.stride(1) % 4 == 0 &&
+                  k_cache.stride(2) % 4 == 0,
+              "k_cache: bf16 [num_blocks, block_size, Hkv, 128], dims contiguous, strides multiples of 4");
   TORCH_CHECK(v_cache.sizes() == k_cache.sizes() && v_cache.strides() == k_cache.strides() &&
                   v_cache.scalar_type() == at::kBFloat16,
               "v_cache: like k_cache");
@@ -57,6 +58,7 @@ void decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, cons
   p.counters = splits > 1 ? counters.data_ptr<int>() : nullptr;
   p.kv_block_stride = k_cache.stride(0);
   p.kv_token_stride = k_cache.stride(1);
+  p.kv_head_stride = k_cache.stride(2);
   p.B = static_cast<int>(b);
   p.Hq = static_cast<int>(hq);
   p.Hkv = static_cast<int>(hkv);

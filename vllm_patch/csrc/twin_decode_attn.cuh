@@ -1,5 +1,5 @@
 // Decode attention for the draft's single-token steps: one query token per request against its paged KV cache
-// (vLLM's FlashAttention layout), grouped-query heads, head dim 128, bf16 in and out, fp32 softmax and sums.
+// (vLLM's FlashAttention cache, any strides), grouped-query heads, head dim 128, bf16 in and out, fp32 softmax and sums.
 //
 // Why: in the draft's single-token step FlashAttention 3 takes two launches a layer (its split-KV kernel and the
 // combine), 12 µs a layer at batch 1 on an H100 (8B shape, results/draft-profile/20261206T224809Z-h100-marlin-
@@ -24,15 +24,15 @@ constexpr int kD = 128;  // head dim: 32 lanes x 4
 
 struct Params {
   const __nv_bfloat16* q;  // [B, Hq, D] at q_stride elements a token
-  const __nv_bfloat16* k;  // [num_blocks, block_size, Hkv, D]
-  const __nv_bfloat16* v;
+  const __nv_bfloat16* k;  // [num_blocks, block_size, Hkv, D] at the strides below (vLLM 0.27.1's FlashAttention
+  const __nv_bfloat16* v;  // cache is [num_blocks, Hkv, block_size, 2 D] seen so: K and V share the strides)
   const int* block_table;  // [B, bt_stride]
   const int* seq_lens;     // [B]: tokens of each request in the cache, the query's own included
   __nv_bfloat16* out;      // [B, Hq, D] at out_stride elements a token
   float* ws_o;             // [B, Hq, S, D]: unnormalized partial outputs (S > 1)
   float* ws_ml;            // [B, Hq, S, 2]: partial max and sum
   int* counters;           // [B, Hkv], zero between launches
-  long long kv_block_stride, kv_token_stride;  // elements
+  long long kv_block_stride, kv_token_stride, kv_head_stride;  // elements
   int B, Hq, Hkv, S, block_size, bt_stride, q_stride, out_stride;
   float scale;
 };
@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attn(const Params p) {
   const int* bt = p.block_table + (long long)b * p.bt_stride;
   for (int t = t0 + warp; t < t1; t += kWarps) {
     const long long at = (long long)bt[t / p.block_size] * p.kv_block_stride +
-                         (long long)(t % p.block_size) * p.kv_token_stride + (long long)h * kD + 4 * lane;
+                         (long long)(t % p.block_size) * p.kv_token_stride + (long long)h * p.kv_head_stride + 4 * lane;
     float kf[4], vf[4];
     load4(p.k + at, kf);
     load4(p.v + at, vf);
