@@ -100,11 +100,11 @@ def uses_own(m: int) -> bool:
     return path(m) == "own"
 
 
-def machete_state(c, w_q: torch.Tensor, w_s: torch.Tensor, w_zp: torch.Tensor | None) -> dict | None:
+def machete_state(c, w_q: torch.Tensor, w_s: torch.Tensor, w_zp: torch.Tensor | None) -> dict:
     """Machete's tensors for a layer from its checkpoint tensors (compressed-tensors: ``w_q [N, K / 8]`` packed
     along K, ``w_s [N, K / group]``, ``w_zp [N / 8, K / group]`` packed along N), as vLLM 0.27.1's
     ``MacheteLinearKernel.process_weights_after_loading`` makes them from the same parameters (K-major, the
-    zero points unpacked and scaled: ``-s z``); None where Machete cannot run the layer (its reason is kept)."""
+    zero points unpacked and scaled: ``-s z``); ``{"unavailable": reason}`` where Machete cannot run the layer."""
     from vllm import _custom_ops as ops
     from vllm.model_executor.kernels.linear import MacheteLinearKernel
     from vllm.model_executor.layers.quantization.utils.quant_utils import unpack_quantized_values_into_int32
