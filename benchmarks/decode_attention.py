@@ -38,16 +38,7 @@ ROTATE_BYTES = 256 << 20  # the caches a graph rotates through: well above the L
 
 
 def _paged(batch, hq, hkv, length, device, seed=0):
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    per = -(-length // BLOCK)
-    n_blocks = batch * per + 1
-    # vLLM 0.27.1's FlashAttention cache [blocks, KV heads, block, 2 x 128], seen as K and V as its backend does
-    kv = torch.randn(n_blocks, hkv, BLOCK, 2 * ta.HEAD_DIM, generator=g).to(torch.bfloat16).to(device)
-    k, v = kv.transpose(1, 2).split(ta.HEAD_DIM, dim=-1)
-    table = torch.randperm(n_blocks, generator=g)[: batch * per].view(batch, per).to(torch.int32).to(device)
-    q = torch.randn(batch, hq, ta.HEAD_DIM, generator=g).to(torch.bfloat16).to(device)
-    lens = torch.full((batch,), length, dtype=torch.int32, device=device)
-    return q, k, v, table, lens
+    return ta.paged_cache(batch, hq, hkv, [length] * batch, block=BLOCK, seed=seed, device=device)
 
 
 def kv_bytes(batch, hkv, length) -> int:

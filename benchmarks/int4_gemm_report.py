@@ -17,6 +17,7 @@ from int4_gemm_kernels import CHECK_TOLERANCE, GEMMS, KERNEL_ORDER
 
 
 DENSE = ("cublas-bf16",)  # not an int4 kernel: the dense reference
+BENCH_NAME = {"own": "own-cuda", "marlin": "marlin", "machete": "machete"}  # twin_hybrid.path -> kernel row
 
 
 def fastest_per_m(rows, size: str) -> list[dict]:
@@ -32,11 +33,11 @@ def fastest_per_m(rows, size: str) -> list[dict]:
     out = []
     for m in sorted({r["m"] for r in sub}):
         ranked = sorted((r for r in sub if r["m"] == m), key=lambda r: r["us_median"])
-        name = {"own": "own-cuda", "marlin": "marlin", "machete": "machete"}
         out.append({"m": m, "fastest": ranked[0]["kernel"], "us": ranked[0]["us_median"],
                     "next": ranked[1]["kernel"] if len(ranked) > 1 else "",
                     "next_us": ranked[1]["us_median"] if len(ranked) > 1 else None,
-                    "hybrid": name[twin_hybrid.path(m)], "hybrid_machete": name[twin_hybrid.path(m, True)]})
+                    "hybrid": BENCH_NAME[twin_hybrid.path(m)],
+                    "hybrid_machete": BENCH_NAME[twin_hybrid.path(m, True)]})
     return out
 
 

@@ -11,27 +11,12 @@ from vllm_patch import twin_cuda_compile as cc
 from vllm_patch.cuda_ext import CSRC
 
 
-def paged(batch, q_heads, kv_heads, lens, block=16, seed=0, device="cpu"):
-    """q, a paged K / V cache with the blocks of each request scattered, its block table and lengths."""
-    g = torch.Generator().manual_seed(seed)
-    per = max(1, -(-max(lens) // block))
-    n_blocks = batch * per + 3
-    # vLLM 0.27.1's FlashAttention cache: [blocks, KV heads, block size, 2 x 128], seen as K and V
-    # [blocks, block size, KV heads, 128] by a transpose and a split (strided views)
-    kv = torch.randn(n_blocks, kv_heads, block, 2 * ta.HEAD_DIM, generator=g).to(torch.bfloat16).to(device)
-    k, v = kv.transpose(1, 2).split(ta.HEAD_DIM, dim=-1)
-    table = torch.randperm(n_blocks, generator=g)[: batch * per].view(batch, per).to(torch.int32)
-    q = torch.randn(batch, q_heads, ta.HEAD_DIM, generator=g).to(torch.bfloat16)
-    lens = torch.tensor(lens, dtype=torch.int32)
-    return [q.to(device), k, v, table.to(device), lens.to(device)]
-
-
 @pytest.mark.parametrize("q_heads,kv_heads", [(8, 2), (16, 2), (4, 4)])
 @pytest.mark.parametrize("splits", [1, 3, 8])
 def test_the_emulated_kernel_is_plain_attention(q_heads, kv_heads, splits):
     """Every split, warp order and merge of the kernel gives softmax(q k^T s) v; a request with no tokens gives 0,
     more splits than tokens leave empty splits that weigh nothing."""
-    q, k, v, table, lens = paged(3, q_heads, kv_heads, [0, 5, 37])
+    q, k, v, table, lens = ta.paged_cache(3, q_heads, kv_heads, [0, 5, 37])
     scale = ta.HEAD_DIM ** -0.5
     want = ta.reference(q, k, v, table, lens, scale)
     got = ta.emulate(q, k, v, table, lens, scale, splits)
@@ -49,7 +34,7 @@ def test_splits_fill_the_device_but_never_go_below_the_minimum_tokens():
 
 
 def test_shapes_are_checked_with_the_problem_named():
-    q, k, v, _, _ = paged(1, 8, 2, [4])
+    q, k, v, _, _ = ta.paged_cache(1, 8, 2, [4])
     with pytest.raises(ValueError, match="query heads over"):
         ta.check(q[:, :6], k, v)
     with pytest.raises(ValueError, match=r"\[batch, query heads, 128\]"):
@@ -90,7 +75,7 @@ def test_the_benchmarks_dry_run_checks_the_arithmetic(capsys):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and nvcc")
 @pytest.mark.parametrize("q_heads,kv_heads", [(32, 8), (64, 8), (16, 16)])
 def test_the_kernel_matches_the_reference_and_replays_in_a_graph(q_heads, kv_heads):
-    q, k, v, table, lens = paged(4, q_heads, kv_heads, [1, 17, 200, 0], device="cuda")
+    q, k, v, table, lens = ta.paged_cache(4, q_heads, kv_heads, [1, 17, 200, 0], device="cuda")
     scale = ta.HEAD_DIM ** -0.5
     want = ta.reference(q.cpu(), k.cpu(), v.cpu(), table.cpu(), lens.cpu(), scale)
     for splits in (1, 4, 13):

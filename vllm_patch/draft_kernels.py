@@ -144,11 +144,14 @@ def report(model, preferred: str | None) -> dict:
     else:
         ran = "mixed"
     out = {"draft_linear_kernel": ran, "draft_mp_kernels": counts, "draft_linear_kernel_fallback_layers": fell_back}
-    from . import twin_hybrid
+    hybrids = (KERNEL_CLASSES["own-cuda+marlin"], KERNEL_CLASSES["own-cuda+marlin+machete"])
+    if not any(counts.get(k) for k in hybrids):
+        return out
+    from . import twin_hybrid  # only where a hybrid ran: importing it registers its ops
 
-    if any(counts.get(k) for k in twin_hybrid.KERNEL_NAMES):  # layouts held: what the choice per M costs in memory
-        out.update(draft_hybrid_split_m=twin_hybrid.SPLIT_M, draft_hybrid_extra_bytes=twin_hybrid.extra_bytes(model),
-                   draft_hybrid_marlin_direct=twin_hybrid.direct_layers(model))
+    # the layouts held: what the choice per M costs in memory
+    out.update(draft_hybrid_split_m=twin_hybrid.SPLIT_M, draft_hybrid_extra_bytes=twin_hybrid.extra_bytes(model),
+               draft_hybrid_marlin_direct=twin_hybrid.direct_layers(model))
     if counts.get(twin_hybrid.MACHETE_KERNEL_NAME):
         held, why = twin_hybrid.machete_layers(model)
         out.update(draft_hybrid_machete_m=twin_hybrid.MACHETE_M, draft_hybrid_machete_layers=held,

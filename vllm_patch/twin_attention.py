@@ -76,6 +76,20 @@ def make_workspace(batch: int, q_heads: int, kv_heads: int, splits: int, device)
             "counters": torch.zeros(max(1, batch * kv_heads), dtype=torch.int32, device=device)}
 
 
+def paged_cache(batch: int, q_heads: int, kv_heads: int, lens, block: int = 16, seed: int = 0, device="cpu"):
+    """Random ``q``, K and V, block table and lengths (for the tests and the benchmark): the cache as vLLM 0.27.1's
+    FlashAttention backend has it, ``[blocks, KV heads, block, 2 x 128]``, seen as strided K and V views
+    ``[blocks, block, KV heads, 128]``; each request's blocks scattered through it."""
+    g = torch.Generator().manual_seed(seed)
+    per = max(1, -(-max(lens) // block))
+    n_blocks = batch * per + 3
+    kv = torch.randn(n_blocks, kv_heads, block, 2 * HEAD_DIM, generator=g).to(torch.bfloat16).to(device)
+    k, v = kv.transpose(1, 2).split(HEAD_DIM, dim=-1)
+    table = torch.randperm(n_blocks, generator=g)[: batch * per].view(batch, per).to(torch.int32).to(device)
+    q = torch.randn(batch, q_heads, HEAD_DIM, generator=g).to(torch.bfloat16).to(device)
+    return q, k, v, table, torch.tensor(list(lens), dtype=torch.int32, device=device)
+
+
 def _tokens(k_cache, v_cache, block_table, b: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V ``[n, Hkv, 128]`` of request ``b``'s first ``n`` cached tokens, through its block table."""
     bs = k_cache.shape[1]
