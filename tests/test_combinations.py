@@ -119,6 +119,10 @@ def test_a_draft_kernel_the_host_cannot_build_is_named_with_the_way_out(tmp_path
     assert kernel_problems(legs, "gpu", env={"CUDA_HOME": "/opt/cuda"}, which=lambda name: None) == []
     assert kernel_problems(legs, "gpu", env={}, which=lambda name: "/usr/bin/" + name) == []
     assert kernel_problems(legs, "cpu", env={}, which=lambda name: None) == []  # CPU: the knob has no effect
+    # the draft's decode attention is built the same way
+    (attn,) = kernel_problems([("e", {"draft_attention": "twin"}), ("f", {"draft_attention": "vllm"})], "gpu",
+                              env={}, which=lambda name: None)
+    assert attn.startswith("leg(s) e: draft_attention=twin cannot be built here") and "-p draft_attention=vllm" in attn
 
 
 def test_the_run_preflight_asks_for_the_kernel(monkeypatch, tmp_path):

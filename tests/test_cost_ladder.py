@@ -526,6 +526,14 @@ def test_rows_are_tagged_with_the_kernel_and_scheduling_that_ran():
     assert ran_tags(report, tags) == {"draft_linear_kernel": "marlin", "async_scheduling": False}
     assert ran_tags({"draft_linear_kernel": "mixed"}, tags) == {"draft_linear_kernel": "mixed"}
     assert ran_tags({}, tags) == {}  # a vanilla engine's report names no drafter: its tags stay
+    # the decode attention asked, and what ran (mixed: some layers kept vLLM's)
+    assert ran_tags({"draft_attention": "mixed"}, {**tags, "draft_attention": "twin"}) == {"draft_attention": "mixed"}
+
+
+def test_a_drafter_on_the_twin_attention_is_its_own_setup_in_the_tables():
+    base = {"draft_linear_kernel": "marlin", "draft_cudagraph_mode": "full", "async_scheduling": True}
+    assert ladder._drafter(pd.Series({**base, "draft_attention": "twin"})) == "marlin full async twin-attn"
+    assert ladder._drafter(pd.Series({**base, "draft_attention": "vllm"})) == "marlin full async"
 
 
 def test_a_resume_rebuilds_shape_checkpoints_that_are_gone_and_names_any_other(tmp_path, monkeypatch):

@@ -43,6 +43,7 @@ ENV_EARLY_RELEASE = "VLLM_SPEC_EARLY_RELEASE"
 ENV_DRAFT_IDLE = "VLLM_SPEC_DRAFT_IDLE"
 ENV_VISION_SHARE = "VLLM_SPEC_DRAFT_VISION_SHARE"
 ENV_TARGET_GRAPHS = "VLLM_SPEC_TARGET_GRAPHS"
+ENV_DRAFT_ATTENTION = "VLLM_SPEC_DRAFT_ATTENTION"
 ENV_REPORT_DIR = "VLLM_SPEC_REPORT_DIR"
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -150,6 +151,7 @@ OWN_KERNEL_MODULES = {"own": "twin_gemv", "own-cuda": "twin_cuda", "own-cuda+mar
 TARGET_GRAPHS = ("vllm", "full")  # under vLLM's γ schedule: its PIECEWISE target, or FULL graphs per length
 DRAFT_IDLE = ("sync", "skip", "skip_all")  # a step with γ 0: the draft's pass keeps its KV cache (vLLM), or none
 # runs at a decode-only step (skip), or none at any step, prompt tokens included (skip_all)
+DRAFT_ATTENTIONS = ("vllm", "twin")  # the draft's single-token decode attention: vLLM's backend, or vllm_patch's
 DRAFT_LM_HEADS = ("model", "int4")  # model: as the checkpoint has it; int4: vllm_patch.draft_head
 
 
@@ -202,6 +204,12 @@ SWITCHES: dict[str, Knob] = {k.name: k for k in [
          "own-cuda+marlin+machete: the same with Machete above 64 tokens (SM 9.0; the weights three times)",
          env=ENV_LINEAR_KERNEL, flag="--draft-linear-kernel", spec_only=True, applies_on_cpu=False,
          column="leg"),
+    # issue 37: the draft's other work. Needs nvcc (vllm_patch.twin_attention is built at first use)
+    Knob("draft_attention", str, "vllm", lambda v: v in DRAFT_ATTENTIONS, "one of " + ", ".join(DRAFT_ATTENTIONS),
+         "the draft's attention in its single-token decode steps: vllm (the backend vLLM picks, FA3 on Hopper) or "
+         "twin (vllm_patch.twin_attention: one launch a layer, split-KV, over vLLM's paged cache; bf16, head "
+         "size 128; first passes and prefills stay vLLM's)",
+         env=ENV_DRAFT_ATTENTION, flag="--draft-attention", spec_only=True, applies_on_cpu=False, column="leg"),
     Knob("draft_lm_head", str, "model", lambda v: v in DRAFT_LM_HEADS, "one of " + ", ".join(DRAFT_LM_HEADS),
          "the draft's lm_head: model (as its checkpoint has it, bf16 in a W4A16 twin) or int4 (quantized "
          "at load, round-to-nearest, group 128, on the draft's W4A16 kernel)",

@@ -21,7 +21,7 @@ import torch
 from vllm.config import CUDAGraphMode
 from vllm.v1.spec_decode.draft_model import DraftModelProposer
 
-from . import draft_graphs, draft_head, draft_idle, draft_kernels, draft_mlp, draft_vision, engine_state
+from . import draft_graphs, draft_idle, draft_kernels, draft_load, engine_state
 
 
 class TwinDraftProposer(DraftModelProposer):
@@ -137,13 +137,7 @@ class TwinDraftProposer(DraftModelProposer):
             return super().load_model(target_model)
         with draft_kernels.prefer(self._twin_kernel[0]) as refused:
             super().load_model(target_model)
-        self._twin_engine.report.update(**draft_mlp.fuse(self.model), **draft_kernels.checked_report(
-            self.model, self._twin_kernel[0], self._twin_engine.knobs.draft_linear_kernel, refused))
-        if self._twin_engine.knobs.draft_lm_head == "int4":
-            self._twin_engine.report.update(**draft_head.install(self.model, self._twin_kernel[0]))
-        else:
-            self._twin_engine.report.update(draft_lm_head="model", draft_lm_head_applies=True)
-        draft_vision.share(self, target_model)
+        draft_load.finish(self, target_model, refused)
         if self._twin_graph_mode in ("full", "full_all"):
             # The outer FULL wrapper replays whole passes (single-token steps; first passes too under
             # full_all); under a PIECEWISE dispatch it passes through to the piecewise-compiled model.

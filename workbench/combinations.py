@@ -12,7 +12,7 @@ fails on its first step (``"cpu_gemm_wna16" not implemented for 'Float'``), afte
 have taken their time. With the fallback switched off on a library without the op, the twin cannot
 run at all. Both are known from the configs, the run's environment and ``/proc/cpuinfo``, so the run's
 preflight and each leg's own check refuse them, naming the leg, the role, the checkpoint and the way
-out. The project's own CUDA kernel (``draft_linear_kernel=own-cuda`` and ``own-cuda+marlin``) is built with the
+out. The project's own CUDA kernels (``draft_linear_kernel=own-cuda`` and its hybrids, ``draft_attention=twin``) are built with the
 host's ``nvcc`` at the first engine start: without one the engine stops at load, so that is refused up front too.
 (Too many ranks for the host's devices: ``workbench.parallel``.)
 """
@@ -28,6 +28,7 @@ __all__ = ["weight_only_bits", "cpu_int4_path", "combination_problems", "kernel_
 
 # draft_linear_kernel values whose extension nvcc builds
 BUILT_KERNELS = ("own-cuda", "own-cuda+marlin", "own-cuda+marlin+machete")
+BUILT_ATTENTION = ("twin",)  # draft_attention values whose extension nvcc builds (vllm_patch.twin_attention)
 
 
 def weight_only_bits(config: Mapping[str, Any] | None) -> tuple[str, int] | None:
@@ -127,18 +128,21 @@ def kernel_problems(legs: Iterable[tuple[str, Mapping[str, Any]]], device: str,
     """Spec legs (name, knobs) whose draft kernel this GPU host cannot build; one line per kernel value."""
     if device != "gpu":
         return []
-    by_kernel: dict[str, list[str]] = {}
+    by_kernel: dict[tuple[str, str], list[str]] = {}
     for name, knobs in legs:
         if knobs.get("draft_linear_kernel") in BUILT_KERNELS:
-            by_kernel.setdefault(knobs["draft_linear_kernel"], []).append(name)
+            by_kernel.setdefault(("draft_linear_kernel", knobs["draft_linear_kernel"]), []).append(name)
+        if knobs.get("draft_attention") in BUILT_ATTENTION:
+            by_kernel.setdefault(("draft_attention", knobs["draft_attention"]), []).append(name)
     if not by_kernel:
         return []
     from vllm_patch.twin_cuda import toolchain_reason
 
     why = toolchain_reason(env, which)
-    return [f"leg(s) {', '.join(names)}: draft_linear_kernel={kernel} cannot be built here: {why}. Put the CUDA "
-            "toolkit's nvcc on PATH, or use -p draft_linear_kernel=auto (Marlin)"
-            for kernel, names in by_kernel.items()] if why else []
+    out = {"draft_linear_kernel": "auto (Marlin)", "draft_attention": "vllm"}
+    return [f"leg(s) {', '.join(names)}: {knob}={kernel} cannot be built here: {why}. Put the CUDA "
+            f"toolkit's nvcc on PATH, or use -p {knob}={out[knob]}"
+            for (knob, kernel), names in by_kernel.items()] if why else []
 
 
 def dequantized_twin(path: str) -> str | None:

@@ -151,9 +151,9 @@ def _drafter(row: pd.Series) -> str:
     if all(t is None or t != t for t in tags):
         return "as shipped"
     kernel, mode, sched = tags
-    tp, head = row.get("tensor_parallel_size"), row.get("draft_lm_head")
+    tp, head, attn = row.get("tensor_parallel_size"), row.get("draft_lm_head"), row.get("draft_attention")
     return (f"{kernel} {mode}" + (" async" if sched is True else "")
-            + (" int4-head" if head == "int4" else "")
+            + (" int4-head" if head == "int4" else "") + (f" {attn}-attn" if attn in ("twin", "mixed") else "")
             + (f" tp{int(tp)}" if tp is not None and tp == tp and int(tp) > 1 else ""))
 
 

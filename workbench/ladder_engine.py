@@ -272,8 +272,9 @@ def ran_tags(report: dict[str, Any], tags: dict[str, Any]) -> dict[str, Any]:
         out["draft_linear_kernel"] = names.get(built, built)
     if "async_scheduling" in tags and "async_scheduling" in report:
         out["async_scheduling"] = bool(report["async_scheduling"])
-    if "draft_lm_head" in tags and report.get("draft_lm_head"):
-        out["draft_lm_head"] = report["draft_lm_head"]
+    for name in ("draft_lm_head", "draft_attention"):  # what ran: draft_attention "mixed" where layers kept vLLM's
+        if name in tags and report.get(name):
+            out[name] = report[name]
     return out
 
 
@@ -304,7 +305,8 @@ def spec_cells(report: dict[str, Any], eager: bool = True) -> list[tuple[dict[st
 def drafter_tags(knobs) -> dict[str, Any]:
     """The drafter setup every row of a spec engine carries (the analysis tells setups apart by them)."""
     return {"draft_linear_kernel": knobs.draft_linear_kernel, "draft_cudagraph_mode": knobs.draft_cudagraph_mode,
-            "async_scheduling": bool(knobs.async_scheduling), "draft_lm_head": knobs.draft_lm_head}
+            "async_scheduling": bool(knobs.async_scheduling), "draft_lm_head": knobs.draft_lm_head,
+            "draft_attention": knobs.draft_attention}
 
 
 def run_leg(conf: dict[str, Any]) -> dict[str, Any]:
