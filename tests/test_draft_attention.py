@@ -62,11 +62,11 @@ def decode_inputs(batch, hq, hkv, lens, block=16, seed=0):
 
 def test_decode_only_calls_give_plain_attention_on_the_kernel_and_the_rest_stays_vllms():
     impls = [FlashAttentionImpl(), FlashAttentionImpl()]
-    calls = []
+    calls, learned = [], []
     rep = da.install(model_of(*impls), "twin", max_batch=4, max_len=512, dtype=torch.bfloat16, device="cpu",
-                     kernel=emulated_kernel(calls))
+                     kernel=emulated_kernel(calls), report=lambda **kw: learned.append(kw))
     assert rep == {"draft_attention_requested": "twin", "draft_attention": "twin", "draft_attention_layers": 2,
-                   "draft_attention_refused": {}}
+                   "draft_attention_refused": {}, "draft_attention_ran": False}
     q, kv, md = decode_inputs(3, 8, 2, [5, 40, 17])
     out = torch.zeros(4, 8 * 128, dtype=torch.bfloat16)  # one padded row beyond the batch: untouched
     impls[0].forward(None, q, None, None, kv, md, out)
@@ -80,6 +80,8 @@ def test_decode_only_calls_give_plain_attention_on_the_kernel_and_the_rest_stays
         impls[1].forward(None, q, None, None, kv, SimpleNamespace(**{**vars(md), **change}), out)
     impls[1].forward(None, q, None, None, kv, None, out)
     assert impls[1].vllm_calls == 4 and len(calls) == 1 and (out == -7).all()
+    impls[1].forward(None, q, None, None, kv, md, out)
+    assert learned == [{"draft_attention_ran": True}]  # learned once, at the first call that reached the kernel
 
 
 def test_the_split_count_is_the_batchs_so_a_graph_replays_at_any_length():

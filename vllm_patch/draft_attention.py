@@ -57,7 +57,7 @@ def workspace_size(max_batch: int, q_heads: int, kv_heads: int, max_len: int, sm
     return max(b * q_heads * twin_attention.splits_for(b, kv_heads, max_len, sms) for b in range(1, max_batch + 1))
 
 
-def make_state(max_batch: int, q_heads: int, kv_heads: int, max_len: int, device, kernel=None) -> dict:
+def make_state(max_batch: int, q_heads: int, kv_heads: int, max_len: int, device, kernel=None, report=None) -> dict:
     """What every wrapped layer shares: the workspace, the split rule's inputs, and the kernel (injectable for the
     CPU tests; ``twin_attention.decode_attention`` otherwise)."""
     dev = torch.device(device)
@@ -67,7 +67,7 @@ def make_state(max_batch: int, q_heads: int, kv_heads: int, max_len: int, device
           "ml": torch.empty(rows * 2, dtype=torch.float32, device=dev),
           "counters": torch.zeros(max(1, max_batch * kv_heads), dtype=torch.int32, device=dev)}
     return {"ws": ws, "max_batch": max_batch, "max_len": max_len, "sms": sms,
-            "kernel": kernel or twin_attention.decode_attention, "splits": {}}
+            "kernel": kernel or twin_attention.decode_attention, "splits": {}, "ran": False, "report": report}
 
 
 def _decode_only(md, output_scale, output_block_scale) -> bool:
@@ -92,15 +92,21 @@ def _forward(self, layer, query, key, value, kv_cache, attn_metadata, output, ou
     q = query[:n].view(n, self.num_heads, self.head_size)
     out = output[:n].view(n, self.num_heads, self.head_size)
     st["kernel"](q, k_cache, v_cache, md.block_table, md.seq_lens, self.scale, splits, out=out, workspace=st["ws"])
+    if not st["ran"]:  # once: a decode-only call reached the kernel (run, or captured into a drafter graph)
+        st["ran"] = True
+        if st["report"] is not None:
+            st["report"](draft_attention_ran=True)
     return output
 
 
-def install(model, requested: str, max_batch: int, max_len: int, dtype: torch.dtype, device, kernel=None) -> dict:
+def install(model, requested: str, max_batch: int, max_len: int, dtype: torch.dtype, device, kernel=None,
+            report=None) -> dict:
     """Wrap the forward of every draft attention layer of ``model`` the kernel fits (``requested == "twin"``); the
     engine report's ``draft_attention`` (what the layers run: twin, vllm or mixed), ``draft_attention_layers``
-    (layers wrapped) and ``draft_attention_refused`` (why the others were not, counted)."""
+    (layers wrapped) and ``draft_attention_refused`` (why the others were not, counted). ``report`` (the engine
+    report's update) later learns ``draft_attention_ran`` at the first decode-only call that reached the kernel."""
     out = {"draft_attention_requested": requested, "draft_attention": "vllm", "draft_attention_layers": 0,
-           "draft_attention_refused": {}}
+           "draft_attention_refused": {}, "draft_attention_ran": False}
     if requested != "twin" or model is None:
         return out
     layers = [m for m in model.modules() if hasattr(m, "impl") and hasattr(m, "kv_cache") and hasattr(m, "layer_name")]
@@ -118,7 +124,7 @@ def install(model, requested: str, max_batch: int, max_len: int, dtype: torch.dt
             refused[why] = refused.get(why, 0) + 1
     if wrap:
         first = wrap[0]
-        state = make_state(max_batch, first.num_heads, first.num_kv_heads, max_len, device, kernel)
+        state = make_state(max_batch, first.num_heads, first.num_kv_heads, max_len, device, kernel, report)
         for impl in wrap:
             impl._twin_attention = state
             impl._twin_vllm_forward = impl.forward

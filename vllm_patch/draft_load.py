@@ -30,7 +30,8 @@ def finish(proposer, target_model, refused) -> None:
         engine.report.update(**draft_attention.install(
             model, knobs.draft_attention, max_batch=max(int(proposer.max_batch_size), int(
                 cfg.compilation_config.max_cudagraph_capture_size or 0)),
-            max_len=int(cfg.model_config.max_model_len), dtype=cfg.model_config.dtype, device=proposer.device))
+            max_len=int(cfg.model_config.max_model_len), dtype=cfg.model_config.dtype, device=proposer.device,
+            report=engine.report.update))
     else:
         engine.report.update(draft_attention_requested=knobs.draft_attention, draft_attention="vllm")
     draft_vision.share(proposer, target_model)
