@@ -69,8 +69,10 @@ def _fa3():
     return flash_attn_varlen_func, None
 
 
-def _cases(batch, hq, hkv, length, device, sms, fa3):
-    """Per kernel, the launches of one CUDA graph over rotating caches; the first cache checked first."""
+def _cases(batch, hq, hkv, length, device, sms, fa3, engine_len=0):
+    """Per kernel, the launches of one CUDA graph over rotating caches; the first cache checked first. With
+    ``engine_len`` also the kernel at the split count the drafter uses (``draft_attention``: fixed per batch, from
+    the model's longest sequence ``engine_len``), where it differs from the one for this length."""
     one = kv_bytes(batch, hkv, length)
     copies = max(1, min(16, ROTATE_BYTES // max(1, one)))
     sets = [_paged(batch, hq, hkv, length, device, seed=i) for i in range(copies)]
@@ -79,6 +81,11 @@ def _cases(batch, hq, hkv, length, device, sms, fa3):
     ws = ta.make_workspace(batch, hq, hkv, splits, device)
     out = torch.empty_like(sets[0][0])
     fns = {"own": [lambda s=s: ta.decode_attention(*s, scale, splits, out=out, workspace=ws) for s in sets]}
+    engine = ta.splits_for(batch, hkv, engine_len, sms) if engine_len else splits
+    if engine != splits:
+        ws_e = ta.make_workspace(batch, hq, hkv, engine, device)
+        fns["own@engine"] = [lambda s=s: ta.decode_attention(*s, scale, engine, out=out, workspace=ws_e)
+                             for s in sets]
     if fa3 is not None:
         cu = torch.arange(batch + 1, dtype=torch.int32, device=device)
         fns["fa3"] = [lambda s=s: fa3(q=s[0], k=s[1], v=s[2], out=out, cu_seqlens_q=cu, max_seqlen_q=1, seqused_k=s[4],
@@ -89,7 +96,7 @@ def _cases(batch, hq, hkv, length, device, sms, fa3):
     for name, f in fns.items():
         f[0]()
         errs[name] = float((out.float().cpu() - want).abs().max())
-    return fns, errs, splits
+    return fns, errs, {"own": splits, "own@engine": engine}
 
 
 def run(args) -> int:
@@ -103,12 +110,13 @@ def run(args) -> int:
         hq, hkv, layers = SHAPES[size]
         for batch in map(int, args.batches.split(",")):
             for length in map(int, args.lengths.split(",")):
-                fns, errs, splits = _cases(batch, hq, hkv, length, "cuda", dev.multi_processor_count, fa3)
+                fns, errs, splits = _cases(batch, hq, hkv, length, "cuda", dev.multi_processor_count, fa3,
+                                           args.engine_max_len)
                 timed = interleaved({n: Timer(f[: args.calls] * max(1, args.calls // len(f))) for n, f in fns.items()},
                                     args.repeats)
                 for name, (med, q1, q3) in timed.items():
                     rows.append({"size": size, "batch": batch, "context": length, "kernel": name,
-                                 "splits": splits if name == "own" else "", "us_median": round(med, 2),
+                                 "splits": splits.get(name, ""), "us_median": round(med, 2),
                                  "iqr_us": round(q3 - q1, 2), "tbps": round(kv_bytes(batch, hkv, length) / med / 1e6, 3),
                                  "floor_us": round(kv_bytes(batch, hkv, length) / read_tbps / 1e6, 2),
                                  "per_step_ms": round(med * layers / 1e3, 3), "max_abs_err": f"{errs[name]:.2e}"})
@@ -132,7 +140,8 @@ def run(args) -> int:
     md = [f"# Decode attention for the draft — {dev.name}", "",
           f"One query token a request, paged bf16 KV cache (blocks of {BLOCK}), head dim 128; µs per launch, "
           f"median (IQR) of {args.repeats} interleaved CUDA-graph replays; floor = KV bytes / {read_tbps:.2f} TB/s; "
-          "per step = µs × the shape's layers." + (f" FlashAttention 3 skipped: {why}." if why else ""), "",
+          "per step = µs × the shape's layers; own@engine: the split count the drafter uses (fixed per batch, from "
+          f"a longest sequence of {args.engine_max_len})." + (f" FlashAttention 3 skipped: {why}." if why else ""), "",
           "| size | batch | context | kernel | splits | µs (IQR) | TB/s | floor µs | per draft step ms | max abs err |",
           "|---|---|---|---|---|---|---|---|---|---|"]
     md += [f"| {r['size']} | {r['batch']} | {r['context']} | {r['kernel']} | {r['splits']} | {r['us_median']} "
@@ -151,6 +160,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", default="256,1024,3584")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--calls", type=int, default=32, help="launches per CUDA graph")
+    ap.add_argument("--engine-max-len", type=int, default=3584,
+                    help="the model's longest sequence, for the split count draft_attention fixes per batch (0: off)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--dry-run", action="store_true", help="CPU: the kernel's arithmetic against float32 attention")
     args = ap.parse_args(argv)
