@@ -26,9 +26,6 @@ import torch
 
 from . import twin_attention
 
-KNOB_VALUES = ("vllm", "twin")
-
-
 def why_not(impl, dtype: torch.dtype) -> str | None:
     """Why a draft layer's attention ``impl`` keeps vLLM's forward under ``draft_attention=twin``, or None."""
     name = type(impl).__name__
