@@ -106,6 +106,9 @@ def test_a_named_only_leg_runs_when_named():
     assert named["twin_a1_machete"].knobs["draft_linear_kernel"] == "own-cuda+marlin+machete"
     assert "twin_a1_machete" not in default
     assert named["twin_a1"].knobs["draft_linear_kernel"] == "auto"
+    attn = {leg.name: leg for leg in plan("E18", "8b-shape", ["legs=twin_a1_hybrid,twin_a1_attn"]).legs}
+    assert attn["twin_a1_attn"].knobs["draft_attention"] == "twin" and "twin_a1_attn" not in default
+    assert attn["twin_a1_hybrid"].knobs["draft_attention"] == "vllm"
 
 
 def test_bad_yaml_and_missing_file(tmp_path):

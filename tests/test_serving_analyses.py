@@ -302,13 +302,16 @@ def test_the_drafts_kernel_is_a_column_of_the_leg_table(run):
     path = run / "legs" / "strict_c1" / "summary.json"
     s = json.loads(path.read_text())
     s["engine_report"] = {"draft_linear_kernel": "TwinHybridLinearKernel",
-                          "draft_linear_kernel_requested": "own-cuda+marlin"}
+                          "draft_linear_kernel_requested": "own-cuda+marlin", "draft_attention": "twin"}
     path.write_text(json.dumps(s))
     table, _, _ = serving.load(run)
     kernels = table.set_index("leg")["draft_kernel"]
     assert kernels["strict_c1"] == "TwinHybridLinearKernel"
     assert kernels["vanilla_c1"] is None or pd.isna(kernels["vanilla_c1"])
     assert "draft_kernel" in serving.LEG_COLUMNS
+    # and the draft's decode attention (E18's twin_a1_attn)
+    attn = table.set_index("leg")["draft_attention"]
+    assert attn["strict_c1"] == "twin" and (attn["vanilla_c1"] is None or pd.isna(attn["vanilla_c1"]))
 
 
 def test_the_step_timers_medians_are_columns_of_the_leg_table(run):

@@ -49,7 +49,7 @@ LEG_COLUMNS = (["leg", "leg_index", "mode", "tier", "acceptance", "gamma", "conc
                + [f"{m}_ms_{s}" for m in LATENCIES for s in STATS]
                + ["output_throughput", "request_throughput", "duration_s",
                   "acceptance_rate", "acceptance_length", "trace_acceptance_rate", "trace_acceptance_length",
-                  "placement", "target_graphs", "draft_kernel"]
+                  "placement", "target_graphs", "draft_kernel", "draft_attention"]
                # the engine's time per step (medians, ms; the plugin's step timer): a prefill step's target
                # forward and the drafter's work after it (where a first token's time goes), a decode step's
                # target forward (the verification where drafts were made) and the drafter's propose
@@ -107,12 +107,17 @@ def _target_graphs(leg: "ServingLeg") -> str | None:
     return None
 
 
+def _reported(leg: "ServingLeg", key: str) -> str | None:
+    """A value of the leg's engine report (None for a vanilla leg or a report without it)."""
+    report = leg.summary.get("engine_report")
+    value = report.get(key) if isinstance(report, dict) else None
+    return str(value) if value else None
+
+
 def _draft_kernel(leg: "ServingLeg") -> str | None:
     """The draft's W4A16 kernel class on the leg's server (the engine report's ``draft_linear_kernel``:
     ``MarlinLinearKernel``, ``TwinHybridLinearKernel``, ...): legs that differ only in it are told apart by it."""
-    report = leg.summary.get("engine_report")
-    kernel = report.get("draft_linear_kernel") if isinstance(report, dict) else None
-    return str(kernel) if kernel else None
+    return _reported(leg, "draft_linear_kernel")
 
 
 def _summary(folder: Path) -> dict[str, Any] | None:
@@ -231,6 +236,7 @@ def leg_table(legs: list[ServingLeg]) -> pd.DataFrame:
         row = _identity(leg)
         row.update(n=len(leg.records), completed=len(ok), placement=_placement(leg.path),
                    target_graphs=_target_graphs(leg), draft_kernel=_draft_kernel(leg),
+                   draft_attention=_reported(leg, "draft_attention"),  # vllm, twin or mixed (knob draft_attention)
                    **_step_medians(leg.summary.get("step_costs")))
         values = {"ttft": [_num(r["ttft_s"]) for r in ok],
                   "tpot": [_num(r["tpot_s"]) for r in ok if r["tpot_s"] is not None],
