@@ -25,7 +25,9 @@ def fastest_per_m(rows, size: str) -> list[dict]:
     runner-up's, and the layout ``own-cuda+marlin`` / ``own-cuda+marlin+machete`` take at that M."""
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    repo = str(Path(__file__).resolve().parents[1])
+    if repo not in sys.path:
+        sys.path.insert(0, repo)
     from vllm_patch import twin_hybrid
 
     sub = [r for r in rows if r["model"] == size and r["scope"] == "layer" and r["kernel"] not in DENSE

@@ -26,9 +26,9 @@ from typing import Any, Iterable, Mapping
 
 __all__ = ["weight_only_bits", "cpu_int4_path", "combination_problems", "kernel_problems", "dequantized_twin"]
 
-# draft_linear_kernel values whose extension nvcc builds
-BUILT_KERNELS = ("own-cuda", "own-cuda+marlin", "own-cuda+marlin+machete")
-BUILT_ATTENTION = ("twin",)  # draft_attention values whose extension nvcc builds (vllm_patch.twin_attention)
+# knob -> (its values whose extension the host's nvcc builds, the value that needs none)
+BUILT = {"draft_linear_kernel": (("own-cuda", "own-cuda+marlin", "own-cuda+marlin+machete"), "auto (Marlin)"),
+         "draft_attention": (("twin",), "vllm")}  # vllm_patch.twin_cuda / twin_hybrid; vllm_patch.twin_attention
 
 
 def weight_only_bits(config: Mapping[str, Any] | None) -> tuple[str, int] | None:
@@ -130,19 +130,17 @@ def kernel_problems(legs: Iterable[tuple[str, Mapping[str, Any]]], device: str,
         return []
     by_kernel: dict[tuple[str, str], list[str]] = {}
     for name, knobs in legs:
-        if knobs.get("draft_linear_kernel") in BUILT_KERNELS:
-            by_kernel.setdefault(("draft_linear_kernel", knobs["draft_linear_kernel"]), []).append(name)
-        if knobs.get("draft_attention") in BUILT_ATTENTION:
-            by_kernel.setdefault(("draft_attention", knobs["draft_attention"]), []).append(name)
+        for knob, (built, _) in BUILT.items():
+            if knobs.get(knob) in built:
+                by_kernel.setdefault((knob, knobs[knob]), []).append(name)
     if not by_kernel:
         return []
-    from vllm_patch.twin_cuda import toolchain_reason
+    from vllm_patch.cuda_ext import toolchain_reason
 
     why = toolchain_reason(env, which)
-    out = {"draft_linear_kernel": "auto (Marlin)", "draft_attention": "vllm"}
-    return [f"leg(s) {', '.join(names)}: {knob}={kernel} cannot be built here: {why}. Put the CUDA "
-            f"toolkit's nvcc on PATH, or use -p {knob}={out[knob]}"
-            for (knob, kernel), names in by_kernel.items()] if why else []
+    return [f"leg(s) {', '.join(names)}: {knob}={value} cannot be built here: {why}. Put the CUDA "
+            f"toolkit's nvcc on PATH, or use -p {knob}={BUILT[knob][1]}"
+            for (knob, value), names in by_kernel.items()] if why else []
 
 
 def dequantized_twin(path: str) -> str | None:
