@@ -110,6 +110,47 @@ def test_bad_switch_values_are_refused_by_name():
         apply_cpu_isa({"VLLM_SPEC_CPU_ISA": "sse4"})
 
 
+_MASK_PROBE = """
+import json, os, torch
+from vllm_patch.cpu_int4 import apply_cpu_isa, cpu_kernel_library
+apply_cpu_isa()
+from vllm.platforms import current_platform
+current_platform.import_kernels()
+from vllm.model_executor.layers.vocab_parallel_embedding import get_masked_input_and_mask
+x = torch.tensor([256, 336, 78, 269, 297, 75, 67, 11, 295, 274, 311, 5, 300])
+ok = []
+for start, end in ((0, 256), (256, 512)):  # the two shards of tensor parallel 2
+    got, _ = get_masked_input_and_mask(x, start, end, 0, 512, 512)
+    ok.append(torch.equal(got, torch.where((x >= start) & (x < end), x - start, 0)))
+print(json.dumps({"ok": ok, "lib": cpu_kernel_library(), "cache": os.environ["TORCHINDUCTOR_CACHE_DIR"]}))
+"""
+
+
+@pytest.mark.vllm
+def test_avx2_emulation_keeps_its_own_inductor_cache(tmp_path):
+    """vLLM's compiled vocab-shard mask (tensor parallel > 1), compiled by a native process first and then run by
+    an AVX2-emulating one on one Inductor cache: before the emulation kept its own folder, the second process loaded
+    the first one's kernel and wrote garbage past the 8th token (token ids of 10^18, TP-2 legs died)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    outs = {}
+    for isa in ("", "avx2"):
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path), VLLM_SPEC_CPU_ISA=isa)
+        res = subprocess.run([sys.executable, "-c", _MASK_PROBE], cwd=REPO, env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        outs[isa] = json.loads(res.stdout.strip().splitlines()[-1])
+    assert outs[""]["ok"] == [True, True] and outs[""]["cache"] == str(tmp_path)
+    assert outs["avx2"]["lib"] == "_C_AVX2.abi3.so"
+    assert outs["avx2"]["ok"] == [True, True]
+    assert outs["avx2"]["cache"] == str(tmp_path / "avx2-emulated")
+
+
 # --------------------------------------------------------------------------- #
 # In the engine                                                               #
 # --------------------------------------------------------------------------- #

@@ -74,7 +74,25 @@ def apply_cpu_isa(env=None) -> str | None:
     torch.cpu._is_avx512_supported = lambda: False
     torch.cpu._is_avx512_bf16_supported = lambda: False
     torch.cpu._is_amx_tile_supported = lambda: False
+    _own_inductor_cache(env)
     return "avx2"
+
+
+AVX2_CACHE_SUFFIX = "avx2-emulated"
+
+
+def _own_inductor_cache(env) -> None:
+    """Inductor's on-disk cache, apart from the host's own ISA's.
+
+    Its keys do not see the patched CPU checks: a process emulating AVX2 would load kernels another process
+    compiled for this host's AVX-512 (and the other way round), and such a kernel mixes the two vector widths
+    (vLLM's compiled vocab-shard mask at tensor parallel 2 wrote past its 8th token: token ids of 10^18).
+    An AVX2-only host never mixes them, so the emulation keeps its own folder; spawned workers inherit it."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    base = env.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
+    if os.path.basename(os.path.normpath(base)) != AVX2_CACHE_SUFFIX:
+        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(base, AVX2_CACHE_SUFFIX)
 
 
 def native_wna16_available() -> bool:
