@@ -15,14 +15,22 @@ from vllm_patch.cuda_ext import CSRC
 @pytest.mark.parametrize("splits", [1, 3, 8])
 def test_the_emulated_kernel_is_plain_attention(q_heads, kv_heads, splits):
     """Every split, warp order and merge of the kernel gives softmax(q k^T s) v; a request with no tokens gives 0,
-    more splits than tokens leave empty splits that weigh nothing."""
-    q, k, v, table, lens = ta.paged_cache(3, q_heads, kv_heads, [0, 5, 37])
+    a short one uses fewer splits than launched (300 tokens: 5 of 8)."""
+    q, k, v, table, lens = ta.paged_cache(4, q_heads, kv_heads, [0, 5, 37, 300])
     scale = ta.HEAD_DIM ** -0.5
     want = ta.reference(q, k, v, table, lens, scale)
     got = ta.emulate(q, k, v, table, lens, scale, splits)
     assert torch.equal(got[0], torch.zeros_like(got[0]))
     assert torch.allclose(got, want, atol=2e-5, rtol=1e-4)
     assert not torch.allclose(want[1], want[2], atol=1e-2)  # the requests read their own blocks
+
+
+def test_a_request_uses_the_splits_its_length_fills():
+    assert ta.used_splits(3584, 33) == (33, 109)
+    assert ta.used_splits(192, 33) == (3, 64)  # the drafter's 33 at batch 1: a short context uses 3
+    assert ta.used_splits(1024, 33) == (16, 64)
+    assert ta.used_splits(65, 2) == (2, 64) and ta.used_splits(64, 2) == (1, 64)
+    assert ta.used_splits(0, 8) == (1, 64)
 
 
 def test_splits_fill_the_device_but_never_go_below_the_minimum_tokens():

@@ -27,6 +27,9 @@ SOURCES = ("twin_decode_attn.cu",)
 HEAD_DIM = 128
 GROUPS = (1, 2, 4, 8)  # query heads per KV head the extension has instances for
 WARPS = 4  # kWarps of twin_decode_attn.cuh
+UNROLL = 4  # kUnroll: the tokens a warp takes at a time
+MIN_SPLIT_TOKENS = 64  # kMinSplitTokens: a request of L tokens uses ceil(L / max(ceil(L / S), 64)) of the S splits
+MAX_SPLITS = 128  # kMaxSplits
 _EXT = None
 
 
@@ -40,7 +43,14 @@ def splits_for(batch: int, kv_heads: int, max_len: int, sms: int, min_tokens: in
     """Splits so that about two CTAs an SM run (``batch * kv_heads * S`` of them), each with at least ``min_tokens``
     tokens of the longest request: fewer, longer CTAs where the batch alone fills the device."""
     want = max(1, math.ceil(2 * sms / max(1, batch * kv_heads)))
-    return max(1, min(want, math.ceil(max_len / min_tokens)))
+    return max(1, min(want, math.ceil(max_len / min_tokens), MAX_SPLITS))
+
+
+def used_splits(length: int, splits: int) -> tuple[int, int]:
+    """(splits used, tokens a split) for a request of ``length`` tokens under a launch of ``splits``: the kernel
+    reads the length on the device and leaves the splits past what ``MIN_SPLIT_TOKENS`` a split allows idle."""
+    per = max(-(-length // splits), MIN_SPLIT_TOKENS)
+    return max(1, -(-length // per)), per
 
 
 def check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
@@ -123,9 +133,23 @@ def _merge(a: tuple, m2: torch.Tensor, l2: torch.Tensor, o2: torch.Tensor) -> tu
     return m, l1 * f1 + l2 * f2, o1 * f1[:, None] + o2 * f2[:, None]
 
 
+def _warp(qh, k, v, scale: float, start: int, end: int) -> tuple:
+    """One warp's (m, l, o) over tokens ``start, start + WARPS * UNROLL, ...`` of its split ``[.., end)``: ``UNROLL``
+    consecutive tokens at a time, one online-softmax update each time, as the kernel's loop does."""
+    g = qh.shape[0]
+    m, l, o = torch.full((g,), -math.inf), torch.zeros(g), torch.zeros(g, HEAD_DIM)
+    for t in range(start, end, WARPS * UNROLL):
+        ts = range(t, min(t + UNROLL, end))
+        sc = torch.stack([(qh @ k[u]) * scale for u in ts], dim=1)  # [G, tokens]
+        mn = torch.maximum(m, sc.max(dim=1).values)
+        c, e = torch.exp(m - mn), torch.exp(sc - mn[:, None])
+        m, l, o = mn, l * c + e.sum(dim=1), o * c[:, None] + e @ torch.stack([v[u] for u in ts])
+    return m, l, o
+
+
 def emulate(q, k_cache, v_cache, block_table, seq_lens, scale: float, splits: int) -> torch.Tensor:
-    """The kernel's arithmetic on the CPU in float32: each split's tokens, each warp's every ``WARPS``-th token with
-    an online softmax per head, the warps merged in order, then the splits merged in split order."""
+    """The kernel's arithmetic on the CPU in float32: the splits a request's length uses (:func:`used_splits`), in
+    each its warps' ``UNROLL``-token steps, the warps merged in order, then the splits merged largest max first."""
     b_n, hq, _ = q.shape
     hkv = k_cache.shape[2]
     g = hq // hkv
@@ -134,21 +158,19 @@ def emulate(q, k_cache, v_cache, block_table, seq_lens, scale: float, splits: in
     for b in range(b_n):
         n = int(seq_lens[b])
         k_all, v_all = _tokens(k_cache, v_cache, block_table, b, n)
-        per = -(-n // splits)
+        used, per = used_splits(n, splits)
         for h in range(hkv):
             qh = q[b, h * g:(h + 1) * g].float()  # [G, D]
-            acc = empty
-            for s in range(splits):
+            parts = []
+            for s in range(used):
+                t0, t1 = s * per, min(n, (s + 1) * per)
                 cta = empty
                 for w in range(WARPS):
-                    m, l, o = (t.clone() for t in empty)
-                    for t in range(s * per + w, min(n, (s + 1) * per), WARPS):
-                        sc = (qh @ k_all[t, h]) * scale
-                        mn = torch.maximum(m, sc)
-                        c, e = torch.exp(m - mn), torch.exp(sc - mn)
-                        m, l, o = mn, l * c + e, o * c[:, None] + e[:, None] * v_all[t, h][None]
-                    cta = _merge(cta, m, l, o)
-                acc = _merge(acc, *cta)
-            _, l, o = acc
+                    cta = _merge(cta, *_warp(qh, k_all[:, h], v_all[:, h], scale, t0 + w * UNROLL, t1))
+                parts.append(cta)
+            ms = torch.stack([p[0] for p in parts])  # [S, G]
+            w = torch.where(ms == -math.inf, 0.0, torch.exp(ms - ms.max(dim=0).values))
+            l = (w * torch.stack([p[1] for p in parts])).sum(dim=0)
+            o = (w[:, :, None] * torch.stack([p[2] for p in parts])).sum(dim=0)
             out[b, h * g:(h + 1) * g] = torch.where(l[:, None] > 0, o / l.clamp_min(1e-30)[:, None], 0.0)
     return out

@@ -39,7 +39,7 @@ void decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, cons
   TORCH_CHECK(block_table.size(0) >= b && seq_lens.size(0) >= b, "block_table and seq_lens cover the batch");
   TORCH_CHECK(hq % hkv == 0, "query heads a multiple of the KV heads");
   const int64_t g = hq / hkv;
-  TORCH_CHECK(splits >= 1, "splits >= 1");
+  TORCH_CHECK(splits >= 1 && splits <= twin_attn::kMaxSplits, "splits: 1 to ", twin_attn::kMaxSplits);
   if (splits > 1) {
     TORCH_CHECK(ws_o.scalar_type() == at::kFloat && ws_o.numel() >= b * hq * splits * kD, "ws_o");
     TORCH_CHECK(ws_ml.scalar_type() == at::kFloat && ws_ml.numel() >= b * hq * splits * 2, "ws_ml");
