@@ -26,7 +26,7 @@ from .cuda_ext import load_extension
 SOURCES = ("twin_decode_attn.cu",)
 HEAD_DIM = 128
 GROUPS = (1, 2, 4, 8)  # query heads per KV head the extension has instances for
-WARPS = 4  # kWarps of twin_decode_attn.cuh
+WARPS = 8  # kWarps of twin_decode_attn.cuh
 UNROLL = 4  # kUnroll: the tokens a warp takes at a time
 MIN_SPLIT_TOKENS = 64  # kMinSplitTokens: a request of L tokens uses ceil(L / max(ceil(L / S), 64)) of the S splits
 MAX_SPLITS = 128  # kMaxSplits

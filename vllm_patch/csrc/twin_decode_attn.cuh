@@ -8,8 +8,8 @@
 // Grid (S, Hkv, B), S the most splits (fixed per batch size, so one CUDA graph serves any length): request b uses
 // S_b = ceil(L / per) of them, per = max(ceil(L / S), kMinSplitTokens) tokens each (L = seq_lens[b], read on the
 // device); CTAs past S_b exit at once. CTA (s, h, b) takes the tokens [s * per, min(L, (s + 1) * per)) for the
-// G = Hq / Hkv query heads of KV head h. Each of its 4 warps takes kUnroll consecutive tokens at a time (then the
-// next kUnroll * 4), their K and V loaded together, so kUnroll reductions and loads are in flight at once; lane l
+// G = Hq / Hkv query heads of KV head h. Each of its 8 warps takes kUnroll consecutive tokens at a time (then the
+// next kUnroll * kWarps), their K and V loaded together, so kUnroll reductions and loads are in flight at once; lane l
 // holds dims 4 l .. 4 l + 3 of q, of each token's K and V (8-byte loads: a warp reads a token's 256 bytes of K and
 // of V contiguously) and of its running sums; a dot product is a warp reduction. Online softmax per (warp, head):
 // max m, sum l, unnormalized output o, updated once per kUnroll tokens. The warps combine in shared memory; with
@@ -26,7 +26,7 @@
 
 namespace twin_attn {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 8;
 constexpr int kD = 128;             // head dim: 32 lanes x 4
 constexpr int kUnroll = 4;          // tokens a warp has in flight
 constexpr int kMinSplitTokens = 64; // a split takes at least this many tokens: short requests use fewer splits
