@@ -133,3 +133,15 @@ def test_git_state_outside_a_checkout_takes_the_named_commit(tmp_path, monkeypat
     monkeypatch.setenv("WORKBENCH_GIT_COMMIT", "630539f")
     state = envcapture.git_state()
     assert state["commit"] == "630539f" and "WORKBENCH_GIT_COMMIT" in state["note"]
+
+
+def test_a_named_commit_wins_over_a_stale_checkout_head(monkeypatch):
+    """A tree sent to a GPU host can carry an older .git: the commit the sender names is the one recorded."""
+    from workbench import envcapture
+
+    monkeypatch.setenv("WORKBENCH_GIT_COMMIT", "0123abc")
+    state = envcapture.git_state()
+    head = envcapture._git("rev-parse", "HEAD")
+    assert state["commit"] == "0123abc" and state["checkout_head"] == head and "checkout_head" in state["note"]
+    monkeypatch.setenv("WORKBENCH_GIT_COMMIT", head[:7])  # naming the checkout's own commit changes nothing
+    assert envcapture.git_state()["commit"] == head

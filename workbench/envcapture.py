@@ -42,12 +42,15 @@ def _git(*args: str) -> str | None:
 
 def git_state() -> dict[str, Any]:
     commit = _git("rev-parse", "HEAD")
+    # a copy sent to a GPU host (a `git archive`, or a tree whose .git is an older snapshot) names its commit so
+    named = os.environ.get("WORKBENCH_GIT_COMMIT")
     if commit is None:
-        # a copy made with `git archive` (e.g. sent to a GPU host) can name its commit this way
-        named = os.environ.get("WORKBENCH_GIT_COMMIT")
         if named:
             return {"commit": named, "dirty": None, "note": "not a git checkout; commit from WORKBENCH_GIT_COMMIT"}
         return {"commit": None, "dirty": None, "note": "not a git checkout or git unavailable"}
+    if named and not commit.startswith(named):
+        return {"commit": named, "dirty": None, "checkout_head": commit,
+                "note": "commit from WORKBENCH_GIT_COMMIT; the checkout's own .git names another (checkout_head)"}
     # tracked files that differ from HEAD, staged or not (names only: no status
     # columns to cut, which _git's strip() would have shifted)
     changed = [name for name in (_git("diff", "--name-only", "HEAD") or "").splitlines() if name]
