@@ -4,15 +4,16 @@ per request against its paged KV cache, in one launch.
 In the draft's single-token step FlashAttention 3 runs two kernels a layer (split-KV and combine): 12 µs a layer
 at batch 1 on an H100 at the 8B shape, 0.43 ms of a 3.4 ms step (``benchmarks/draft_profile.py``), where the K and
 V bytes of a few hundred tokens take well under a microsecond to read. This kernel splits each request's tokens
-over ``S`` CTAs per KV head (FlashDecoding's split), keeps an online softmax per warp and query head, and lets
-the last CTA of a (request, KV head) combine the splits in split order (deterministic); the sequence lengths are
-read on the device, so one CUDA graph serves any length. Head dim 128, 1 / 2 / 4 / 8 query heads per KV head,
+over up to ``S`` CTAs per KV head (FlashDecoding's split; a request uses those its length fills,
+:func:`used_splits`), keeps an online softmax per warp and query head, and lets the last CTA of a (request, KV
+head) combine the splits, largest max first (deterministic); the sequence lengths are read on the device, so one
+CUDA graph serves any length. Head dim 128, 1 / 2 / 4 / 8 query heads per KV head,
 bf16 in and out, fp32 inside; K and V as vLLM 0.27.1's FlashAttention backend sees its cache
 (``[num_blocks, block_size, Hkv, 128]`` views of ``[num_blocks, Hkv, block_size, 256]``: any strides).
 
-Standalone for now: ``benchmarks/decode_attention.py`` times it against the figures above before it is wired into
-the drafter. :func:`emulate` is its arithmetic on the CPU (the splits, the per-warp token order, the merges), which
-the suite checks against :func:`reference`. Importing this module needs neither CUDA nor nvcc.
+``benchmarks/decode_attention.py`` times it beside FA3; ``vllm_patch.draft_attention`` wires it into the drafter
+(knob ``draft_attention``). :func:`emulate` is its arithmetic on the CPU (the splits, the warps' token steps, the
+merges), which the suite checks against :func:`reference`. Importing this module needs neither CUDA nor nvcc.
 """
 
 from __future__ import annotations

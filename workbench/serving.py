@@ -114,12 +114,6 @@ def _reported(leg: "ServingLeg", key: str) -> str | None:
     return str(value) if value else None
 
 
-def _draft_kernel(leg: "ServingLeg") -> str | None:
-    """The draft's W4A16 kernel class on the leg's server (the engine report's ``draft_linear_kernel``:
-    ``MarlinLinearKernel``, ``TwinHybridLinearKernel``, ...): legs that differ only in it are told apart by it."""
-    return _reported(leg, "draft_linear_kernel")
-
-
 def _summary(folder: Path) -> dict[str, Any] | None:
     try:
         info = read_json(folder / SUMMARY)
@@ -235,8 +229,11 @@ def leg_table(legs: list[ServingLeg]) -> pd.DataFrame:
         ok = [r for r in leg.records if _ok(r)]
         row = _identity(leg)
         row.update(n=len(leg.records), completed=len(ok), placement=_placement(leg.path),
-                   target_graphs=_target_graphs(leg), draft_kernel=_draft_kernel(leg),
-                   draft_attention=_reported(leg, "draft_attention"),  # vllm, twin or mixed (knob draft_attention)
+                   target_graphs=_target_graphs(leg),
+                   # the draft's W4A16 kernel class (MarlinLinearKernel, TwinHybridLinearKernel, ...) and its decode
+                   # attention (vllm, twin or mixed): legs that differ only in them are told apart by them
+                   draft_kernel=_reported(leg, "draft_linear_kernel"),
+                   draft_attention=_reported(leg, "draft_attention"),
                    **_step_medians(leg.summary.get("step_costs")))
         values = {"ttft": [_num(r["ttft_s"]) for r in ok],
                   "tpot": [_num(r["tpot_s"]) for r in ok if r["tpot_s"] is not None],
