@@ -15,7 +15,8 @@ into the layout the kernel reads:
 
 Rows past N are padded with zero weights and zero scales. ``kernel_weight`` reconstructs W from
 these tensors with the kernel's own index math (``emulate_mm`` the product, accumulated per group as
-the kernel does: ``P = sum (128 + q) x - (128 + z) x``, ``acc += s P``), so a layout or math bug
+the kernel does: ``P = sum (128 + q) x - (128 + z) x`` for one token tile, ``sum (q - z) x`` for two,
+``acc += s P``), so a layout or math bug
 shows on a CPU.
 """
 
@@ -25,6 +26,7 @@ import torch
 
 CHUNK = 64  # input columns per chunk: one 16-byte load per lane and row tile
 TILE = 16  # output rows per tile (the MMA's M)
+TOKEN_TILE = 8  # tokens per token tile (the MMA's N): above one tile the kernel subtracts z before the MMA
 GROUPS = (32, 64, 128)
 
 
@@ -199,8 +201,9 @@ def kernel_weight(st: dict) -> torch.Tensor:
 
 
 def emulate_mm(x: torch.Tensor, st: dict) -> torch.Tensor:
-    """``x [M, K]`` -> fp32 ``[M, N]`` accumulated as the kernel does: per group P = sum (128 + q) x +
-    sum -(128 + z) x (both MMAs into one fp32 accumulator), then acc += s * P."""
+    """``x [M, K]`` -> fp32 ``[M, N]`` accumulated as the kernel does: per group, with one token tile
+    (M <= 8) P = sum (128 + q) x + sum -(128 + z) x (both MMAs into one fp32 accumulator), with two
+    P = sum (q - z) x (the zero point subtracted in bf16 first, exact), then acc += s * P."""
     q = kernel_nibbles(st).to(torch.float32) + 128.0
     s, zc = kernel_meta(st)
     n, k, g = st["n"], st["k"], st["group"]
@@ -208,6 +211,10 @@ def emulate_mm(x: torch.Tensor, st: dict) -> torch.Tensor:
     acc = torch.zeros((x.shape[0], n), dtype=torch.float32, device=x.device)
     for gi in range(k // g):
         xs = xf[:, gi * g:(gi + 1) * g]
-        p = -zc[:, gi].unsqueeze(0) * xs.sum(dim=1, keepdim=True) + xs @ q[:, gi * g:(gi + 1) * g].t()
+        qg, zg = q[:, gi * g:(gi + 1) * g], zc[:, gi].unsqueeze(1)
+        if x.shape[0] > TOKEN_TILE:
+            p = xs @ (qg - zg).t()
+        else:
+            p = -zg.t() * xs.sum(dim=1, keepdim=True) + xs @ qg.t()
         acc += s[:, gi].unsqueeze(0) * p
     return acc

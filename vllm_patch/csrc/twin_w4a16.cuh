@@ -14,9 +14,10 @@
 //   With one token tile and zero points, the CTA first stages its token rows of x over its split in shared
 //   memory (cp.async; dynamic shared memory, rows padded by 16 bytes), and the warps read x from there.
 //
-// Dequant: lop3 (v & 0x000F000F) | 0x43004300 is the bf16 pair (128 + q_lo, 128 + q_hi), exact; a second
-// MMA per step with A_z = -(128 + z) of the row (bf16 0xC300 | z, exact) adds -(128 + z) sum_k x into the
-// same fp32 accumulator, so P = sum_k (q - z) x per group, and acc += s P at the group's end.
+// Dequant: lop3 (v & 0x000F000F) | 0x43004300 is the bf16 pair (128 + q_lo, 128 + q_hi), exact; with one token
+// tile a second MMA per step with A_z = -(128 + z) of the row (bf16 0xC300 | z, exact) adds -(128 + z) sum_k x
+// into the same fp32 accumulator, with two a bf16 add makes A = q - z (exact) first; either way P = sum_k
+// (q - z) x per group, and acc += s P at the group's end.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -104,20 +105,44 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// One k16 step i of a chunk for R tiles and NT token tiles of 8: P += A_z B + A B, where A holds
-// 128 + q and A_z the row's -(128 + z) (bf16, exact): P sums (q - z) x over the group. FIRST: the
-// group's first step, whose A_z MMA starts from zero.
+// (a + c) of bf16 pairs as fma(a, 1, c), rn (SM 8.0+): exact where the sums are small integers
+__device__ __forceinline__ uint32_t bf16_add(uint32_t a, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(0x3F803F80u), "r"(c));
+  return d;
+}
+
+// One k16 step i of a chunk for R tiles and NT token tiles of 8. One token tile: P += A_z B + A B, where A
+// holds 128 + q and A_z the row's -(128 + z) (bf16, exact): P sums (q - z) x over the group, the zero point
+// on the tensor cores (each extra MMA an issue slot where four bf16 adds would be four). Two token tiles:
+// A = (128 + q) + A_z = q - z (bf16, exact) first, then one MMA a token tile: with two tiles the
+// A_z MMAs would be half the tensor work, the adds are shared by both tiles. FIRST: the group's first step,
+// whose first MMA starts from zero.
 template <int R, int NT, bool FIRST>
 __device__ __forceinline__ void step(int i, const uint4 (&w)[R], const uint4 (&xv)[NT][2], float (&P)[R][NT][4],
                                      const uint32_t (&az)[R][4]) {
+  constexpr bool SUBZ = NT > 1;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const uint32_t v = word(w[r], i);
-    const uint32_t a0 = bf16_pair(v), a1 = bf16_pair(v >> 4), a2 = bf16_pair(v >> 8), a3 = bf16_pair(v >> 12);
+    uint32_t a0 = bf16_pair(v), a1 = bf16_pair(v >> 4), a2 = bf16_pair(v >> 8), a3 = bf16_pair(v >> 12);
+    if (SUBZ) {  // registers 0 and 2 hold row g, 1 and 3 row g + 8, as az's words do
+      a0 = bf16_add(a0, az[r][0]);
+      a1 = bf16_add(a1, az[r][1]);
+      a2 = bf16_add(a2, az[r][2]);
+      a3 = bf16_add(a3, az[r][3]);
+    }
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       const uint4& xq = xv[nt][i >> 1];
       const uint32_t b0 = (i & 1) ? xq.z : xq.x, b1 = (i & 1) ? xq.w : xq.y;
+      if (SUBZ) {
+        if (FIRST)
+          mma_bf16_zero(P[r][nt], a0, a1, a2, a3, b0, b1);
+        else
+          mma_bf16(P[r][nt], a0, a1, a2, a3, b0, b1);
+        continue;
+      }
       if (FIRST)
         mma_bf16_zero(P[r][nt], az[r][0], az[r][1], az[r][2], az[r][3], b0, b1);
       else
