@@ -7,8 +7,8 @@ The kernel: ``y [M, N] = x [M, K] @ dequant(W)^T`` for compressed-tensors ``pack
 (``uint4`` with zero points, or symmetric ``uint4b8``), groups 32 / 64 / 128, bf16 activations and
 output, fp32 accumulation, any M (tiles of 8 or 16 tokens), on the tensor cores (``mma.sync``
 m16n8k16; SM 8.0+, built for ``sm_90a`` on Hopper). Each warp streams R row tiles of 16 along its K
-range with 16-byte loads, several chunks in flight; the CTA first stages its rows of x over its K range in
-shared memory (one token tile with zero points; two token tiles in two pieces); split-K where N is small, the last CTA of a row
+range with 16-byte loads, several chunks in flight; with one token tile (zero points) the CTA first stages
+its rows of x over its K range in shared memory; split-K where N is small, the last CTA of a row
 block adding the partials in split order (deterministic). The layout, the repack and a CPU
 emulation of the kernel's index math are in ``twin_cuda_layout``.
 
@@ -102,9 +102,8 @@ def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = Non
     209.2 -> 204.4 at 16, either flavour; 8B 59.4 -> 53.2 at M = 1; bit for bit the same output). ``bulk``: the
     TMA-fed kernel (its weights, x and the split's scales by bulk copies into shared memory; SM 9.0+), without
     the deep scale ring or the staged kernel (H100, 32B layer set at M = 1: 129-183 µs across its plans against
-    the default's 124 in the same run; docs/benchmarks.md). The default kernel stages the CTA's x rows over its split in
-    shared memory (one token tile with zero points, two with either), at most ``X_STAGE_BYTES``: splits are
-    capped to that."""
+    the default's 124 in the same run; docs/benchmarks.md). With one token tile the default kernel stages the CTA's x
+    rows over its split in shared memory (zero points), at most ``X_STAGE_BYTES``: splits are capped to that."""
     if pdl is None:
         pdl = not pipe
     if pairs and r is not None and r % 2:
@@ -129,9 +128,10 @@ def plan(n: int, k: int, m: int, group: int, sms: int = 132, r: int | None = Non
     want = max(1, int(waves * sms // (row_blocks * token_blocks)))
     cps = -(-c // want)
     cps = -(-cps // ring) * ring  # a multiple of the ring (and so of group 128's two chunks)
-    # the CTA stages its x rows (8 a token tile) over the split in shared memory, at most X_STAGE_BYTES (every
+    # one token tile: the CTA stages its x rows over the split in shared memory, at most X_STAGE_BYTES (every
     # kernel's plan keeps to it, so that a plan stays valid for the default kernel with another flag turned off)
-    cps = min(cps, max(ring, (X_STAGE_BYTES // min(m, 8 * nt) // 16 - 1) // 8 // ring * ring))
+    if nt == 1:
+        cps = min(cps, max(ring, (X_STAGE_BYTES // min(m, 8) // 16 - 1) // 8 // ring * ring))
     if bulk:  # the TMA-fed kernel holds a split's scales and zero points in shared memory: at most 8 KB a warp
         cps = min(cps, max(ring, BULK_META_BYTES // (r * 48) * group // layout.CHUNK // ring * ring))
     if cps >= c:

@@ -63,14 +63,6 @@ __device__ __forceinline__ void cp_async_b8(void* dst, const void* src) {
 
 __device__ __forceinline__ void cp_async_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// cp.async groups: close the thread's group of copies; wait until at most N of its groups are in flight
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // Programmatic dependent launch (SM 9.0+; no-ops below, and when the grid was launched without the attribute):
 // wait until the grids this one depends on have completed and their writes are visible; let the grids that
 // depend on this one be scheduled once every CTA of it has said so (or ended).
@@ -312,9 +304,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
   constexpr int SPAN = GS == 4 ? 2 : 1;  // chunks per span
   constexpr int UNR = DEEP ? 2 : 1;          // weight rings a pass of the unrolled loop covers
   constexpr int NM = UNR * RD / SPAN;        // DEEP: meta ring slots (spans), 2 rings' worth
-  // x staged in shared memory: one token tile with zero points; two token tiles, either flavour (in two pieces)
-  constexpr bool STAGE = HAS_Z || NT == 2;
-  constexpr bool TWO_PIECES = NT == 2;
+  constexpr bool STAGE = NT == 1 && HAS_Z;  // x staged in shared memory (one token tile, zero points)
   static_assert(RD % 2 == 0 && RD % SPAN == 0, "ring depth");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int tile0 = (blockIdx.x * kWarps + warp) * R;
@@ -328,7 +318,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
   float acc[R][NT][4];
   zero_acc<R, NT>(acc);
   extern __shared__ __align__(16) uint4 xs[];  // the CTA's x rows over its split: [rows][XRS]
-  const int first_piece = TWO_PIECES ? min(nck, RD) : nck;  // chunks of x the loop starts on (TWO_PIECES)
   const int rows = min(8 * NT, p.M - m0);
   const int XRS = p.cps * 8 + 1;  // uint4s of a staged row (16 bytes of padding: rows in distinct banks)
 
@@ -380,30 +369,13 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
   // staged before the first chunk), so they read x from global memory; symmetric weights, M = 1: 130.6 against
   // 120-122 µs (ptxas schedules that instance's loop differently; not understood), so they do too.
   if constexpr (STAGE) {
-    // Two token tiles stage x in two pieces (cp.async groups): the first ring's chunks, which the loop waits for
-    // here, and the rest, which it waits for before it reads the first of them (H100, 32B layer set at M = 16:
-    // every warp reading its 16 rows of x from L2 stalled on it, long_scoreboard 5.6-6.6 cycles an
-    // instruction in qkv, o and down, the tensor pipe 10-18 % busy; all rows staged before the first chunk
-    // had cost more than it saved, 244 against 205 µs).
     const __nv_bfloat16* xg = static_cast<const __nv_bfloat16*>(p.x) + (size_t)m0 * p.ldx + (size_t)c_begin * 64;
     const int per_row = max(nck, 0) * 8;
-    auto stage = [&](int from, int to) {  // uint4s [from, to) of every row
-      const int n = to - from;
-      for (int u = threadIdx.x; u < rows * n; u += kWarps * 32) {
-        const int row = u / n, pc = from + (u - row * n);
-        cp_async_b16(xs + row * XRS + pc, reinterpret_cast<const uint4*>(xg + (size_t)row * p.ldx) + pc);
-      }
-    };
-    if constexpr (TWO_PIECES) {
-      stage(0, first_piece * 8);
-      cp_async_commit();
-      stage(first_piece * 8, per_row);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      stage(0, per_row);
-      cp_async_all();
+    for (int u = threadIdx.x; u < rows * per_row; u += kWarps * 32) {
+      const int row = u / per_row, pc = u - row * per_row;
+      cp_async_b16(xs + row * XRS + pc, reinterpret_cast<const uint4*>(xg + (size_t)row * p.ldx) + pc);
     }
+    cp_async_all();
     __syncthreads();
   }
 
@@ -441,10 +413,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
         const int j = du / SPAN;  // DEEP: the span's meta slot (static: the loop is unrolled)
         if (c < nck) {
           const int cn = min(c + 1, nck - 1);  // x of the next chunk, one chunk ahead
-          if (TWO_PIECES && cn == first_piece && c + 1 == first_piece) {  // its piece: in shared memory now
-            cp_async_all();
-            __syncthreads();
-          }
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
             xv[(d + 1) & 1][nt][0] = load_x(nt, 8 * cn);
@@ -497,18 +465,14 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
       }
     }
   }
-  else if (TWO_PIECES && nck > first_piece) {  // a warp past the last row tile meets the loop's barrier too
-    cp_async_all();
-    __syncthreads();
-  }
   epilogue<R, NT>(p, acc, tile0, active, m0, g, t);
 }
 
-// Dynamic shared memory of a launch: the staged x rows (one token tile with zero points: min(M, 8) of them; two
-// token tiles: min(M, 16)), cps chunks each, padded; none otherwise
+// Dynamic shared memory of a launch: the staged x rows (one token tile with zero points: min(M, 8) of them, cps
+// chunks each, padded); none otherwise
 template <int NT, bool HAS_Z>
 __host__ __device__ constexpr int x_stage_bytes(int m, int cps) {
-  return HAS_Z || NT == 2 ? (m < 8 * NT ? m : 8 * NT) * (cps * 8 + 1) * 16 : 0;
+  return NT == 1 && HAS_Z ? (m < 8 ? m : 8) * (cps * 8 + 1) * 16 : 0;
 }
 
 #ifndef __CUDACC_RTC__

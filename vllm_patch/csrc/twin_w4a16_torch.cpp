@@ -31,7 +31,7 @@ void w4a16_mm(const torch::Tensor& x, const torch::Tensor& qw, const torch::Tens
   TORCH_CHECK(!pipe || !pdl, "the staged kernel (pipe) is not launched as a programmatic dependent");
   TORCH_CHECK(!bulk || (!pipe && !deep), "the TMA-fed kernel (bulk): no deep scale ring, no staging");
   TORCH_CHECK(nt == 1 || nt == 2, "nt in 1, 2");
-  TORCH_CHECK(std::min<int64_t>(x.size(0), 8 * nt) * (cps * 8 + 1) * 16 <= twin_w4::kXStageBytes,
+  TORCH_CHECK(nt == 2 || std::min<int64_t>(x.size(0), 8) * (cps * 8 + 1) * 16 <= twin_w4::kXStageBytes,
               "the CTA's x rows over ", cps, " chunks exceed ", twin_w4::kXStageBytes,
               " bytes of shared memory; plan more splits (twin_cuda.plan does)");
   if (m == 0) return;
