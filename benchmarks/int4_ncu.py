@@ -226,8 +226,11 @@ def main(argv=None) -> int:
     flavour = "symmetric uint4b8" if a.symmetric else "zero points"
     (out / "README.md").write_text(report(rows, f"own-cuda under Nsight Compute — {dev}, {flavour}, group {a.group}"))
     ver = subprocess.run([ncu, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1:]
-    git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    (out / "env.json").write_text(json.dumps({"device": dev, "torch": torch.__version__, "ncu": ver, "commit": git,
+    from workbench.envcapture import git_state  # WORKBENCH_GIT_COMMIT over a GPU host's older .git
+
+    git = git_state()
+    (out / "env.json").write_text(json.dumps({"device": dev, "torch": torch.__version__, "ncu": ver,
+                                              "commit": git.get("commit"), "git": git,
                                               "argv": list(argv if argv is not None else sys.argv[1:]),
                                               "metrics": list(METRICS)}, indent=1))
     print(report(rows, f"own-cuda under Nsight Compute — {dev}, {flavour}"))
