@@ -11,18 +11,33 @@ from vllm_patch import twin_cuda_compile as cc
 from vllm_patch.cuda_ext import CSRC
 
 
+@pytest.mark.parametrize("lengths", [[0, 5, 37, 300], [300, 0]], ids=["batch-4-narrow", "batch-2-wide"])
 @pytest.mark.parametrize("q_heads,kv_heads", [(8, 2), (16, 2), (4, 4)])
 @pytest.mark.parametrize("splits", [1, 3, 8])
-def test_the_emulated_kernel_is_plain_attention(q_heads, kv_heads, splits):
-    """Every split, warp order and merge of the kernel gives softmax(q k^T s) v; a request with no tokens gives 0,
-    a short one uses fewer splits than launched (300 tokens: 5 of 8)."""
-    q, k, v, table, lens = ta.paged_cache(4, q_heads, kv_heads, [0, 5, 37, 300])
+def test_the_emulated_kernel_is_plain_attention(q_heads, kv_heads, splits, lengths):
+    """Every split, warp order (8 warps a CTA at batch 1-2, 4 above) and merge of the kernel gives
+    softmax(q k^T s) v; a request with no tokens gives 0, a short one uses fewer splits than launched (300
+    tokens: 5 of 8)."""
+    q, k, v, table, lens = ta.paged_cache(len(lengths), q_heads, kv_heads, lengths)
     scale = ta.HEAD_DIM ** -0.5
     want = ta.reference(q, k, v, table, lens, scale)
     got = ta.emulate(q, k, v, table, lens, scale, splits)
-    assert torch.equal(got[0], torch.zeros_like(got[0]))
+    empty = lengths.index(0)
+    assert torch.equal(got[empty], torch.zeros_like(got[empty]))
     assert torch.allclose(got, want, atol=2e-5, rtol=1e-4)
-    assert not torch.allclose(want[1], want[2], atol=1e-2)  # the requests read their own blocks
+    assert not torch.allclose(want[0], want[-1], atol=1e-2)  # the requests read their own blocks
+
+
+def test_warps_a_cta_follow_the_batch_as_the_binding_launches_them():
+    """8 warps at batch 1-2, 4 above, in the Python emulation and in the CUDA source alike."""
+    src = (CSRC / "twin_decode_attn.cuh").read_text()
+    const = {n: int(re.search(rf"constexpr int {n} = (\d+);", src).group(1))
+             for n in ("kWideWarps", "kNarrowWarps", "kWideMaxBatch")}
+    assert (const["kWideWarps"], const["kNarrowWarps"], const["kWideMaxBatch"]) == (
+        ta.WIDE_WARPS, ta.NARROW_WARPS, ta.WIDE_MAX_BATCH)
+    assert [ta.warps_for(b) for b in (1, 2, 3, 16)] == [8, 8, 4, 4]
+    binding = (CSRC / "twin_decode_attn.cu").read_text()
+    assert "p.B <= twin_attn::kWideMaxBatch" in binding
 
 
 def test_a_request_uses_the_splits_its_length_fills():
@@ -57,12 +72,13 @@ def test_the_cuda_source_compiles_for_sm90a_without_spills():
         pytest.fail("no NVRTC in this environment: torch's CUDA wheels (nvidia-cuda-nvrtc) install it")
     lib, inc = paths
     src = (cc._RTC_PRELUDE + '#include "twin_decode_attn.cuh"\nnamespace twin_attn {\n'
-           + "".join(f"TWIN_ATTN_INSTANTIATE_KERNEL({g})\n" for g in ta.GROUPS) + "}\n")
+           + "".join(f"TWIN_ATTN_INSTANTIATE_KERNEL({g}, {w})\n" for g in ta.GROUPS
+                     for w in (ta.WIDE_WARPS, ta.NARROW_WARPS)) + "}\n")
     cubin, log = cc.nvrtc_compile(src, "sm_90a", [CSRC, inc], lib)
     assert cubin
     regs = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
     spills = [(int(a), int(b)) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)]
-    assert len(regs) == len(ta.GROUPS) and max(regs) <= 255
+    assert len(regs) == 2 * len(ta.GROUPS) and max(regs) <= 255
     assert spills and all(s == (0, 0) for s in spills), log
 
 
@@ -77,6 +93,22 @@ def test_the_benchmarks_dry_run_checks_the_arithmetic(capsys):
     assert bench.main(["--dry-run"]) == 0
     out = capsys.readouterr().out
     assert out.count("against float32 attention") == 4 and "32b {1: {256: 16" in out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and nvcc")
+@pytest.mark.parametrize("q_heads,kv_heads", [(32, 8), (64, 8), (16, 16)])
+def test_the_kernel_matches_the_reference_at_batch_1_and_2(q_heads, kv_heads):
+    """8 warps a CTA (batch 1-2): against float32 attention, deterministic."""
+    for lengths in ([200], [1, 300]):
+        q, k, v, table, lens = ta.paged_cache(len(lengths), q_heads, kv_heads, lengths, device="cuda")
+        scale = ta.HEAD_DIM ** -0.5
+        want = ta.reference(q.cpu(), k.cpu(), v.cpu(), table.cpu(), lens.cpu(), scale)
+        for splits in (1, 4, 13):
+            ws = ta.make_workspace(len(lengths), q_heads, kv_heads, splits, "cuda")
+            got = ta.decode_attention(q, k, v, table, lens, scale, splits, workspace=ws)
+            assert torch.allclose(got.float().cpu(), want, atol=2e-2, rtol=2e-2), (lengths, splits)
+            assert torch.equal(ta.decode_attention(q, k, v, table, lens, scale, splits, workspace=ws), got)
 
 
 @pytest.mark.gpu

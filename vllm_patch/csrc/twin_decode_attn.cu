@@ -10,7 +10,11 @@ namespace {
 
 template <int G>
 void launch(const twin_attn::Params& p, cudaStream_t stream) {
-  twin_attn::decode_attn<G><<<dim3(p.S, p.Hkv, p.B), twin_attn::kWarps * 32, 0, stream>>>(p);
+  const dim3 grid(p.S, p.Hkv, p.B);
+  if (p.B <= twin_attn::kWideMaxBatch)
+    twin_attn::decode_attn<G, twin_attn::kWideWarps><<<grid, twin_attn::kWideWarps * 32, 0, stream>>>(p);
+  else
+    twin_attn::decode_attn<G, twin_attn::kNarrowWarps><<<grid, twin_attn::kNarrowWarps * 32, 0, stream>>>(p);
 }
 
 void decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,

@@ -8,8 +8,8 @@
 // Grid (S, Hkv, B), S the most splits (fixed per batch size, so one CUDA graph serves any length): request b uses
 // S_b = ceil(L / per) of them, per = max(ceil(L / S), kMinSplitTokens) tokens each (L = seq_lens[b], read on the
 // device); CTAs past S_b exit at once. CTA (s, h, b) takes the tokens [s * per, min(L, (s + 1) * per)) for the
-// G = Hq / Hkv query heads of KV head h. Each of its 8 warps takes kUnroll consecutive tokens at a time (then the
-// next kUnroll * kWarps), their K and V loaded together, so kUnroll reductions and loads are in flight at once; lane l
+// G = Hq / Hkv query heads of KV head h. Each of its W warps (8 at batch 1-2, 4 above) takes kUnroll consecutive
+// tokens at a time (then the next kUnroll * W), their K and V loaded together, so kUnroll reductions and loads are in flight at once; lane l
 // holds dims 4 l .. 4 l + 3 of q, of each token's K and V (8-byte loads: a warp reads a token's 256 bytes of K and
 // of V contiguously) and of its running sums; a dot product is a warp reduction. Online softmax per (warp, head):
 // max m, sum l, unnormalized output o, updated once per kUnroll tokens. The warps combine in shared memory; with
@@ -26,7 +26,9 @@
 
 namespace twin_attn {
 
-constexpr int kWarps = 8;
+constexpr int kWideWarps = 8;      // warps a CTA at batch <= kWideMaxBatch: more tokens in flight a split
+constexpr int kNarrowWarps = 4;    // above: more CTAs an SM, a shorter merge (H100, 8B batch 16: 16.5 against
+constexpr int kWideMaxBatch = 2;   // 20.2 µs at 192 tokens with 8; batch 1: 9.0 against 11.0)
 constexpr int kD = 128;             // head dim: 32 lanes x 4
 constexpr int kUnroll = 4;          // tokens a warp has in flight
 constexpr int kMinSplitTokens = 64; // a split takes at least this many tokens: short requests use fewer splits
@@ -72,8 +74,8 @@ __device__ __forceinline__ void merge_factors(float m1, float m2, float& m, floa
   f2 = m2 == neg_inf() ? 0.0f : __expf(m2 - m);
 }
 
-template <int G>
-__global__ void __launch_bounds__(kWarps * 32) decode_attn(const Params p) {
+template <int G, int W>
+__global__ void __launch_bounds__(W * 32) decode_attn(const Params p) {
   const int s = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int L = p.seq_lens[b];
@@ -92,7 +94,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attn(const Params p) {
     for (int i = 0; i < 4; ++i) o[g][i] = 0.0f;
   }
   const int* bt = p.block_table + (long long)b * p.bt_stride;
-  for (int t = t0 + warp * kUnroll; t < t1; t += kWarps * kUnroll) {
+  for (int t = t0 + warp * kUnroll; t < t1; t += W * kUnroll) {
     float kf[kUnroll][4], vf[kUnroll][4];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -136,8 +138,8 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attn(const Params p) {
   }
 
   // the warps' partials, combined in shared memory
-  __shared__ float sm_o[kWarps][G][kD];
-  __shared__ float sm_m[kWarps][G], sm_l[kWarps][G];
+  __shared__ float sm_o[W][G][kD];
+  __shared__ float sm_m[W][G], sm_l[W][G];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
 #pragma unroll
@@ -149,10 +151,10 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attn(const Params p) {
   }
   __syncthreads();
   const long long head0 = (long long)b * p.Hq + h * G;  // the CTA's first query head, as a row of [B * Hq]
-  for (int e = threadIdx.x; e < G * kD; e += kWarps * 32) {
+  for (int e = threadIdx.x; e < G * kD; e += W * 32) {
     const int g = e / kD, d = e % kD;
     float mc = neg_inf(), lc = 0.0f, oc = 0.0f;
-    for (int w = 0; w < kWarps; ++w) {
+    for (int w = 0; w < W; ++w) {
       float mn, f1, f2;
       merge_factors(mc, sm_m[w][g], mn, f1, f2);
       lc = lc * f1 + sm_l[w][g] * f2;
@@ -186,7 +188,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attn(const Params p) {
   __threadfence();
   __shared__ float sw[G][kMaxSplits];  // each split's m, then its weight
   __shared__ float sl[G];              // the weighted sum of the splits' l
-  for (int i = threadIdx.x; i < G * S; i += kWarps * 32) {
+  for (int i = threadIdx.x; i < G * S; i += W * 32) {
     const int g = i / S, sp = i % S;
     sw[g][sp] = __ldcg(p.ws_ml + 2 * ((head0 + g) * p.S + sp));
   }
@@ -204,7 +206,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attn(const Params p) {
     sl[g] = ls;
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < G * kD; e += kWarps * 32) {
+  for (int e = threadIdx.x; e < G * kD; e += W * 32) {
     const int g = e / kD, d = e % kD;
     float oc = 0.0f;
     for (int sp = 0; sp < S; ++sp) oc += sw[g][sp] * __ldcg(p.ws_o + ((head0 + g) * p.S + sp) * kD + d);
@@ -213,6 +215,6 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attn(const Params p) {
   }
 }
 
-#define TWIN_ATTN_INSTANTIATE_KERNEL(G) template __global__ void decode_attn<G>(const Params);
+#define TWIN_ATTN_INSTANTIATE_KERNEL(G, W) template __global__ void decode_attn<G, W>(const Params);
 
 }  // namespace twin_attn
