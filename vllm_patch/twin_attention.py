@@ -156,7 +156,8 @@ def _warp(qh, k, v, scale: float, start: int, end: int, warps: int) -> tuple:
 
 def emulate(q, k_cache, v_cache, block_table, seq_lens, scale: float, splits: int) -> torch.Tensor:
     """The kernel's arithmetic on the CPU in float32: the splits a request's length uses (:func:`used_splits`), in
-    each its warps' (:func:`warps_for`) ``UNROLL``-token steps, the warps merged in order, then the splits merged largest max first."""
+    each its warps' (:func:`warps_for`) ``UNROLL``-token steps, the warps merged in order, then the splits merged
+    largest max first."""
     b_n, hq, _ = q.shape
     hkv = k_cache.shape[2]
     g = hq // hkv

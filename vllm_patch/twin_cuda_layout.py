@@ -16,8 +16,7 @@ into the layout the kernel reads:
 Rows past N are padded with zero weights and zero scales. ``kernel_weight`` reconstructs W from
 these tensors with the kernel's own index math (``emulate_mm`` the product, accumulated per group as
 the kernel does: ``P = sum (128 + q) x - (128 + z) x`` for one token tile, ``sum (q - z) x`` for two,
-``acc += s P``), so a layout or math bug
-shows on a CPU.
+``acc += s P``), so a layout or math bug shows on a CPU.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@
 // S_b = ceil(L / per) of them, per = max(ceil(L / S), kMinSplitTokens) tokens each (L = seq_lens[b], read on the
 // device); CTAs past S_b exit at once. CTA (s, h, b) takes the tokens [s * per, min(L, (s + 1) * per)) for the
 // G = Hq / Hkv query heads of KV head h. Each of its W warps (8 at batch 1-2, 4 above) takes kUnroll consecutive
-// tokens at a time (then the next kUnroll * W), their K and V loaded together, so kUnroll reductions and loads are in flight at once; lane l
-// holds dims 4 l .. 4 l + 3 of q, of each token's K and V (8-byte loads: a warp reads a token's 256 bytes of K and
+// tokens at a time (then the next kUnroll * W), their K and V loaded together, so kUnroll reductions and loads are
+// in flight at once; lane l holds dims 4 l .. 4 l + 3 of q, of each token's K and V (8-byte loads: a warp reads a token's 256 bytes of K and
 // of V contiguously) and of its running sums; a dot product is a warp reduction. Online softmax per (warp, head):
 // max m, sum l, unnormalized output o, updated once per kUnroll tokens. The warps combine in shared memory; with
 // S_b = 1 the CTA writes out, else it writes its (m, l, o) to the workspace and the last CTA of (b, h) to arrive
