@@ -5,17 +5,17 @@
 // combine), 12 µs a layer at batch 1 on an H100 (8B shape, results/draft-profile/20261206T224809Z-h100-marlin-
 // traced): 0.43 ms of a 3.4 ms step, where the bytes it reads (a few hundred tokens of K and V) take under 1 µs.
 //
-// Grid (S, Hkv, B), S the most splits (fixed per batch size, so one CUDA graph serves any length): request b uses
-// S_b = ceil(L / per) of them, per = max(ceil(L / S), kMinSplitTokens) tokens each (L = seq_lens[b], read on the
-// device); CTAs past S_b exit at once. CTA (s, h, b) takes the tokens [s * per, min(L, (s + 1) * per)) for the
-// G = Hq / Hkv query heads of KV head h. Each of its W warps (8 at batch 1-2, 4 above) takes kUnroll consecutive
-// tokens at a time (then the next kUnroll * W), their K and V loaded together, so kUnroll reductions and loads are
-// in flight at once; lane l holds dims 4 l .. 4 l + 3 of q, of each token's K and V (8-byte loads: a warp reads a token's 256 bytes of K and
-// of V contiguously) and of its running sums; a dot product is a warp reduction. Online softmax per (warp, head):
-// max m, sum l, unnormalized output o, updated once per kUnroll tokens. The warps combine in shared memory; with
-// S_b = 1 the CTA writes out, else it writes its (m, l, o) to the workspace and the last CTA of (b, h) to arrive
-// (a counter, reset by it) combines the S_b partials: the largest m first, then each split's weight exp(m_s - m),
-// then the weighted sums in split order (deterministic). One launch a layer.
+// Grid (S, Hkv, B), S the most splits (fixed per batch size, so one CUDA graph serves any length): request b uses S_b =
+// ceil(L / per) of them, per = max(ceil(L / S), kMinSplitTokens) tokens each (L = seq_lens[b], read on the device);
+// CTAs past S_b exit at once. CTA (s, h, b) takes the tokens [s * per, min(L, (s + 1) * per)) for the G = Hq / Hkv
+// query heads of KV head h. Each of its W warps (8 at batch 1-2, 4 above) takes kUnroll consecutive tokens at a time
+// (then the next kUnroll * W), their K and V loaded together, so kUnroll reductions and loads are in flight at once;
+// lane l holds dims 4 l .. 4 l + 3 of q, of each token's K and V (8-byte loads: a warp reads a token's 256 bytes of K
+// and of V contiguously) and of its running sums; a dot product is a warp reduction. Online softmax per (warp, head):
+// max m, sum l, unnormalized output o, updated once per kUnroll tokens. The warps combine in shared memory; with S_b =
+// 1 the CTA writes out, else it writes its (m, l, o) to the workspace and the last CTA of (b, h) to arrive (a counter,
+// reset by it) combines the S_b partials: the largest m first, then each split's weight exp(m_s - m), then the weighted
+// sums in split order (deterministic). One launch a layer.
 //
 // Measured before these changes (one token a warp at a time, every split used however short, splits merged one by
 // one; results/decode-attn/20261207T081653Z-h100): 13.4 µs at batch 1 and 192 tokens (8B shape), 23.0 µs at the
