@@ -50,16 +50,22 @@ def test_kernel_index_math_reads_the_checkpoint_weight(n, k, group, symmetric):
     assert torch.equal(L.kernel_weight(st), ref)  # exact: every nibble, scale and zero point where read
 
 
+@pytest.mark.parametrize("m", [5, 16], ids=["one-token-tile", "two-token-tiles"])
 @pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("group", [32, 128])
-def test_emulated_accumulation_matches_the_dequantized_product(group, symmetric):
+def test_emulated_accumulation_matches_the_dequantized_product(group, symmetric, m):
+    """One token tile: the 128 offsets cancel to fp32 rounding; two: the zero point subtracted in bf16 first
+    (exact), so the sums are the dequantized product's up to fp32 rounding too, and differ from the one-tile
+    order's."""
     n, k = 56, 512
     packed, scales, zeros = checkpoint(n, k, group, symmetric, seed=7)
     st = L.repack(packed, scales, zeros, group)
-    x = torch.randn(5, k, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     ref = x.float() @ reference(packed, scales, zeros, group).t()
     got = L.emulate_mm(x, st)
-    assert ((got - ref).abs().max() / ref.abs().max()) < 1e-5  # the 128 offsets cancel to fp32 rounding
+    assert ((got - ref).abs().max() / ref.abs().max()) < 1e-5
+    if m > L.TOKEN_TILE:  # the two orders are both exact to rounding, and not the same rounding
+        assert not torch.equal(got[:5], L.emulate_mm(x[:5], st))
 
 
 def test_padding_rows_are_zero_and_tiles_are_contiguous_along_k():
