@@ -63,6 +63,14 @@ __device__ __forceinline__ void cp_async_b8(void* dst, const void* src) {
 
 __device__ __forceinline__ void cp_async_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+// The thread's cp.async since the last commit as one group; wait until at most N of its groups are pending.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // Programmatic dependent launch (SM 9.0+; no-ops below, and when the grid was launched without the attribute):
 // wait until the grids this one depends on have completed and their writes are visible; let the grids that
 // depend on this one be scheduled once every CTA of it has said so (or ended).
@@ -112,6 +120,16 @@ __device__ __forceinline__ uint32_t bf16_add(uint32_t a, uint32_t c) {
   return d;
 }
 
+// P = A B (FIRST: from zero) or P += A B.
+template <bool FIRST>
+__device__ __forceinline__ void mma_acc(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                        uint32_t b0, uint32_t b1) {
+  if (FIRST)
+    mma_bf16_zero(d, a0, a1, a2, a3, b0, b1);
+  else
+    mma_bf16(d, a0, a1, a2, a3, b0, b1);
+}
+
 // One k16 step i of a chunk for R tiles and NT token tiles of 8. One token tile: P += A_z B + A B, where A
 // holds 128 + q and A_z the row's -(128 + z) (bf16, exact): P sums (q - z) x over the group, the zero point
 // on the tensor cores (each extra MMA an issue slot where four bf16 adds would be four). Two token tiles:
@@ -137,17 +155,11 @@ __device__ __forceinline__ void step(int i, const uint4 (&w)[R], const uint4 (&x
       const uint4& xq = xv[nt][i >> 1];
       const uint32_t b0 = (i & 1) ? xq.z : xq.x, b1 = (i & 1) ? xq.w : xq.y;
       if (SUBZ) {
-        if (FIRST)
-          mma_bf16_zero(P[r][nt], a0, a1, a2, a3, b0, b1);
-        else
-          mma_bf16(P[r][nt], a0, a1, a2, a3, b0, b1);
-        continue;
+        mma_acc<FIRST>(P[r][nt], a0, a1, a2, a3, b0, b1);
+      } else {
+        mma_acc<FIRST>(P[r][nt], az[r][0], az[r][1], az[r][2], az[r][3], b0, b1);
+        mma_bf16(P[r][nt], a0, a1, a2, a3, b0, b1);
       }
-      if (FIRST)
-        mma_bf16_zero(P[r][nt], az[r][0], az[r][1], az[r][2], az[r][3], b0, b1);
-      else
-        mma_bf16(P[r][nt], az[r][0], az[r][1], az[r][2], az[r][3], b0, b1);
-      mma_bf16(P[r][nt], a0, a1, a2, a3, b0, b1);
     }
   }
 }
@@ -305,6 +317,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
   constexpr int UNR = DEEP ? 2 : 1;          // weight rings a pass of the unrolled loop covers
   constexpr int NM = UNR * RD / SPAN;        // DEEP: meta ring slots (spans), 2 rings' worth
   constexpr bool STAGE = NT == 1 && HAS_Z;  // x staged in shared memory (one token tile, zero points)
+  constexpr bool XRING = NT > 1;  // x through a ring of RD chunks per warp in shared memory (x_ring_slot)
   static_assert(RD % 2 == 0 && RD % SPAN == 0, "ring depth");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int tile0 = (blockIdx.x * kWarps + warp) * R;
@@ -317,7 +330,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
   if (p.pdl) pdl_launch_dependents();
   float acc[R][NT][4];
   zero_acc<R, NT>(acc);
-  extern __shared__ __align__(16) uint4 xs[];  // the CTA's x rows over its split: [rows][XRS]
+  extern __shared__ __align__(16) uint4 xs[];  // STAGE: the CTA's x rows over its split, [rows][XRS]; XRING: rings
   const int rows = min(8 * NT, p.M - m0);
   const int XRS = p.cps * 8 + 1;  // uint4s of a staged row (16 bytes of padding: rows in distinct banks)
 
@@ -395,10 +408,36 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
         return ld_x(xr[nt] + off);
     };
     uint4 xv[2][NT][2];  // x of chunks of even / odd ring slots
+    // XRING: each lane copies (cp.async) the 16-byte pieces of x it reads itself, RD - 1 chunks ahead, into its
+    // warp's ring, one commit group a chunk (empty past the split's end): no barrier, since no lane reads what
+    // another wrote. Slot c % RD = the weight ring's slot d; the slot refilled at the end of chunk c held chunk
+    // c - 1, whose registers chunk c - 1's steps used.
+    uint4* const xq = xs + (size_t)warp * RD * NT * 2 * 32 + lane;
+    auto x_ring_fill = [&](int cc) {
+      if (cc < nck)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      xv[0][nt][0] = load_x(nt, 0);
-      xv[0][nt][1] = load_x(nt, 4);
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) cp_async_b16(xq + ((cc % RD * NT + nt) * 2 + h) * 32, xr[nt] + 8 * cc + 4 * h);
+      cp_async_commit();
+    };
+    auto x_ring_read = [&](int slot, uint4 (&v)[NT][2]) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) v[nt][h] = xq[((slot * NT + nt) * 2 + h) * 32];
+    };
+    if constexpr (XRING) {
+#pragma unroll
+      for (int cc = 0; cc < RD - 1; ++cc) x_ring_fill(cc);
+      cp_async_wait<RD - 2>();
+      x_ring_read(0, xv[0]);
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        xv[0][nt][0] = load_x(nt, 0);
+        xv[0][nt][1] = load_x(nt, 4);
+      }
     }
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -412,11 +451,16 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
         const int c = c0 + du;
         const int j = du / SPAN;  // DEEP: the span's meta slot (static: the loop is unrolled)
         if (c < nck) {
-          const int cn = min(c + 1, nck - 1);  // x of the next chunk, one chunk ahead
+          if constexpr (XRING) {  // chunk c + 1's group is done when at most RD - 3 later ones are pending
+            cp_async_wait<RD - 3>();
+            if (c + 1 < nck) x_ring_read((d + 1) % RD, xv[(d + 1) & 1]);
+          } else {
+            const int cn = min(c + 1, nck - 1);  // x of the next chunk, one chunk ahead
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            xv[(d + 1) & 1][nt][0] = load_x(nt, 8 * cn);
-            xv[(d + 1) & 1][nt][1] = load_x(nt, 8 * cn + 4);
+            for (int nt = 0; nt < NT; ++nt) {
+              xv[(d + 1) & 1][nt][0] = load_x(nt, 8 * cn);
+              xv[(d + 1) & 1][nt][1] = load_x(nt, 8 * cn + 4);
+            }
           }
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
@@ -442,6 +486,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
           if (c + RD < nck)
 #pragma unroll
             for (int r = 0; r < R; ++r) buf[d][r] = ld_stream(wp[r] + (c + RD) * 32);
+          if constexpr (XRING) x_ring_fill(c + RD - 1);
           if (d % SPAN == SPAN - 1) {  // the span's groups are folded: next span's meta
             if constexpr (DEEP) {  // the next slot's A_z; this slot takes the span NM ahead
 #pragma unroll
@@ -469,10 +514,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
 }
 
 // Dynamic shared memory of a launch: the staged x rows (one token tile with zero points: min(M, 8) of them, cps
-// chunks each, padded); none otherwise
-template <int NT, bool HAS_Z>
+// chunks each, padded); with two token tiles the warps' x rings (RD chunks of 16 rows: 2 KB a chunk and warp)
+template <int R, int NT, int GS, bool HAS_Z>
 __host__ __device__ constexpr int x_stage_bytes(int m, int cps) {
-  return NT == 1 && HAS_Z ? (m < 8 ? m : 8) * (cps * 8 + 1) * 16 : 0;
+  return NT > 1 ? kWarps * ring_depth<R, GS>() * NT * 2 * 32 * 16
+                : HAS_Z ? (m < 8 ? m : 8) * (cps * 8 + 1) * 16 : 0;
 }
 
 #ifndef __CUDACC_RTC__
@@ -498,7 +544,7 @@ void launch_kernel(Kernel kern, const Params& p, dim3 grid, int smem, cudaStream
 
 template <int R, int NT, int GS, bool HAS_Z, bool DEEP>
 void launch(const Params& p, dim3 grid, cudaStream_t stream) {
-  launch_kernel(w4a16_decode<R, NT, GS, HAS_Z, DEEP>, p, grid, x_stage_bytes<NT, HAS_Z>(p.M, p.cps), stream);
+  launch_kernel(w4a16_decode<R, NT, GS, HAS_Z, DEEP>, p, grid, x_stage_bytes<R, NT, GS, HAS_Z>(p.M, p.cps), stream);
 }
 
 #define TWIN_W4_INSTANTIATE(R, NT, GS, HZ, DP) \
