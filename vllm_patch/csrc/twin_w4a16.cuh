@@ -63,14 +63,6 @@ __device__ __forceinline__ void cp_async_b8(void* dst, const void* src) {
 
 __device__ __forceinline__ void cp_async_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// The thread's cp.async since the last commit as one group; wait until at most N of its groups are pending.
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // Programmatic dependent launch (SM 9.0+; no-ops below, and when the grid was launched without the attribute):
 // wait until the grids this one depends on have completed and their writes are visible; let the grids that
 // depend on this one be scheduled once every CTA of it has said so (or ended).
@@ -317,7 +309,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
   constexpr int UNR = DEEP ? 2 : 1;          // weight rings a pass of the unrolled loop covers
   constexpr int NM = UNR * RD / SPAN;        // DEEP: meta ring slots (spans), 2 rings' worth
   constexpr bool STAGE = NT == 1 && HAS_Z;  // x staged in shared memory (one token tile, zero points)
-  constexpr bool XRING = NT > 1;  // x through a ring of RD chunks per warp in shared memory (x_ring_slot)
   static_assert(RD % 2 == 0 && RD % SPAN == 0, "ring depth");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int tile0 = (blockIdx.x * kWarps + warp) * R;
@@ -330,7 +321,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
   if (p.pdl) pdl_launch_dependents();
   float acc[R][NT][4];
   zero_acc<R, NT>(acc);
-  extern __shared__ __align__(16) uint4 xs[];  // STAGE: the CTA's x rows over its split, [rows][XRS]; XRING: rings
+  extern __shared__ __align__(16) uint4 xs[];  // the CTA's x rows over its split: [rows][XRS]
   const int rows = min(8 * NT, p.M - m0);
   const int XRS = p.cps * 8 + 1;  // uint4s of a staged row (16 bytes of padding: rows in distinct banks)
 
@@ -379,7 +370,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
   // memory system (a probe of this loop on the H100: 62 µs on the 32B gate_up against 48 µs with x in registers
   // and 46 µs for the loads alone). Measured on the H100's 32B layer set, staged against read one chunk ahead:
   // zero points, M = 1: 112-116 against 122-124 µs; two token tiles (M > 8): 244 against 205 µs (16 rows
-  // staged before the first chunk), so they read x from global memory; symmetric weights, M = 1: 130.6 against
+  // staged before the first chunk), so they read x from global memory (also measured there: each warp's lanes
+  // copying their own pieces with cp.async into a ring of RD chunks, RD - 1 ahead: 488 against 169 µs at M = 16,
+  // the warps stalled 10-13 cycles an instruction on the scoreboard); symmetric weights, M = 1: 130.6 against
   // 120-122 µs (ptxas schedules that instance's loop differently; not understood), so they do too.
   if constexpr (STAGE) {
     const __nv_bfloat16* xg = static_cast<const __nv_bfloat16*>(p.x) + (size_t)m0 * p.ldx + (size_t)c_begin * 64;
@@ -408,36 +401,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
         return ld_x(xr[nt] + off);
     };
     uint4 xv[2][NT][2];  // x of chunks of even / odd ring slots
-    // XRING: each lane copies (cp.async) the 16-byte pieces of x it reads itself, RD - 1 chunks ahead, into its
-    // warp's ring, one commit group a chunk (empty past the split's end): no barrier, since no lane reads what
-    // another wrote. Slot c % RD = the weight ring's slot d; the slot refilled at the end of chunk c held chunk
-    // c - 1, whose registers chunk c - 1's steps used.
-    uint4* const xq = xs + (size_t)warp * RD * NT * 2 * 32 + lane;
-    auto x_ring_fill = [&](int cc) {
-      if (cc < nck)
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) cp_async_b16(xq + ((cc % RD * NT + nt) * 2 + h) * 32, xr[nt] + 8 * cc + 4 * h);
-      cp_async_commit();
-    };
-    auto x_ring_read = [&](int slot, uint4 (&v)[NT][2]) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) v[nt][h] = xq[((slot * NT + nt) * 2 + h) * 32];
-    };
-    if constexpr (XRING) {
-#pragma unroll
-      for (int cc = 0; cc < RD - 1; ++cc) x_ring_fill(cc);
-      cp_async_wait<RD - 2>();
-      x_ring_read(0, xv[0]);
-    } else {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        xv[0][nt][0] = load_x(nt, 0);
-        xv[0][nt][1] = load_x(nt, 4);
-      }
+    for (int nt = 0; nt < NT; ++nt) {
+      xv[0][nt][0] = load_x(nt, 0);
+      xv[0][nt][1] = load_x(nt, 4);
     }
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -451,16 +418,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
         const int c = c0 + du;
         const int j = du / SPAN;  // DEEP: the span's meta slot (static: the loop is unrolled)
         if (c < nck) {
-          if constexpr (XRING) {  // chunk c + 1's group is done when at most RD - 3 later ones are pending
-            cp_async_wait<RD - 3>();
-            if (c + 1 < nck) x_ring_read((d + 1) % RD, xv[(d + 1) & 1]);
-          } else {
-            const int cn = min(c + 1, nck - 1);  // x of the next chunk, one chunk ahead
+          const int cn = min(c + 1, nck - 1);  // x of the next chunk, one chunk ahead
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-              xv[(d + 1) & 1][nt][0] = load_x(nt, 8 * cn);
-              xv[(d + 1) & 1][nt][1] = load_x(nt, 8 * cn + 4);
-            }
+          for (int nt = 0; nt < NT; ++nt) {
+            xv[(d + 1) & 1][nt][0] = load_x(nt, 8 * cn);
+            xv[(d + 1) & 1][nt][1] = load_x(nt, 8 * cn + 4);
           }
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
@@ -486,7 +448,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
           if (c + RD < nck)
 #pragma unroll
             for (int r = 0; r < R; ++r) buf[d][r] = ld_stream(wp[r] + (c + RD) * 32);
-          if constexpr (XRING) x_ring_fill(c + RD - 1);
           if (d % SPAN == SPAN - 1) {  // the span's groups are folded: next span's meta
             if constexpr (DEEP) {  // the next slot's A_z; this slot takes the span NM ahead
 #pragma unroll
@@ -514,11 +475,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
 }
 
 // Dynamic shared memory of a launch: the staged x rows (one token tile with zero points: min(M, 8) of them, cps
-// chunks each, padded); with two token tiles the warps' x rings (RD chunks of 16 rows: 2 KB a chunk and warp)
-template <int R, int NT, int GS, bool HAS_Z>
+// chunks each, padded); none otherwise
+template <int NT, bool HAS_Z>
 __host__ __device__ constexpr int x_stage_bytes(int m, int cps) {
-  return NT > 1 ? kWarps * ring_depth<R, GS>() * NT * 2 * 32 * 16
-                : HAS_Z ? (m < 8 ? m : 8) * (cps * 8 + 1) * 16 : 0;
+  return NT == 1 && HAS_Z ? (m < 8 ? m : 8) * (cps * 8 + 1) * 16 : 0;
 }
 
 #ifndef __CUDACC_RTC__
@@ -544,7 +504,7 @@ void launch_kernel(Kernel kern, const Params& p, dim3 grid, int smem, cudaStream
 
 template <int R, int NT, int GS, bool HAS_Z, bool DEEP>
 void launch(const Params& p, dim3 grid, cudaStream_t stream) {
-  launch_kernel(w4a16_decode<R, NT, GS, HAS_Z, DEEP>, p, grid, x_stage_bytes<R, NT, GS, HAS_Z>(p.M, p.cps), stream);
+  launch_kernel(w4a16_decode<R, NT, GS, HAS_Z, DEEP>, p, grid, x_stage_bytes<NT, HAS_Z>(p.M, p.cps), stream);
 }
 
 #define TWIN_W4_INSTANTIATE(R, NT, GS, HZ, DP) \
