@@ -372,7 +372,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
   // zero points, M = 1: 112-116 against 122-124 µs; two token tiles (M > 8): 244 against 205 µs (16 rows
   // staged before the first chunk), so they read x from global memory (also measured there: each warp's lanes
   // copying their own pieces with cp.async into a ring of RD chunks, RD - 1 ahead: 488 against 169 µs at M = 16,
-  // the warps stalled 10-13 cycles an instruction on the scoreboard); symmetric weights, M = 1: 130.6 against
+  // the warps stalled 10-13 cycles an instruction on the scoreboard; x two chunks ahead in registers: 168.7
+  // against 169.0 µs, gate_up 5 % faster, qkv, o and down 2-3 % slower); symmetric weights, M = 1: 130.6 against
   // 120-122 µs (ptxas schedules that instance's loop differently; not understood), so they do too.
   if constexpr (STAGE) {
     const __nv_bfloat16* xg = static_cast<const __nv_bfloat16*>(p.x) + (size_t)m0 * p.ldx + (size_t)c_begin * 64;
@@ -400,18 +401,12 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
       else
         return ld_x(xr[nt] + off);
     };
-    // x of chunk c in slot c % XS, read XA chunks ahead: two token tiles read x from L2 two chunks ahead (a
-    // warp waited 5.5-6.6 cycles an instruction on those loads one chunk ahead), one token tile one chunk ahead
-    constexpr int XA = NT > 1 ? 2 : 1, XS = 2 * XA;
-    static_assert(RD % XS == 0, "x slots: chunk c's slot is its weight slot's modulo XS");
-    uint4 xv[XS][NT][2];
+    uint4 xv[2][NT][2];  // x of chunks of even / odd ring slots
 #pragma unroll
-    for (int a = 0; a < XA; ++a)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        xv[a][nt][0] = load_x(nt, 8 * min(a, nck - 1));
-        xv[a][nt][1] = load_x(nt, 8 * min(a, nck - 1) + 4);
-      }
+    for (int nt = 0; nt < NT; ++nt) {
+      xv[0][nt][0] = load_x(nt, 0);
+      xv[0][nt][1] = load_x(nt, 4);
+    }
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -424,11 +419,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
         const int c = c0 + du;
         const int j = du / SPAN;  // DEEP: the span's meta slot (static: the loop is unrolled)
         if (c < nck) {
-          const int cn = min(c + XA, nck - 1);  // x of the chunk XA ahead (slot static: XS divides RD)
+          const int cn = min(c + 1, nck - 1);  // x of the next chunk, one chunk ahead
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
-            xv[(d + XA) % XS][nt][0] = load_x(nt, 8 * cn);
-            xv[(d + XA) % XS][nt][1] = load_x(nt, 8 * cn + 4);
+            xv[(d + 1) & 1][nt][0] = load_x(nt, 8 * cn);
+            xv[(d + 1) & 1][nt][1] = load_x(nt, 8 * cn + 4);
           }
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
@@ -441,9 +436,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
             const bool first = GS == 1 ? (i & 1) == 0 : GS == 2 ? i == 0 : (i == 0 && (d & 1) == 0);
             const bool last = GS == 1 ? (i & 1) == 1 : GS == 2 ? i == 3 : (i == 3 && (d & 1) == 1);
             if (first)
-              step<R, NT, true>(i, buf[d], xv[d % XS], P, az1);
+              step<R, NT, true>(i, buf[d], xv[d & 1], P, az1);
             else
-              step<R, NT, false>(i, buf[d], xv[d % XS], P, az1);
+              step<R, NT, false>(i, buf[d], xv[d & 1], P, az1);
             if (last) {
               uint32_t s1[R];
 #pragma unroll
