@@ -490,3 +490,30 @@ def test_an_unresolvable_schedule_or_acceptance_is_refused_before_any_leg(tmp_pa
     err = capsys.readouterr().err
     assert rc == 2 and "nothing was created" in err and "leg twin_a0.9_auto: knob 'gamma_schedule'" in err, err
     assert not root.exists()
+
+
+def test_the_documented_32b_ladder_fits_an_h200_and_the_twin_is_refused_on_an_h100(monkeypatch):
+    """docs/serving.md's 32B E18 command, read from the doc as printed: every leg's weights and KV cache fit an
+    H200 (the E17 ladder's speculative servers died at start there for KV memory); on an 80 GB H100 the twin's
+    legs are refused before anything starts (at concurrency 32 the target's KV cache alone does not fit there
+    either)."""
+    import re
+    import shlex
+
+    from workbench import memory_plan
+    from workbench.planning import plan
+
+    cmds = re.findall(r"^workbench run E18 --profile 32b-shape .*$", (REPO / "docs" / "serving.md").read_text(), re.M)
+    assert cmds, "docs/serving.md prints no 32B E18 command"
+    root = _shapes()
+    models = {"target": str(root / "32b-target"), "twin": str(root / "32b-twin"), "text-draft": str(root / "0.6b-text")}
+    for cmd in cmds:
+        argv = shlex.split(cmd)
+        p = plan("E18", "32b-shape", [argv[i + 1] for i, a in enumerate(argv) if a == "-p"])
+        drafts = {l.name: l.draft for l in p.legs if l.kind == "spec"}
+        assert drafts and set(drafts.values()) <= set(models), (cmd, drafts)
+        monkeypatch.setattr(memory_plan, "device_memory_bytes", lambda: H200_BYTES)
+        assert memory_plan.memory_problems(p, models, set()) == [], cmd
+        monkeypatch.setattr(memory_plan, "device_memory_bytes", lambda: 81559 * 1024 * 1024)  # an H100's total
+        refused = {pr.split(":")[0].removeprefix("leg ") for pr in memory_plan.memory_problems(p, models, set())}
+        assert {n for n, d in drafts.items() if d == "twin"} <= refused, (cmd, refused)
