@@ -18,6 +18,7 @@ from workbench.memory_plan import GiB, MemoryPlanError, model_memory, plan_memor
 
 ORGANISM_E1 = REPO / "results" / "E1" / "20261203T082615Z-df50104d"
 H200_BYTES = 143771 * 1024 * 1024   # nvidia-smi's memory.total of an H200
+H100_BYTES = 81559 * 1024 * 1024    # and of an H100 80GB HBM3
 
 
 # --------------------------------------------------------------------------- acceptance profiles
@@ -501,6 +502,7 @@ def test_the_documented_32b_ladder_fits_an_h200_and_the_twin_is_refused_on_an_h1
     import shlex
 
     from workbench import memory_plan
+    from workbench.cli import build_parser
     from workbench.planning import plan
 
     cmds = re.findall(r"^workbench run E18 --profile 32b-shape .*$", (REPO / "docs" / "serving.md").read_text(), re.M)
@@ -508,12 +510,12 @@ def test_the_documented_32b_ladder_fits_an_h200_and_the_twin_is_refused_on_an_h1
     root = _shapes()
     models = {"target": str(root / "32b-target"), "twin": str(root / "32b-twin"), "text-draft": str(root / "0.6b-text")}
     for cmd in cmds:
-        argv = shlex.split(cmd)
-        p = plan("E18", "32b-shape", [argv[i + 1] for i, a in enumerate(argv) if a == "-p"])
+        args = build_parser().parse_args(shlex.split(cmd)[1:])   # the CLI's own parser, as `workbench` reads it
+        p = plan(args.experiment, args.profile, args.param)
         drafts = {l.name: l.draft for l in p.legs if l.kind == "spec"}
         assert drafts and set(drafts.values()) <= set(models), (cmd, drafts)
         monkeypatch.setattr(memory_plan, "device_memory_bytes", lambda: H200_BYTES)
         assert memory_plan.memory_problems(p, models, set()) == [], cmd
-        monkeypatch.setattr(memory_plan, "device_memory_bytes", lambda: 81559 * 1024 * 1024)  # an H100's total
+        monkeypatch.setattr(memory_plan, "device_memory_bytes", lambda: H100_BYTES)
         refused = {pr.split(":")[0].removeprefix("leg ") for pr in memory_plan.memory_problems(p, models, set())}
         assert {n for n, d in drafts.items() if d == "twin"} <= refused, (cmd, refused)
