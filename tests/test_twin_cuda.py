@@ -155,7 +155,7 @@ def test_launch_plan_covers_k_in_whole_groups_and_rings():
             assert plan.cps % max(1, group // 64) == 0 and plan.cps % plan.ring == 0 or plan.cps >= c
             assert plan.splits == -(-c // plan.cps) and plan.splits * plan.cps >= c
             assert plan.nt == (1 if m <= 8 else 2) and plan.grid[2] == -(-m // (8 * plan.nt))
-            assert plan.grid[0] * 4 * plan.r * 16 >= n
+            assert plan.grid[0] * twin_cuda.WARPS * plan.r * 16 >= n
             staged = twin_cuda.plan(n, k, m, group, sms=132, pipe=True)
             assert staged.pipe and staged.r <= 2 and staged.cps % max(1, group // 64) == 0 or staged.cps >= c
             # the default's waves: 3 at every M (the sweep's measurement)
