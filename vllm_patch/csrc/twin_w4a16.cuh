@@ -48,10 +48,6 @@ __device__ __forceinline__ uint4 ld_x(const uint4* p) {
   return v;
 }
 
-__device__ __forceinline__ void prefetch_l1(const void* p) {  // the line of p into L1 (a hint)
-  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
-}
-
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {  // a shared-memory address for PTX
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -313,7 +309,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
   constexpr int UNR = DEEP ? 2 : 1;          // weight rings a pass of the unrolled loop covers
   constexpr int NM = UNR * RD / SPAN;        // DEEP: meta ring slots (spans), 2 rings' worth
   constexpr bool STAGE = NT == 1 && HAS_Z;  // x staged in shared memory (one token tile, zero points)
-  constexpr int XPF = 4;                     // x from global memory: prefetched into L1 this many chunks ahead
   static_assert(RD % 2 == 0 && RD % SPAN == 0, "ring depth");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int tile0 = (blockIdx.x * kWarps + warp) * R;
@@ -412,13 +407,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
       xv[0][nt][0] = load_x(nt, 0);
       xv[0][nt][1] = load_x(nt, 4);
     }
-    if constexpr (!STAGE && XPF > 0)  // the lines the loop's first chunks read, the loop prefetches the rest
-      if (t == 0)
-#pragma unroll
-        for (int q = 1; q < XPF; ++q)
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-            if (q < nck) prefetch_l1(xr[nt] + 8 * q);
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -437,12 +425,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
             xv[(d + 1) & 1][nt][0] = load_x(nt, 8 * cn);
             xv[(d + 1) & 1][nt][1] = load_x(nt, 8 * cn + 4);
           }
-          // x read from global memory: its line of chunk c + XPF (a token row's 128 bytes) into L1 now, so that the
-          // load one chunk ahead finds it there (lanes t = 0 of each token row; no register, no scoreboard)
-          if constexpr (!STAGE && XPF > 0)
-            if (t == 0 && c + XPF < nck)
-#pragma unroll
-              for (int nt = 0; nt < NT; ++nt) prefetch_l1(xr[nt] + 8 * (c + XPF));
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const int e = GS == 1 ? i >> 1 : 0;
