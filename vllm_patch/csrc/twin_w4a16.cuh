@@ -63,80 +63,6 @@ __device__ __forceinline__ void cp_async_b8(void* dst, const void* src) {
 
 __device__ __forceinline__ void cp_async_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// mbarriers and bulk copies (SM 9.0+: the TMA unit): the TMA-fed kernel (twin_w4a16_bulk.cuh) and the x ring
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-#endif
-}
-
-// the barriers' initialisation visible to the async proxy (the bulk copies complete on them)
-__device__ __forceinline__ void mbar_init_fence() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
-}
-
-// one arrival that also expects `bytes` of transactions (the stage's bulk copies) before the phase completes
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
-               : "memory");
-#endif
-}
-
-// one arrival of the executing thread (release: its reads of the slot before it)
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-#endif
-}
-
-__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t ok = 1;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(ok)
-      : "r"(smem_u32(bar)), "r"(parity)
-      : "memory");
-#endif
-  return ok != 0;
-}
-
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  while (!mbar_try_wait(bar, parity)) {
-  }
-}
-
-// the warp's generic-proxy reads of a slot ordered before the async proxy's next writes into it
-__device__ __forceinline__ void fence_proxy_async() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory by the TMA unit,
-// completing on `bar`; the weights are read once: evict them from L2 first
-__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
-                                         uint64_t policy) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
-      ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
-      : "memory");
-#endif
-}
-
-// the same without a cache hint (x: read by every warp of the CTA, and by the next GEMM's kernel as its y)
-__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-               ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar))
-               : "memory");
-#endif
-}
-
 // Programmatic dependent launch (SM 9.0+; no-ops below, and when the grid was launched without the attribute):
 // wait until the grids this one depends on have completed and their writes are visible; let the grids that
 // depend on this one be scheduled once every CTA of it has said so (or ended).
@@ -364,15 +290,6 @@ __device__ __forceinline__ void epilogue(const Params& p, const float (&acc)[R][
   }
 }
 
-// Two token tiles: x through a ring of the CTA in shared memory, filled by the TMA unit (one bulk copy a token row
-// and stage), read by every warp of the CTA: at 16 tokens each warp reading x from global memory waited on it
-// (Nsight Compute's source counters, H100: the HMMAs on the long scoreboard, 43-56 % of the samples).
-constexpr int kXRingChunks = 2;                       // chunks a stage holds
-constexpr int kXRingStages = 6;                       // stages
-constexpr int kXRingRowBytes = kXRingChunks * 128 + 64;  // a token row's bytes in a stage: 64 of padding put rows
-                                                      // 2q and 2q + 1 (a quarter warp's 16-byte reads) in distinct banks
-constexpr int kXRingBytes = kXRingStages * 16 * kXRingRowBytes;
-
 template <int R, int GS>
 __host__ __device__ constexpr int ring_depth() {  // chunks per ring: even, a multiple of the span
   return R == 1 ? 8 : 4;
@@ -392,9 +309,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
   constexpr int UNR = DEEP ? 2 : 1;          // weight rings a pass of the unrolled loop covers
   constexpr int NM = UNR * RD / SPAN;        // DEEP: meta ring slots (spans), 2 rings' worth
   constexpr bool STAGE = NT == 1 && HAS_Z;  // x staged in shared memory (one token tile, zero points)
-  constexpr bool XRING = NT == 2;           // x through the CTA's ring in shared memory (two token tiles)
-  constexpr int XCH = kXRingChunks, XD = kXRingStages, XRU = kXRingRowBytes / 16;
-  static_assert(RD % 2 == 0 && RD % SPAN == 0 && RD % XCH == 0, "ring depth");
+  static_assert(RD % 2 == 0 && RD % SPAN == 0, "ring depth");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int tile0 = (blockIdx.x * kWarps + warp) * R;
   const int c_begin = blockIdx.y * p.cps, nck = min(p.cps, p.C - c_begin);
@@ -409,31 +324,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
   extern __shared__ __align__(16) uint4 xs[];  // the CTA's x rows over its split: [rows][XRS]
   const int rows = min(8 * NT, p.M - m0);
   const int XRS = p.cps * 8 + 1;  // uint4s of a staged row (16 bytes of padding: rows in distinct banks)
-  // XRING: full[s] completes when stage s's bytes have landed, empty[s] when every thread of the CTA's active
-  // warps has read it (they arrive); thread 0 fills stage s into slot s % XD, and refills the slot of stage s - 1
-  // once it is empty, at the end of stage s
-  __shared__ __align__(8) uint64_t xfull[XRING ? XD : 1], xempty[XRING ? XD : 1];
-  const int aw = nck > 0 ? min(kWarps, max(0, (p.T - (int)blockIdx.x * kWarps * R + R - 1) / R)) : 0;
-  const int nxs = (max(nck, 0) + XCH - 1) / XCH;  // XRING: the split's stages
-  if constexpr (XRING) {
-    if (threadIdx.x == 0 && aw > 0) {
-      for (int q = 0; q < XD; ++q) {
-        mbar_init(xfull + q, 1);
-        mbar_init(xempty + q, aw * 32);
-      }
-      mbar_init_fence();
-    }
-    __syncthreads();
-  }
-  auto x_fill = [&](int st) {  // XRING, thread 0: stage st of the split (rows token rows, its chunks) into its slot
-    const int slot = st % XD, chs = min(XCH, nck - st * XCH);
-    const __nv_bfloat16* xg =
-        static_cast<const __nv_bfloat16*>(p.x) + (size_t)m0 * p.ldx + (size_t)(c_begin + st * XCH) * 64;
-    uint8_t* dst = reinterpret_cast<uint8_t*>(xs) + (size_t)slot * 16 * kXRingRowBytes;
-    mbar_arrive_expect_tx(xfull + slot, (uint32_t)(rows * chs * 128));
-    for (int row = 0; row < rows; ++row)
-      bulk_g2s(dst + row * kXRingRowBytes, xg + (size_t)row * p.ldx, (uint32_t)(chs * 128), xfull + slot);
-  };
 
   int tiles[R];
   const uint4* wp[R];
@@ -485,9 +375,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
   // the warps stalled 10-13 cycles an instruction on the scoreboard; x two chunks ahead in registers: 168.7
   // against 169.0 µs, gate_up 5 % faster, qkv, o and down 2-3 % slower); symmetric weights, M = 1: 130.6 against
   // 120-122 µs (ptxas schedules that instance's loop differently; not understood), so they do too.
-  if constexpr (XRING)
-    if (threadIdx.x == 0 && aw > 0)
-      for (int q = 0; q < min(XD, nxs); ++q) x_fill(q);
   if constexpr (STAGE) {
     const __nv_bfloat16* xg = static_cast<const __nv_bfloat16*>(p.x) + (size_t)m0 * p.ldx + (size_t)c_begin * 64;
     const int per_row = max(nck, 0) * 8;
@@ -504,24 +391,22 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
     const uint4* xr[NT];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
-      xr[nt] = XRING ? xs + min(8 * nt + g, rows - 1) * XRU + t
-               : STAGE ? xs + min(8 * nt + g, rows - 1) * XRS + t
+      xr[nt] = STAGE ? xs + min(8 * nt + g, rows - 1) * XRS + t
                      : reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.x) +
                                                       (size_t)min(m0 + g + 8 * nt, p.M - 1) * p.ldx) +
                            (size_t)c_begin * 8 + t;
     auto load_x = [&](int nt, int off) -> uint4 {
-      if constexpr (STAGE || XRING)
+      if constexpr (STAGE)
         return xr[nt][off];
       else
         return ld_x(xr[nt] + off);
     };
     uint4 xv[2][NT][2];  // x of chunks of even / odd ring slots
-    if constexpr (!XRING)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        xv[0][nt][0] = load_x(nt, 0);
-        xv[0][nt][1] = load_x(nt, 4);
-      }
+    for (int nt = 0; nt < NT; ++nt) {
+      xv[0][nt][0] = load_x(nt, 0);
+      xv[0][nt][1] = load_x(nt, 4);
+    }
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -534,21 +419,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
         const int c = c0 + du;
         const int j = du / SPAN;  // DEEP: the span's meta slot (static: the loop is unrolled)
         if (c < nck) {
-          if constexpr (XRING) {  // x of this chunk from its stage's slot, once the stage has landed
-            const int st = c / XCH, off = (st % XD) * 16 * XRU + (c % XCH) * 8;
-            if (c % XCH == 0) mbar_wait(xfull + st % XD, (uint32_t)((st / XD) & 1));
+          const int cn = min(c + 1, nck - 1);  // x of the next chunk, one chunk ahead
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-              xv[d & 1][nt][0] = load_x(nt, off);
-              xv[d & 1][nt][1] = load_x(nt, off + 4);
-            }
-          } else {
-            const int cn = min(c + 1, nck - 1);  // x of the next chunk, one chunk ahead
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-              xv[(d + 1) & 1][nt][0] = load_x(nt, 8 * cn);
-              xv[(d + 1) & 1][nt][1] = load_x(nt, 8 * cn + 4);
-            }
+          for (int nt = 0; nt < NT; ++nt) {
+            xv[(d + 1) & 1][nt][0] = load_x(nt, 8 * cn);
+            xv[(d + 1) & 1][nt][1] = load_x(nt, 8 * cn + 4);
           }
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
@@ -574,16 +449,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
           if (c + RD < nck)
 #pragma unroll
             for (int r = 0; r < R; ++r) buf[d][r] = ld_stream(wp[r] + (c + RD) * 32);
-          if constexpr (XRING)
-            if (c % XCH == XCH - 1 || c == nck - 1) {  // the stage is read (its MMAs used it): release it
-              const int st = c / XCH;
-              mbar_arrive(xempty + st % XD);
-              if (threadIdx.x == 0 && st >= 1 && st - 1 + XD < nxs) {  // refill the slot of the stage before
-                mbar_wait(xempty + (st - 1) % XD, (uint32_t)(((st - 1) / XD) & 1));
-                fence_proxy_async();
-                x_fill(st - 1 + XD);
-              }
-            }
           if (d % SPAN == SPAN - 1) {  // the span's groups are folded: next span's meta
             if constexpr (DEEP) {  // the next slot's A_z; this slot takes the span NM ahead
 #pragma unroll
@@ -614,7 +479,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
 // chunks each, padded); none otherwise
 template <int NT, bool HAS_Z>
 __host__ __device__ constexpr int x_stage_bytes(int m, int cps) {
-  return NT == 2 ? kXRingBytes : NT == 1 && HAS_Z ? (m < 8 ? m : 8) * (cps * 8 + 1) * 16 : 0;
+  return NT == 1 && HAS_Z ? (m < 8 ? m : 8) * (cps * 8 + 1) * 16 : 0;
 }
 
 #ifndef __CUDACC_RTC__
