@@ -373,7 +373,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
   // staged before the first chunk), so they read x from global memory (also measured there: each warp's lanes
   // copying their own pieces with cp.async into a ring of RD chunks, RD - 1 ahead: 488 against 169 µs at M = 16,
   // the warps stalled 10-13 cycles an instruction on the scoreboard; x two chunks ahead in registers: 168.7
-  // against 169.0 µs, gate_up 5 % faster, qkv, o and down 2-3 % slower); symmetric weights, M = 1: 130.6 against
+  // against 169.0 µs, gate_up 5 % faster, qkv, o and down 2-3 % slower; x prefetched into L1 four chunks ahead:
+  // 213 against 169 µs; docs/benchmarks.md has these and what Nsight Compute's source counters say: at 16 tokens
+  // the HMMAs wait on x, 43-56 % of the samples); symmetric weights, M = 1: 130.6 against
   // 120-122 µs (ptxas schedules that instance's loop differently; not understood), so they do too.
   if constexpr (STAGE) {
     const __nv_bfloat16* xg = static_cast<const __nv_bfloat16*>(p.x) + (size_t)m0 * p.ldx + (size_t)c_begin * 64;
