@@ -172,6 +172,9 @@ def main(argv=None) -> int:
         if bad or not gemms:
             print(f"int4_ncu_source: --gemms {a.gemms!r}: each one of {', '.join(GEMMS)}", file=sys.stderr)
             return 2
+        if "," in a.sizes or not a.sizes:  # the launch to profile is counted within one size's layer set
+            print(f"int4_ncu_source: --sizes {a.sizes!r}: one size a run (8b or 32b)", file=sys.stderr)
+            return 2
         ncu = int4_ncu.ncu_path()
         import torch
 

@@ -72,3 +72,10 @@ def test_committed_run_folders_agree_with_their_own_sass_pages(run):
             assert int(r["samples"]) == op["samples"] and int(r["instructions"]) == op["instructions"]
             if r["reason"]:
                 assert op["reasons"][r["reason"]] == int(r["reason_samples"])
+
+
+def test_profiling_refuses_unknown_gemms_and_several_sizes_before_looking_for_a_gpu(capsys):
+    assert src.main(["--gemms", "qkv,lm_head"]) == 2
+    assert "each one of qkv, o, gate_up, down" in capsys.readouterr().err
+    assert src.main(["--sizes", "8b,32b"]) == 2
+    assert "one size a run" in capsys.readouterr().err
