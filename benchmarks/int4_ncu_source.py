@@ -43,7 +43,6 @@ for _p in (str(REPO), str(HERE)):
 
 import int4_ncu  # noqa: E402  (the child that calls the GEMMs, ncu's path, the launch order)
 
-GEMMS = ("qkv", "o", "gate_up", "down")  # the child's order within a size and M
 ALL = "Warp Stall Sampling (All Samples)"
 
 
@@ -123,8 +122,14 @@ def write(out: Path, per_gemm: dict[str, dict], pages: dict[str, str], title: st
     (out / "env.json").write_text(json.dumps(env, indent=1))
 
 
+def launch_skip(size: str, m: int, gemm: str) -> int:
+    """Launches of the kernel before ``gemm``'s last call in int4_ncu.py's child (its order: ``_plan``)."""
+    order = [g for _, _, g, _, _, _ in int4_ncu._plan([size], [m], ["default"])]
+    return order.index(gemm) * int4_ncu.CALLS + int4_ncu.CALLS - 1
+
+
 def _profile(ncu: str, gemm: str, size: str, m: int, group: int, symmetric: bool, tmp: Path) -> str:
-    skip = GEMMS.index(gemm) * int4_ncu.CALLS + int4_ncu.CALLS - 1  # the GEMM's third call
+    skip = launch_skip(size, m, gemm)
     rep = tmp / f"{gemm}.ncu-rep"
     cmd = [ncu, "--section", "SourceCounters", "--section", "WarpStateStats", "--kernel-name",
            f"regex:{int4_ncu.KERNEL}", "--launch-skip", str(skip), "--launch-count", "1", "--cache-control", "all",
@@ -168,12 +173,15 @@ def main(argv=None) -> int:
         pages = {g: Path(p).read_text() for g, p in pairs}
         dev = a.device
     else:
-        bad = [g for g in gemms if g not in GEMMS]
-        if bad or not gemms:
-            print(f"int4_ncu_source: --gemms {a.gemms!r}: each one of {', '.join(GEMMS)}", file=sys.stderr)
-            return 2
         if "," in a.sizes or not a.sizes:  # the launch to profile is counted within one size's layer set
             print(f"int4_ncu_source: --sizes {a.sizes!r}: one size a run (8b or 32b)", file=sys.stderr)
+            return 2
+        from int4_gemm_kernels import gemm_shapes  # the layer set's GEMMs, in the child's order
+
+        known = list(gemm_shapes(a.sizes))
+        bad = [g for g in gemms if g not in known]
+        if bad or not gemms:
+            print(f"int4_ncu_source: --gemms {a.gemms!r}: each one of {', '.join(known)}", file=sys.stderr)
             return 2
         ncu = int4_ncu.ncu_path()
         import torch

@@ -79,3 +79,24 @@ def test_profiling_refuses_unknown_gemms_and_several_sizes_before_looking_for_a_
     assert "each one of qkv, o, gate_up, down" in capsys.readouterr().err
     assert src.main(["--sizes", "8b,32b"]) == 2
     assert "one size a run" in capsys.readouterr().err
+
+
+def test_the_profile_reads_each_gemms_third_call_and_exports_its_sass_page(tmp_path, monkeypatch):
+    """The ncu command line as the tool builds it, run against a stand-in `ncu` that records its arguments."""
+    log = tmp_path / "calls.txt"
+    fake = tmp_path / "ncu"
+    fake.write_text("#!/bin/sh\necho \"$@\" >> " + str(log) + "\n"
+                    "case \"$1\" in -i) printf '%s\\n' '\"Address\",\"Source\"';; esac\n")
+    fake.chmod(0o755)
+    for gemm, skip in (("qkv", 2), ("o", 5), ("gate_up", 8), ("down", 11)):
+        assert src.launch_skip("32b", 16, gemm) == skip
+        page = src._profile(str(fake), gemm, "32b", 16, 128, False, tmp_path)
+        assert page.startswith('"Address"')
+    calls = log.read_text().splitlines()
+    assert len(calls) == 8
+    run, export = calls[6].split(), calls[7].split()  # down: the profile, then the page
+    assert run[run.index("--launch-skip") + 1] == "11" and run[run.index("--launch-count") + 1] == "1"
+    assert "SourceCounters" in run and run[run.index("-o") + 1] == str(tmp_path / "down")
+    assert run[-10:] == [str(REPO / "benchmarks" / "int4_ncu.py"), "--child", "--sizes", "32b", "--ms", "16",
+                         "--group", "128", "--variants", "default"]
+    assert export == ["-i", str(tmp_path / "down.ncu-rep"), "--page", "source", "--csv", "--print-source", "sass"]
