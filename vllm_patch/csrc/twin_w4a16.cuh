@@ -290,13 +290,6 @@ __device__ __forceinline__ void epilogue(const Params& p, const float (&acc)[R][
   }
 }
 
-// Two token tiles: x of the CTA's 16 token rows through a ring of two blocks of kXBlock chunks in shared memory,
-// copied by the whole CTA (cp.async, whole 128-byte lines) one block ahead; rows padded by 64 bytes, so that a
-// quarter warp's 16-byte reads (rows g, g + 1; t = 0..3) fall in distinct banks.
-constexpr int kXBlock = 8;
-constexpr int kXRow = kXBlock * 8 + 4;  // uint4s of a row of a block
-constexpr int kXBuf = 16 * kXRow;       // uint4s of a block
-
 template <int R, int GS>
 __host__ __device__ constexpr int ring_depth() {  // chunks per ring: even, a multiple of the span
   return R == 1 ? 8 : 4;
@@ -316,7 +309,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
   constexpr int UNR = DEEP ? 2 : 1;          // weight rings a pass of the unrolled loop covers
   constexpr int NM = UNR * RD / SPAN;        // DEEP: meta ring slots (spans), 2 rings' worth
   constexpr bool STAGE = NT == 1 && HAS_Z;  // x staged in shared memory (one token tile, zero points)
-  constexpr bool XRING = NT == 2;           // x through the CTA's ring of blocks in shared memory
   static_assert(RD % 2 == 0 && RD % SPAN == 0, "ring depth");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int tile0 = (blockIdx.x * kWarps + warp) * R;
@@ -395,46 +387,19 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
     cp_async_all();
     __syncthreads();
   }
-  // XRING: block b of kXBlock chunks of the CTA's rows into buffer b & 1 (nothing past the split); one commit group
-  const __nv_bfloat16* xgr = static_cast<const __nv_bfloat16*>(p.x) + (size_t)m0 * p.ldx + (size_t)c_begin * 64;
-  auto x_block = [&](int b) {
-    const int per_row = max(min(kXBlock, nck - b * kXBlock), 0) * 8;
-    uint4* dst = xs + (b & 1) * kXBuf;
-    for (int u = threadIdx.x; u < rows * per_row; u += kWarps * 32) {
-      const int row = u / per_row, pc = u - row * per_row;
-      cp_async_b16(dst + row * kXRow + pc,
-                   reinterpret_cast<const uint4*>(xgr + (size_t)row * p.ldx) + b * kXBlock * 8 + pc);
-    }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-  };
-  if constexpr (XRING) {
-    x_block(0);
-    x_block(1);
-    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-    __syncthreads();
-    if (!active)  // the barriers and copies of the active warps' loop, in the same order
-      for (int cb = kXBlock; cb < nck; cb += kXBlock) {
-        cp_async_all();
-        __syncthreads();
-        x_block(cb / kXBlock + 1);
-      }
-  }
 
   if (active) {
     // lane (g, t): x of token g of each token tile at its 16 bytes t, chunk c at 8 c (staged or in global memory)
     const uint4* xr[NT];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
-      xr[nt] = STAGE   ? xs + min(8 * nt + g, rows - 1) * XRS + t
-               : XRING ? xs + min(8 * nt + g, rows - 1) * kXRow + t
-                       : reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.x) +
-                                                        (size_t)min(m0 + g + 8 * nt, p.M - 1) * p.ldx) +
-                             (size_t)c_begin * 8 + t;
-    auto load_x = [&](int nt, int off) -> uint4 {  // off: 8 c or 8 c + 4 of chunk c
+      xr[nt] = STAGE ? xs + min(8 * nt + g, rows - 1) * XRS + t
+                     : reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.x) +
+                                                      (size_t)min(m0 + g + 8 * nt, p.M - 1) * p.ldx) +
+                           (size_t)c_begin * 8 + t;
+    auto load_x = [&](int nt, int off) -> uint4 {
       if constexpr (STAGE)
         return xr[nt][off];
-      else if constexpr (XRING)
-        return xr[nt][((off >> 3) / kXBlock & 1) * kXBuf + (off >> 3) % kXBlock * 8 + (off & 7)];
       else
         return ld_x(xr[nt] + off);
     };
@@ -457,13 +422,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
         const int j = du / SPAN;  // DEEP: the span's meta slot (static: the loop is unrolled)
         if (c < nck) {
           const int cn = min(c + 1, nck - 1);  // x of the next chunk, one chunk ahead
-          if (XRING && c + 1 < nck && (c + 1) % kXBlock == 0) {
-            // the next block is in (every thread's copies, then the barrier), and every warp holds chunk c's x in
-            // registers: the current block's buffer takes the block after the next
-            cp_async_all();
-            __syncthreads();
-            x_block((c + 1) / kXBlock + 1);
-          }
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
             xv[(d + 1) & 1][nt][0] = load_x(nt, 8 * cn);
@@ -523,7 +481,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
 // chunks each, padded); none otherwise
 template <int NT, bool HAS_Z>
 __host__ __device__ constexpr int x_stage_bytes(int m, int cps) {
-  return NT == 1 && HAS_Z ? (m < 8 ? m : 8) * (cps * 8 + 1) * 16 : NT == 2 ? 2 * kXBuf * 16 : 0;
+  return NT == 1 && HAS_Z ? (m < 8 ? m : 8) * (cps * 8 + 1) * 16 : 0;
 }
 
 #ifndef __CUDACC_RTC__
