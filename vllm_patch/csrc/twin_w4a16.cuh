@@ -374,8 +374,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
   // copying their own pieces with cp.async into a ring of RD chunks, RD - 1 ahead: 488 against 169 µs at M = 16,
   // the warps stalled 10-13 cycles an instruction on the scoreboard; x two chunks ahead in registers: 168.7
   // against 169.0 µs, gate_up 5 % faster, qkv, o and down 2-3 % slower; x prefetched into L1 four chunks ahead:
-  // 213 against 169 µs; docs/benchmarks.md has these and what Nsight Compute's source counters say: at 16 tokens
-  // the HMMAs wait on x, 43-56 % of the samples); symmetric weights, M = 1: 130.6 against
+  // 213 against 169 µs; the whole CTA copying 8-chunk blocks of the 16 rows into a two-block ring, one barrier
+  // a block: 215 against 167 µs; docs/benchmarks.md has these and what Nsight Compute's source counters say: at
+  // 16 tokens the HMMAs wait on x, 43-56 % of the samples); symmetric weights, M = 1: 130.6 against
   // 120-122 µs (ptxas schedules that instance's loop differently; not understood), so they do too.
   if constexpr (STAGE) {
     const __nv_bfloat16* xg = static_cast<const __nv_bfloat16*>(p.x) + (size_t)m0 * p.ldx + (size_t)c_begin * 64;
