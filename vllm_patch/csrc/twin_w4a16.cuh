@@ -369,15 +369,15 @@ __global__ void __launch_bounds__(kWarps * 32, 2) w4a16_decode(const Params p) {
   // read from global memory one chunk ahead, every chunk of a warp waited on an L2 round trip under a saturated
   // memory system (a probe of this loop on the H100: 62 µs on the 32B gate_up against 48 µs with x in registers
   // and 46 µs for the loads alone). Measured on the H100's 32B layer set, staged against read one chunk ahead:
-  // zero points, M = 1: 112-116 against 122-124 µs; two token tiles (M > 8): 244 against 205 µs (16 rows
-  // staged before the first chunk), so they read x from global memory (also measured there: each warp's lanes
-  // copying their own pieces with cp.async into a ring of RD chunks, RD - 1 ahead: 488 against 169 µs at M = 16,
-  // the warps stalled 10-13 cycles an instruction on the scoreboard; x two chunks ahead in registers: 168.7
-  // against 169.0 µs, gate_up 5 % faster, qkv, o and down 2-3 % slower; x prefetched into L1 four chunks ahead:
-  // 213 against 169 µs; the whole CTA copying 8-chunk blocks of the 16 rows into a two-block ring, one barrier
-  // a block: 215 against 167 µs; docs/benchmarks.md has these and what Nsight Compute's source counters say: at
-  // 16 tokens the HMMAs wait on x, 43-56 % of the samples); symmetric weights, M = 1: 130.6 against
-  // 120-122 µs (ptxas schedules that instance's loop differently; not understood), so they do too.
+  // zero points, M = 1: 112-116 against 122-124 µs. Only there; elsewhere x is read from global memory:
+  // - symmetric weights, M = 1: staged 130.6 against 120-122 µs (ptxas schedules that instance's loop
+  //   differently; not understood);
+  // - two token tiles (M > 8), layer set at M = 16 against x read one chunk ahead (167-169 µs): 16 rows staged
+  //   before the first chunk 244 (against 205 then); a ring per warp, each lane copying its own pieces 488; x two
+  //   chunks ahead in registers 168.7; x prefetched into L1 four chunks ahead 213; a TMA-filled ring 275
+  //   (symmetric); the whole CTA copying 8-chunk blocks into a two-block ring, one barrier a block, 215. At 16
+  //   tokens the HMMAs wait on x (43-56 % of Nsight Compute's samples), but every form of x in shared memory so
+  //   far costs more in issue slots and barriers than that wait (docs/benchmarks.md).
   if constexpr (STAGE) {
     const __nv_bfloat16* xg = static_cast<const __nv_bfloat16*>(p.x) + (size_t)m0 * p.ldx + (size_t)c_begin * 64;
     const int per_row = max(nck, 0) * 8;
