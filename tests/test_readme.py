@@ -5,7 +5,9 @@
   exactly the cells of its folder's ``tables/cost_ratio.csv``, each with its c;
 - a table marked ``<!-- table: cost_ratio RUN -->`` is checked cell by cell against
   ``RUN/tables/cost_ratio.csv`` (within the rounding printed); one marked ``<!-- table: ladder RUN -->``
-  must be the table ``python -m workbench.ladder RUN`` prints from the folder's raw rows;
+  must be the table ``python -m workbench.ladder RUN`` prints from the folder's raw rows; one marked
+  ``<!-- table: serving -->`` (each row links its own run folder, or says "same run") against each
+  folder's ``tables/serving_speedup.csv`` and ``serving_legs.csv``;
 - the demo block equals ``workbench.demo.report`` of the E1 run it names (a line ending in ``...`` is
   a prefix);
 - the knob table names every leg knob with its leg default, option, engine variable and CPU rule;
@@ -29,7 +31,7 @@ DOCS = sorted((REPO / "docs").glob("*.md"))
 PAGES = [README, *DOCS, REPO / "results" / "README.md"]
 
 RUN_RE = re.compile(r"results/([A-Za-z0-9_-]+)/(\d{8}T\d{6}Z-[A-Za-z0-9-]+)")
-MARK_RE = re.compile(r"<!-- table: (\w+) (\S+) -->")
+MARK_RE = re.compile(r"<!-- table: (\w+)(?: (\S+))? -->")
 IMG_RE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 LINK_RE = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 
@@ -112,14 +114,68 @@ def check_speedup_model_table(header: list[str], rows: list[list[str]], run: Pat
     return problems
 
 
-CHECKERS = {"cost_ratio": check_cost_ratio_table, "speedup_model": check_speedup_model_table}
+SPEEDUP_CELL = re.compile(r"^\**([0-9.]+)×\**$")
+TTFT_CELL = re.compile(r"^([0-9.]+) ms(?: \(vanilla ([0-9.]+)(?:–([0-9.]+))?)?")
+
+
+def check_serving_table(header: list[str], rows: list[list[str]], run: Path | None = None) -> list[str]:
+    """Disagreements between a serving table and the run folders its rows link (empty: they agree).
+
+    Columns: the first names the setup and links its run folder (or says "same run": the row above's);
+    ``leg``; ``c N``: the leg's TPOT speedup at concurrency N (``tables/serving_speedup.csv``); ``TTFT at c 1``:
+    the leg's median TTFT at concurrency 1 in ms, and in brackets the vanilla legs' (``serving_legs.csv``)."""
+    col = {h: i for i, h in enumerate(header)}
+    assert "leg" in col and any(h.startswith("c ") for h in col), f"serving table lacks leg or c columns: {header}"
+    problems, folder = [], None
+    for r in rows:
+        m = RUN_RE.search(" | ".join(r))
+        if m:
+            folder = REPO / m.group(0)
+        elif "same run" not in r or folder is None:
+            problems.append(f"row {r[0]!r} names no run folder")
+            continue
+        leg = r[col["leg"]].strip("`")
+        speed = pd.read_csv(folder / "tables" / "serving_speedup.csv")
+        speed = speed[speed["leg"] == leg]
+        if speed.empty:
+            problems.append(f"leg {leg!r} not in {folder}/tables/serving_speedup.csv")
+            continue
+        for h, i in col.items():
+            if not h.startswith("c "):
+                continue
+            cell, hit = SPEEDUP_CELL.match(r[i]), speed[speed["concurrency"] == int(h[2:])]
+            if cell is None or len(hit) != 1 or not _close(cell.group(1), hit["tpot_speedup"].iloc[0]):
+                got = hit["tpot_speedup"].tolist()
+                problems.append(f"{leg} {h}: table {r[i]!r}, serving_speedup.csv {got}")
+        if "TTFT at c 1" in col:
+            problems += _ttft_problems(r[col["TTFT at c 1"]], folder, leg)
+    return problems
+
+
+def _ttft_problems(cell: str, folder: Path, leg: str) -> list[str]:
+    m = TTFT_CELL.match(cell)
+    if m is None:
+        return [f"{leg}: TTFT cell {cell!r} is not 'N ms (vanilla A–B ...'"]
+    legs = pd.read_csv(folder / "tables" / "serving_legs.csv")
+    at1 = legs[legs["concurrency"] == 1].set_index("leg")["ttft_ms_median"]
+    problems = [] if _close(m.group(1), at1.get(leg)) else [f"{leg}: TTFT {m.group(1)} ms, the folder {at1.get(leg)}"]
+    if m.group(2):
+        vanilla = at1[[name.startswith("vanilla") for name in at1.index]]
+        lo, hi = m.group(2), m.group(3) or m.group(2)
+        if not (_close(lo, vanilla.min()) and _close(hi, vanilla.max())):
+            problems.append(f"{leg}: vanilla TTFT {lo}–{hi} ms, the folder {sorted(vanilla.round(2))}")
+    return problems
+
+
+CHECKERS = {"cost_ratio": check_cost_ratio_table, "speedup_model": check_speedup_model_table,
+            "serving": check_serving_table}
 
 
 def _marked_tables():
     for page in PAGES:
         text = page.read_text()
         for m in MARK_RE.finditer(text):
-            yield page, m.group(1), REPO / m.group(2), _table_after(text, m.start())
+            yield page, m.group(1), REPO / m.group(2) if m.group(2) else None, _table_after(text, m.start())
 
 
 def _pages_text():
@@ -205,7 +261,8 @@ def test_speedup_figures_draw_their_run_folders_cells():
 
 def test_readme_worked_example_matches_its_run_folder():
     marked = [(page, kind, run, table) for page, kind, run, table in _marked_tables() if page == README]
-    assert [k for _, k, _, _ in marked][:1] == ["cost_ratio"], "the README's worked example has no checked table"
+    assert "cost_ratio" in [k for _, k, _, _ in marked], "the README's worked example has no checked table"
+    assert "serving" in [k for _, k, _, _ in marked], "the README's serving table is not checked"
     for _, kind, run, (header, rows) in marked:
         assert rows
         assert not CHECKERS[kind](header, rows, run)
@@ -291,11 +348,22 @@ def test_knob_table_is_the_table():
 
 def test_the_checks_catch_a_disagreement(tmp_path):
     """Each check fails on a README whose number is edited."""
-    page, kind, run, (header, rows) = next(t for t in _marked_tables() if t[0] == README)
+    page, kind, run, (header, rows) = next(t for t in _marked_tables() if t[0] == README and t[1] == "cost_ratio")
     bad = [list(r) for r in rows]
     i = header.index("c")
     bad[0][i] = f"{float(bad[0][i]) + 0.02:.2f}"
     assert check_cost_ratio_table(header, bad, run)
+    _, _, _, (header, rows) = next(t for t in _marked_tables() if t[0] == README and t[1] == "serving")
+    assert not check_serving_table(header, rows)
+    bump = lambda c: re.sub(r"[0-9.]+", lambda m: f"{float(m.group(0)) + 0.05:.3f}", c, count=1)  # noqa: E731
+    for column, edit in (("c 16", bump), ("TTFT at c 1", bump),
+                         ("leg", lambda c: c + "_x")):
+        bad = [list(r) for r in rows]
+        bad[-1][header.index(column)] = edit(bad[-1][header.index(column)])
+        assert check_serving_table(header, bad), column
+    bad = [list(r) for r in rows]
+    bad[0][header.index("run folder")] = "–"  # the first row without its folder
+    assert check_serving_table(header, bad)
     erun, block = _readme_demo_block()
     edited = [line.replace("0.627", "0.672") for line in block]
     assert demo_block_problems(erun, edited)
