@@ -79,6 +79,8 @@ RUN_BY: dict[tuple[str, str], list[str]] = {
         "tests/test_idle_acceptance.py::test_skipped_passes_are_counted_drafting_resumes_and_outputs_stay_vanillas"],
     ("docs/benchmarks.md", "python benchmarks/draft_profile.py --size tiny --out /tmp/draft-profile"): [
         "tests/test_draft_profile.py::test_the_cpu_rehearsal_splits_real_decode_steps"],
+    ("docs/benchmarks.md", "python benchmarks/int4_cuda_sass.py --rev 9a4042f --rev worktree"): [
+        "tests/test_int4_cuda_sass.py::test_two_revisions_side_by_side_and_the_documented_command"],
     ("docs/benchmarks.md", "python benchmarks/decode_attention.py --dry-run"): [
         "tests/test_twin_attention.py::test_the_benchmarks_dry_run_checks_the_arithmetic"],
     ("docs/tensor-parallel.md", "workbench run E1 --profile tiny -p tensor_parallel_size=2"): [

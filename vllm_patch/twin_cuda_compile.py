@@ -90,14 +90,15 @@ def _instantiations(kernel: bool, instances=None, pipe_instances=None, bulk_inst
 
 
 def compile_cubin(out_dir: Path, arch: str = "sm_90a", nvcc: str = "nvcc", instances=None,
-                  pipe_instances=None, bulk_instances=None) -> tuple[Path, dict]:
-    """The instances (all: None) compiled by ``nvcc`` (no torch headers) to one cubin; ``{instance: ptxas facts}``."""
+                  pipe_instances=None, bulk_instances=None, csrc: Path = CSRC) -> tuple[Path, dict]:
+    """The instances (all: None) compiled by ``nvcc`` (no torch headers) to one cubin; ``{instance: ptxas facts}``.
+    ``csrc``: the kernel's source folder (another revision's, for a side-by-side compile)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     src = out_dir / "twin_w4a16_all.cu"
     src.write_text(_instantiations(False, instances, pipe_instances, bulk_instances))
     cubin = out_dir / f"twin_w4a16_{arch}.cubin"
-    res = subprocess.run([nvcc, "-O3", "-std=c++17", f"-arch={arch}", "-cubin", "-Xptxas", "-v", "-I", str(CSRC),
+    res = subprocess.run([nvcc, "-O3", "-std=c++17", f"-arch={arch}", "-cubin", "-Xptxas", "-v", "-I", str(csrc),
                           "-o", str(cubin), str(src)], capture_output=True, text=True)
     if res.returncode:
         raise RuntimeError(f"nvcc failed:\n{res.stderr[-4000:]}")
@@ -159,15 +160,15 @@ def nvrtc_compile(source: str, arch: str, include_dirs: list[Path], lib_path: Pa
 
 
 def compile_cubin_nvrtc(out_dir: Path, arch: str = "sm_90a", instances=None, pipe_instances=None,
-                        bulk_instances=None) -> tuple[Path, dict]:
+                        bulk_instances=None, csrc: Path = CSRC) -> tuple[Path, dict]:
     """The kernel instances (all: None) compiled by NVRTC (the wheels' runtime compiler) to one cubin;
-    ptxas facts."""
+    ptxas facts. ``csrc``: the kernel's source folder."""
     paths = nvrtc_paths()
     if paths is None:
         raise RuntimeError("no NVRTC: neither nvidia-cuda-nvrtc (CUDA 13: nvidia/cu13) nor CUDA 12's wheels")
     lib, inc = paths
     src = _RTC_PRELUDE + _instantiations(True, instances, pipe_instances, bulk_instances)
-    cubin, log = nvrtc_compile(src, arch, [CSRC, inc], lib)
+    cubin, log = nvrtc_compile(src, arch, [Path(csrc), inc], lib)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"twin_w4a16_{arch}_nvrtc.cubin"
