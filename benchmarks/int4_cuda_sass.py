@@ -47,6 +47,8 @@ for _p in (str(REPO), str(HERE)):
     if _p not in sys.path:
         sys.path.append(_p)
 
+from int4_ncu_source import opcode  # noqa: E402  (``@!P0 LDG.E.128 ...`` -> ``LDG``, as the profiles count)
+
 from vllm_patch import twin_cuda_compile as tcc  # noqa: E402
 
 ARCH = "sm_90a"
@@ -67,11 +69,6 @@ CLASSES = (("mma", ("HMMA",)), ("decode", ("LOP3", "SHF", "HADD2", "PRMT")), ("g
 
 class SassError(RuntimeError):
     """A revision, instance or run folder this tool cannot read."""
-
-
-def opcode(text: str) -> str:
-    """``@!P0 LDG.E.128.CONSTANT R4, ...`` -> ``LDG``."""
-    return re.sub(r"^@!?U?P[T\d]+\s+", "", text.strip()).split(" ", 1)[0].split(".", 1)[0]
 
 
 def op_class(op: str) -> str:
