@@ -161,6 +161,34 @@ def test_every_server_sees_each_distinct_prompt_once_before_its_first_cell(e17):
         assert (folder / "prime.log").stat().st_mtime <= first.stat().st_mtime, leg
 
 
+def test_every_cell_sends_fresh_requests_that_no_cache_holds(e17):
+    """Fresh requests (the default, knob serve_requests): a cell's requests are each its own and the same for every
+    leg of the run (pairs stay paired), and neither vLLM's prefix cache nor its multimodal cache served any of
+    them over the cell (the server's counters), where before every cell re-sent its warm-up's prompts. On a CPU
+    a KV block is 128 tokens, longer than these prompts, so there the prefix cache holds nothing of a repeated
+    prompt either; the multimodal cache tells them apart (the E17 smoke with serve_requests=repeat: every
+    image a hit). That fresh requests share no KV block on a GPU (16 tokens): tests/test_serve_requests.py."""
+    import pandas as pd
+
+    sent: dict[int, set] = {}
+    for leg in (*VANILLA_LEGS, *SPEC_LEGS):
+        folder = e17["run"] / "legs" / leg
+        summary = json.loads((folder / "summary.json").read_text())
+        assert summary["serve_requests"] == "fresh", leg
+        for cell in summary.get("cells") or [summary]:
+            where = folder / f"c{cell['concurrency']}" if "cells" in summary else folder
+            lines = (where / "requests-sent.jsonl").read_text().splitlines()
+            assert len(lines) == cell["n_requests"] == len(set(lines)), leg
+            sent.setdefault(cell["concurrency"], set()).add(tuple(lines))
+            caches = cell["caches"]
+            assert caches["prefix_cache_queries"] > 0 and caches["prefix_cache_hits"] == 0, (leg, caches)
+            assert caches["mm_cache_queries"] > 0 and caches["mm_cache_hits"] == 0, (leg, caches)
+            assert not (where / "warmup-requests.jsonl").exists(), "the warm-up's requests are derived, not kept"
+    assert sent and all(len(v) == 1 for v in sent.values()), "legs sent different requests in one cell"
+    table = pd.read_csv(e17["run"] / "tables" / "serving_legs.csv")
+    assert (table["serve_requests"] == "fresh").all() and (table["prefix_cache_hit_rate"] == 0).all()
+
+
 def test_serving_ladder_plans_under_the_shape_profiles_with_random_weights():
     """The H200 serving ladder (E17 under 32b-shape / 8b-shape): the plan is accepted, one server per
     configuration swept over the concurrencies, and each leg's server loads random weights (load_format dummy)."""

@@ -72,6 +72,7 @@ def leg_config(leg: PlannedLeg, cfg: dict[str, Any], run_dir: Path, resume_from:
         prompts=str(run_dir / cfg.get("prompts_file", PROMPTS)), out=str(run_dir / LEGS / leg.name),
         max_tokens=int(k["max_tokens"]), knobs=knobs, n=int(k["n"]), max_model_len=int(k["max_model_len"]),
         max_num_seqs=max(concs) if concs else int(k["max_num_seqs"]), concurrencies=concs,
+        serve_requests=str(k.get("serve_requests") or "fresh"),
         dtype=str(k.get("dtype") or "auto"),
         tensor_parallel_size=leg_tp(k),
         # on CPU the leg picks its own small host-memory share for the KV cache

@@ -9,6 +9,8 @@ prompt set, ``max_num_seqs`` = the client's ``--max-concurrency`` and the server
 
 1. checks what an offline leg checks (``workbench.leg.preflight``) and writes the prompt set as a
    ``custom_image`` dataset of vLLM's benchmark (``requests.jsonl``: images as data URLs, in order);
+   each cell's requests go to ``c<N>/requests-sent.jsonl``, fresh ones by default (``workbench.serve_requests``:
+   no request repeats another, so no cell measures a cached prompt);
 2. starts ``python -m vllm.entrypoints.openai.api_server`` (what ``vllm serve`` runs) on a free
    loopback port, its own process group, the plugin's knobs in its environment (the one knob table,
    ``Knobs.to_env``), and waits for ``/health``;
@@ -28,9 +30,7 @@ A failure leaves ``failure.json`` with the server log's tail and no ``summary.js
 from __future__ import annotations
 
 import argparse
-import base64
 import json
-import mimetypes
 import os
 import re
 import signal
@@ -43,7 +43,8 @@ from typing import Any
 from workbench import engine as engines
 from workbench import leg as legmod
 from workbench.serve_client import BenchClient, ClientError
-from workbench.serve_server import (Server, ServeError, _free_port, _http,
+from workbench.serve_requests import FRESH, bench_dataset, write_requests
+from workbench.serve_server import (CACHE_COUNTERS, Server, ServeError, _free_port, _http,
                                     parse_metrics)
 from workbench.runfolder import (FAILURE, LEG_JSON, RECORDS, SUMMARY, archive_leg, leg_status, write_summary,
                                  write_json_atomic, write_jsonl_atomic)
@@ -54,28 +55,14 @@ SERVER_LOG = "server.log"
 SERVER_JSON = "server.json"
 BENCH_JSON = "bench.json"
 REQUESTS = "requests.jsonl"
+CELL_REQUESTS = "requests-sent.jsonl"  # what a cell sent, in order (fresh: each request its own)
+WARM_REQUESTS = "warmup-requests.jsonl"  # a cell's warm-up requests (derived, removed after the cell)
 TIMINGS = "request_timings.jsonl"
 CLIENT_LOG = "client.log"
 PERCENTILES = (50, 90, 99)
 
 
 # --------------------------------------------------------------------------- inputs
-def bench_dataset(prompts: list, path: Path) -> None:
-    """The prompt set as vLLM's ``custom_image`` benchmark dataset: one chat turn per line, the images
-    (as data URLs, so the server reads no local file) and the text in the order offline legs use
-    (`workbench.chat.chat_messages`: images first unless the prompt puts them after its text)."""
-    from .chat import user_content
-
-    with path.open("w") as f:
-        for p in prompts:
-            images: list[dict[str, Any]] = []
-            for img in p.images:
-                mime = mimetypes.guess_type(str(img))[0] or "image/png"
-                data = base64.b64encode(Path(img).read_bytes()).decode()
-                images.append({"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}})
-            f.write(json.dumps({"content": user_content(p, images)}) + "\n")
-
-
 def _flag(name: str, value: Any) -> list[str]:
     opt = "--" + name.replace("_", "-")
     if isinstance(value, bool):
@@ -158,6 +145,16 @@ def server_env(cfg: legmod.LegConfig, report_dir: Path, on_cuda: bool) -> dict[s
             # `import vllm` (about 10 s of CPU). The API server's engine core is a process of its own either way.
             env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     return env
+
+
+def cache_delta(after: dict, before: dict) -> dict:
+    """The prefix cache's queried and hit tokens and the multimodal cache's queried and hit items between two
+    reads of ``/metrics``, with their hit rates (None where nothing was queried)."""
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in CACHE_COUNTERS.values()}
+    for cache in ("prefix_cache", "mm_cache"):
+        q = d[f"{cache}_queries"]
+        d[f"{cache}_hit_rate"] = d[f"{cache}_hits"] / q if q > 0 else None
+    return d
 
 
 def _counter_delta(after: dict, before: dict) -> dict:
@@ -250,14 +247,20 @@ def prime_dataset(dataset: Path, path: Path) -> int:
     return len(lines)
 
 
-def _prime(cfg: legmod.LegConfig, client: BenchClient, base_url: str, dataset: Path, out: Path) -> None:
+def _prime(cfg: legmod.LegConfig, client: BenchClient, base_url: str, prompts: list, dataset: Path,
+           out: Path) -> None:
     """Every distinct prompt (by content) once, one at a time, a few tokens, before the first cell: what a
     server pays the first time it sees an input shape is paid here, not by whichever cell meets that shape
-    first. Without it the first cell (concurrency 1, warmed by one request) carried it, and more so in the
-    legs that ran early in a run (8B H100, E18 20261206T091621Z-553b266a: the longest prompts' TTFT 350-430 ms
-    in the first vanilla and spec legs, 90-130 ms in the later ones; vanilla_1's median 77 ms against
-    vanilla_2's 52). Which part of the server pays it is not separated."""
+    first (fresh requests: the prompts' shapes, each request its own, so no cell finds them cached). Without
+    it the first cell (concurrency 1, warmed by one request) carried it, and more so in the legs that ran early
+    in a run (8B H100, E18 20261206T091621Z-553b266a: the longest prompts' TTFT 350-430 ms in the first vanilla
+    and spec legs, 90-130 ms in the later ones; vanilla_1's median 77 ms against vanilla_2's 52). Which part
+    of the server pays it is not separated."""
     n_prompts = prime_dataset(dataset, out / PRIME_REQUESTS)
+    if cfg.serve_requests == FRESH:
+        lines = dataset.read_text().splitlines()  # request i is prompts[i] as it is
+        first = [lines.index(line) for line in dict.fromkeys(lines)]
+        write_requests([prompts[i] for i in first], out / PRIME_REQUESTS, n_prompts, FRESH, "prime-")
     try:
         client.run(client_args(cfg, base_url, out / PRIME_REQUESTS, out, n_prompts, f"{cfg.leg or 'leg'}-prime-", 1,
                                save=False, output_len=PRIME_TOKENS), out / PRIME_LOG, None,
@@ -268,13 +271,23 @@ def _prime(cfg: legmod.LegConfig, client: BenchClient, base_url: str, dataset: P
         (out / PRIME_REQUESTS).unlink(missing_ok=True)  # derived from the leg's requests.jsonl
 
 
+def cell_datasets(cfg: legmod.LegConfig, prompts: list, cell: Path, concurrency: int, n: int) -> tuple[Path, Path]:
+    """The cell's warm-up requests (its concurrency's worth) and its ``n`` measured ones, request ``i`` from
+    ``prompts[i % len(prompts)]``, fresh or repeated (``cfg.serve_requests``); fresh ones tagged by the cell,
+    not the leg, so every leg of the run sends the same requests here."""
+    warm, sent = cell / WARM_REQUESTS, cell / CELL_REQUESTS
+    write_requests(prompts, warm, concurrency, cfg.serve_requests, f"c{concurrency}-warm-")
+    write_requests(prompts, sent, n, cfg.serve_requests, f"c{concurrency}-")
+    return warm, sent
+
+
 def _run_client(cfg: legmod.LegConfig, server: Server, client: BenchClient, base_url: str, dataset: Path,
-                cell: Path, n: int, prefix: str, concurrency: int,
+                warm: Path, cell: Path, n: int, prefix: str, concurrency: int,
                 steps: "StepsTail | None" = None) -> tuple[dict, list, dict, dict]:
-    """One cell: a warm-up at the cell's concurrency (its own request ids, outside the counters), the
-    counters before, vLLM's client at ``concurrency``, the counters after; the server's memory sampled
-    meanwhile. Returns (bench.json, memory samples, counters before, after); ``after["steps"]``: the step
-    timer's rows of the cell (the warm-up's left out)."""
+    """One cell: a warm-up at the cell's concurrency (``warm``: its own requests and ids, outside the
+    counters), the counters before, vLLM's client at ``concurrency`` over ``dataset``, the counters after; the
+    server's memory sampled meanwhile. Returns (bench.json, memory samples, counters before, after);
+    ``after["steps"]``: the step timer's rows of the cell (the warm-up's left out)."""
     import threading
 
     (cell / BENCH_JSON).unlink(missing_ok=True)
@@ -284,8 +297,9 @@ def _run_client(cfg: legmod.LegConfig, server: Server, client: BenchClient, base
     try:
         # warm every cell: the first requests at a new batch size pay for graphs, allocator growth and
         # the scheduler's first steps; they run here, before the cell's counters are read
-        client.run(client_args(cfg, base_url, dataset, cell, concurrency, f"{prefix}warm-", concurrency,
+        client.run(client_args(cfg, base_url, warm, cell, concurrency, f"{prefix}warm-", concurrency,
                                save=False), cell / "warmup.log", None, timeout)
+        warm.unlink(missing_ok=True)
         if steps is not None:
             steps.read_new()  # the warm-up's steps
         before = parse_metrics(_http(f"{base_url}/metrics"))
@@ -354,6 +368,9 @@ def _cell_summary(cfg: legmod.LegConfig, rows: list[dict], bench: dict, before: 
                         "itl_ms": _pct([x for r in ok for x in r["itl_s"]]),
                         "e2el_ms": _pct([r["e2el_s"] for r in ok])},
         "spec": _counter_delta(after, before) if cfg.draft is not None else None,
+        # the prefix cache (tokens) and the multimodal cache (items) over the cell: fresh requests find
+        # nothing cached; a hit rate above zero says the cell measured cached prompts
+        "caches": cache_delta(after, before),
         "trace_steps_flushed": after.get("traced", 0),
         # the engine's time per step (the plugin's step timer): prefill steps (the target's forward, the
         # drafter's work after it: where a first token's time goes) and decode steps, ms quartiles
@@ -393,8 +410,7 @@ def run_serving_leg(cfg: legmod.LegConfig) -> dict:
     concs = concurrencies(cfg)
     multi = cfg.concurrencies is not None
     dataset = out / REQUESTS
-    bench_dataset([prompts[i % len(prompts)] for i in range(max(cell_requests(len(prompts), c) for c in concs))],
-                  dataset)
+    bench_dataset(prompts, dataset)  # the prompt set, one request each as it is
     report_dir = Path(tempfile.mkdtemp(prefix="engine-", dir=out))
     port = _free_port()
     base_url = f"http://127.0.0.1:{port}"
@@ -418,14 +434,15 @@ def run_serving_leg(cfg: legmod.LegConfig) -> dict:
         write_json_atomic(out / SERVER_JSON, {"pid": server.proc.pid if server.proc else None, "port": port,
                                               "base_url": base_url})
         start_s = time.perf_counter() - t0
-        _prime(cfg, client, base_url, dataset, out)
+        _prime(cfg, client, base_url, prompts, dataset, out)
         for c in concs:
             cell = out / f"c{c}" if multi else out
             cell.mkdir(exist_ok=True)
             n = cell_requests(len(prompts), c) if multi else len(prompts)
             prefix = f"{cfg.leg or 'leg'}-c{c}-" if multi else f"{cfg.leg or 'leg'}-"
-            bench, memory, before, after = _run_client(cfg, server, client, base_url, dataset, cell, n, prefix, c,
-                                                       steps)
+            warm, sent = cell_datasets(cfg, prompts, cell, c, n)
+            bench, memory, before, after = _run_client(cfg, server, client, base_url, sent, warm, cell, n, prefix,
+                                                       c, steps)
             trace = trace_tail.read_new() if trace_tail is not None else {}
             cell_rows = _records(cfg, prompts, bench, trace, knobs, _latencies(cell / TIMINGS, prefix, n), prefix, c)
             failed = [r["request_id"] for r in cell_rows if r["error"]]
@@ -457,7 +474,7 @@ def _finish(cfg, out: Path, rows, cells, multi, start_s, server, report_dir, kno
     head = cells[0] if not multi else {}
     summary = {
         "runner": "serve", "experiment": cfg.experiment, "leg": cfg.leg, "run_id": cfg.run_id, "mode": cfg.mode,
-        "tier": cfg.knobs.tier, "gamma": cfg.knobs.gamma,
+        "tier": cfg.knobs.tier, "gamma": cfg.knobs.gamma, "serve_requests": cfg.serve_requests,
         **({k: v for k, v in head.items() if k != "rss_mb"} if not multi else
            {"concurrency": [c["concurrency"] for c in cells], "cells": cells,
             "n_requests": sum(c["n_requests"] for c in cells), "completed": sum(c["completed"] for c in cells)}),

@@ -21,6 +21,13 @@ _COUNTERS = {
     "vllm:spec_decode_num_accepted_tokens_total": "num_accepted_tokens",
 }
 _PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+# the caches that make a repeated request cheap: prefix cache (tokens), multimodal cache (items)
+CACHE_COUNTERS = {
+    "vllm:prefix_cache_queries_total": "prefix_cache_queries",
+    "vllm:prefix_cache_hits_total": "prefix_cache_hits",
+    "vllm:mm_cache_queries_total": "mm_cache_queries",
+    "vllm:mm_cache_hits_total": "mm_cache_hits",
+}
 
 
 class ServeError(RuntimeError):
@@ -40,8 +47,8 @@ def _http(url: str, data: bytes | None = None, timeout: float = 10.0) -> str:
 
 
 def parse_metrics(text: str) -> dict[str, Any]:
-    """The spec-decode counters of a Prometheus ``/metrics`` page, summed over label sets."""
-    out: dict[str, Any] = {v: 0 for v in _COUNTERS.values()}
+    """The spec-decode and cache counters of a Prometheus ``/metrics`` page, summed over label sets."""
+    out: dict[str, Any] = {v: 0 for v in (*_COUNTERS.values(), *CACHE_COUNTERS.values())}
     per_pos: dict[int, int] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
@@ -52,6 +59,8 @@ def parse_metrics(text: str) -> dict[str, Any]:
         name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
         if name in _COUNTERS:
             out[_COUNTERS[name]] += int(value)
+        elif name in CACHE_COUNTERS:
+            out[CACHE_COUNTERS[name]] += int(value)
         elif name == _PER_POS:
             pos = re.search(r'position="(\d+)"', labels)
             if pos:

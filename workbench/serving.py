@@ -53,7 +53,11 @@ LEG_COLUMNS = (["leg", "leg_index", "mode", "tier", "acceptance", "gamma", "conc
                # the engine's time per step (medians, ms; the plugin's step timer): a prefill step's target
                # forward and the drafter's work after it (where a first token's time goes), a decode step's
                # target forward (the verification where drafts were made) and the drafter's propose
-               + ["prefill_target_ms", "prefill_draft_ms", "step_target_ms", "step_draft_ms"])
+               + ["prefill_target_ms", "prefill_draft_ms", "step_target_ms", "step_draft_ms"]
+               # what the cells sent (fresh: each request its own; repeat: the prompt set cycled, as legs did
+               # before fresh requests existed) and the share of prompt tokens (images) vLLM's prefix
+               # (multimodal) cache served over the cell: above zero, the cell measured cached prompts
+               + ["serve_requests", "prefix_cache_hit_rate", "mm_cache_hit_rate"])
 PAIR_METRICS = ("tpot_speedup", "throughput_ratio", "ttft_ratio")
 DRIFT_METRICS = {"tpot": "tpot_ms_median", "ttft": "ttft_ms_median", "throughput": "output_throughput"}
 SPEEDUP_COLUMNS = (["leg", "leg_index", "tier", "acceptance", "gamma", "concurrency"]
@@ -222,6 +226,14 @@ def _step_medians(costs: Any) -> dict[str, float]:
             "step_target_ms": verify if np.isfinite(verify) else med("decode_ms"), "step_draft_ms": med("propose_ms")}
 
 
+def _cache_columns(summary: dict) -> dict[str, Any]:
+    """What a leg's cells sent and the caches' hit rates over the cell (NaN where the leg predates them)."""
+    caches = summary.get("caches") if isinstance(summary.get("caches"), dict) else {}
+    return {"serve_requests": summary.get("serve_requests", "repeat"),
+            "prefix_cache_hit_rate": _num(caches.get("prefix_cache_hit_rate")),
+            "mm_cache_hit_rate": _num(caches.get("mm_cache_hit_rate"))}
+
+
 def leg_table(legs: list[ServingLeg]) -> pd.DataFrame:
     """(a) One row per serving leg: request counts, latency statistics (ms), throughput, acceptance."""
     rows = []
@@ -234,7 +246,7 @@ def leg_table(legs: list[ServingLeg]) -> pd.DataFrame:
                    # attention (vllm, twin or mixed): legs that differ only in them are told apart by them
                    draft_kernel=_reported(leg, "draft_linear_kernel"),
                    draft_attention=_reported(leg, "draft_attention"),
-                   **_step_medians(leg.summary.get("step_costs")))
+                   **_step_medians(leg.summary.get("step_costs")), **_cache_columns(leg.summary))
         values = {"ttft": [_num(r["ttft_s"]) for r in ok],
                   "tpot": [_num(r["tpot_s"]) for r in ok if r["tpot_s"] is not None],
                   "itl": [float(x) for r in ok for x in (r["itl_s"] or [])],

@@ -39,6 +39,9 @@ class LegConfig:
     # a serving leg's client concurrencies against its one server (max_num_seqs = the largest); None: one
     # cell at max_num_seqs
     concurrencies: list[int] | None = None
+    # what a serving leg's cells send (workbench.serve_requests): "fresh" (no request repeats another, none is
+    # cached) or "repeat" (the prompt set cycled: cached prompts)
+    serve_requests: str = "fresh"
     # vLLM's tensor parallelism: target and draft sharded over this many worker processes (one per rank)
     tensor_parallel_size: int = 1
     max_num_batched_tokens: int | None = None
@@ -72,7 +75,7 @@ class LegConfig:
     def __post_init__(self):
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise LegError(f"kv_cache_memory_bytes must be a positive number of bytes, got {self.kv_cache_memory_bytes}")
-        for name in WORKLOAD_KNOBS:  # the knob table's checks; None: the leg's or vLLM's default
+        for name in (*WORKLOAD_KNOBS, "serve_requests"):  # the knob table's checks; None: the default
             value = getattr(self, name)
             if value is not None:
                 try:
