@@ -1,5 +1,5 @@
-"""Issue 20, continued (tests/test_serving.py has the E17 run): a bounded load test of one serving leg, 576
-requests with images at concurrency 16 against the twin drafting (strict) and against a vanilla server."""
+"""Issue 20, continued (tests/test_serving.py has the E17 run): a bounded load test of one serving leg, 320
+fresh requests with images at concurrency 16 against the twin drafting (strict) and against a vanilla server."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from serving_checks import alive, records
 pytestmark = pytest.mark.vllm
 
 
-# enough requests that the server's memory is sampled at least 8 times (every 0.5 s) after its prime pass
-N_LOAD = 576
+# enough requests that the server's memory is sampled at least 8 times (every 0.5 s) after its prime pass: 20
+# waves of 16, each request its own (fresh: every image processed, every prompt prefilled)
+N_LOAD = 320
 
 def _load_prompts(path: Path, n: int) -> Path:
     base = [json.loads(line) for line in TINY_PROMPTS.read_text().splitlines()]
@@ -31,7 +32,7 @@ def _load_prompts(path: Path, n: int) -> Path:
 
 
 def test_bounded_load_strict_twin_at_concurrency_16(tmp_path, tiny_models):
-    """576 requests (images included) at concurrency 16, strict twin vs a vanilla server: every request
+    """320 fresh requests (images included) at concurrency 16, strict twin vs a vanilla server: every request
     answered, every output equal, counters = the per-request trace, the server's memory flat after warm-up."""
     from workbench.knobs import Knobs
     from workbench.leg import LegConfig
