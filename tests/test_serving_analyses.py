@@ -335,3 +335,21 @@ def test_the_step_timers_medians_are_columns_of_the_leg_table(run):
                      ].tolist() == [97.0, 110.0, 18.2, 36.5]
     assert table.loc["vanilla_c1", "step_target_ms"] == 18.3 and table.loc["vanilla_c1", "prefill_target_ms"] == 96.0
     assert pd.isna(table.loc["vanilla_c1", "prefill_draft_ms"]) and pd.isna(table.loc["relaxed_c1", "step_target_ms"])
+
+
+def test_the_summary_table_pairs_each_cell_with_its_own_speedup():
+    """A server swept over concurrencies is one leg with a row per cell: the summary table keeps one row per leg
+    and concurrency, each with the speedup of that concurrency (it once crossed every cell with every speedup)."""
+    from workbench.plots.serving import serving_summary
+
+    run = Path(__file__).resolve().parents[1] / "results" / "E18" / "20261206T193821Z-18b8309d"
+    legs, speedups, _ = serving.load(run)
+    table = serving_summary(legs, speedups).data[0]
+    header = list(table.header.values)
+    cols = {h: list(table.cells.values[i]) for i, h in enumerate(header) if h not in ("IQR",)}
+    rows = list(zip(cols["leg"], cols["conc."], cols["TPOT speedup"]))
+    assert len(rows) == len(legs) == len(set((leg, c) for leg, c, _ in rows)) == 16
+    want = {(r.leg, str(r.concurrency)): f"{r.tpot_speedup:.3g}" for r in speedups.itertuples()}
+    assert [(leg, c, s) for leg, c, s in rows if s != "—"] == [(leg, c, want[(leg, c)]) for leg, c, _ in rows
+                                                             if (leg, c) in want]
+    assert len(want) == 8

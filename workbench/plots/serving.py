@@ -39,8 +39,9 @@ def serving_summary(legs: pd.DataFrame, speedups: pd.DataFrame | None = None) ->
     """Serving legs (``serving.leg_table``) with their bracketed speedups (``serving.paired_speedups``), a table."""
     df = legs.sort_values("leg_index", kind="stable")
     if speedups is not None and len(speedups):
-        df = df.merge(speedups[["leg", "tpot_speedup", "tpot_speedup_iqr", "throughput_ratio",
-                                "throughput_ratio_iqr", "n_pairs"]], on="leg", how="left")
+        # one row per leg and concurrency: a server swept over concurrencies is one leg with a row per cell
+        df = df.merge(speedups[["leg", "concurrency", "tpot_speedup", "tpot_speedup_iqr", "throughput_ratio",
+                                "throughput_ratio_iqr", "n_pairs"]], on=["leg", "concurrency"], how="left")
     cols = [("leg", "leg"), ("concurrency", "conc."), ("completed", "ok"), ("n", "n"),
             ("ttft_ms_median", "TTFT ms p50"), ("ttft_ms_p99", "TTFT p99"), ("tpot_ms_median", "TPOT ms p50"),
             ("tpot_ms_p99", "TPOT p99"), ("itl_ms_median", "ITL ms p50"), ("e2el_ms_median", "E2EL ms p50"),
