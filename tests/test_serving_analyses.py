@@ -353,3 +353,5 @@ def test_the_summary_table_pairs_each_cell_with_its_own_speedup():
     assert [(leg, c, s) for leg, c, s in rows if s != "—"] == [(leg, c, want[(leg, c)]) for leg, c, _ in rows
                                                              if (leg, c) in want]
     assert len(want) == 8
+    # run before fresh requests: every cell repeated the prompt set, and the table says so
+    assert set(cols["requests"]) == {"repeat"} and set(cols["prefix cache hits"]) == {"—"}

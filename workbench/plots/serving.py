@@ -47,6 +47,9 @@ def serving_summary(legs: pd.DataFrame, speedups: pd.DataFrame | None = None) ->
             ("tpot_ms_p99", "TPOT p99"), ("itl_ms_median", "ITL ms p50"), ("e2el_ms_median", "E2EL ms p50"),
             ("output_throughput", "out tok/s"), ("request_throughput", "req/s"),
             ("acceptance_rate", "acc. rate"), ("trace_acceptance_rate", "acc. rate (trace)")]
+    # what the cells sent, and what vLLM's caches served of it (fresh requests: nothing; repeated: cached prompts)
+    cols += [(c, h) for c, h in (("serve_requests", "requests"), ("prefix_cache_hit_rate", "prefix cache hits"),
+                                 ("mm_cache_hit_rate", "image cache hits")) if c in df.columns]
     if "tpot_speedup" in df.columns:
         cols += [("tpot_speedup", "TPOT speedup"), ("tpot_speedup_iqr", "IQR"),
                  ("throughput_ratio", "throughput ×"), ("throughput_ratio_iqr", "IQR"), ("n_pairs", "pairs")]
