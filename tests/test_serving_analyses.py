@@ -347,11 +347,11 @@ def test_the_summary_table_pairs_each_cell_with_its_own_speedup():
     table = serving_summary(legs, speedups).data[0]
     header = list(table.header.values)
     cols = {h: list(table.cells.values[i]) for i, h in enumerate(header) if h not in ("IQR",)}
-    rows = list(zip(cols["leg"], cols["conc."], cols["TPOT speedup"]))
+    rows = list(zip(cols["leg"], cols["conc."], cols["TPOT ×"]))
     assert len(rows) == len(legs) == len(set((leg, c) for leg, c, _ in rows)) == 16
     want = {(r.leg, str(r.concurrency)): f"{r.tpot_speedup:.3g}" for r in speedups.itertuples()}
     assert [(leg, c, s) for leg, c, s in rows if s != "—"] == [(leg, c, want[(leg, c)]) for leg, c, _ in rows
                                                              if (leg, c) in want]
     assert len(want) == 8
     # run before fresh requests: every cell repeated the prompt set, and the table says so
-    assert set(cols["requests"]) == {"repeat"} and set(cols["prefix cache hits"]) == {"—"}
+    assert set(cols["sent"]) == {"repeat"} and set(cols["cached: prefix / image"]) == {"— / —"}

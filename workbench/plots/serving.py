@@ -35,6 +35,16 @@ def _tier_order(series: pd.Series, tiers: pd.Series) -> list[str]:
     return sorted(pairs, key=lambda s: (rank.get(pairs[s], 3), first[s]))
 
 
+def _int(v: Any) -> str:
+    f = _num(v)
+    return "—" if f is None else f"{f:.0f}"
+
+
+def _share(v: Any) -> str:
+    f = _num(v)
+    return "—" if f is None else f"{f:.2g}"
+
+
 def serving_summary(legs: pd.DataFrame, speedups: pd.DataFrame | None = None) -> go.Figure:
     """Serving legs (``serving.leg_table``) with their bracketed speedups (``serving.paired_speedups``), a table."""
     df = legs.sort_values("leg_index", kind="stable")
@@ -42,32 +52,39 @@ def serving_summary(legs: pd.DataFrame, speedups: pd.DataFrame | None = None) ->
         # one row per leg and concurrency: a server swept over concurrencies is one leg with a row per cell
         df = df.merge(speedups[["leg", "concurrency", "tpot_speedup", "tpot_speedup_iqr", "throughput_ratio",
                                 "throughput_ratio_iqr", "n_pairs"]], on=["leg", "concurrency"], how="left")
-    cols = [("leg", "leg"), ("concurrency", "conc."), ("completed", "ok"), ("n", "n"),
+    df = df.assign(ok_n=[f"{_int(c)}/{_int(n)}" for c, n in zip(df["completed"], df["n"])])
+    cols = [("leg", "leg"), ("concurrency", "conc."), ("ok_n", "ok/n"),
             ("ttft_ms_median", "TTFT ms p50"), ("ttft_ms_p99", "TTFT p99"), ("tpot_ms_median", "TPOT ms p50"),
             ("tpot_ms_p99", "TPOT p99"), ("itl_ms_median", "ITL ms p50"), ("e2el_ms_median", "E2EL ms p50"),
-            ("output_throughput", "out tok/s"), ("request_throughput", "req/s"),
-            ("acceptance_rate", "acc. rate"), ("trace_acceptance_rate", "acc. rate (trace)")]
+            ("output_throughput", "out tok/s"), ("acceptance_rate", "acc. rate"),
+            ("trace_acceptance_rate", "acc. rate (trace)")]
     # what the cells sent, and what vLLM's caches served of it (fresh requests: nothing; repeated: cached prompts)
-    cols += [(c, h) for c, h in (("serve_requests", "requests"), ("prefix_cache_hit_rate", "prefix cache hits"),
-                                 ("mm_cache_hit_rate", "image cache hits")) if c in df.columns]
+    if "serve_requests" in df.columns:
+        df = df.assign(cached=[f"{_share(p)} / {_share(m)}" for p, m in zip(df["prefix_cache_hit_rate"],
+                                                                           df["mm_cache_hit_rate"])])
+        cols += [("serve_requests", "sent"), ("cached", "cached: prefix / image")]
     if "tpot_speedup" in df.columns:
-        cols += [("tpot_speedup", "TPOT speedup"), ("tpot_speedup_iqr", "IQR"),
-                 ("throughput_ratio", "throughput ×"), ("throughput_ratio_iqr", "IQR"), ("n_pairs", "pairs")]
+        cols += [("tpot_speedup", "TPOT ×"), ("tpot_speedup_iqr", "IQR"),
+                 ("throughput_ratio", "thr. ×"), ("throughput_ratio_iqr", "IQR"), ("n_pairs", "pairs")]
 
-    def fmt(v: Any) -> str:
+    def fmt(v: Any, name: str) -> str:
         if isinstance(v, str):
             return v
         f = _num(v)
-        return "—" if f is None else (f"{f:.0f}" if float(f).is_integer() and abs(f) >= 1 else f"{f:.3g}")
+        if f is None:
+            return "—"
+        if name.endswith("_iqr"):
+            return f"{f:.3f}"
+        return f"{f:.0f}" if abs(f) >= 100 or (float(f).is_integer() and abs(f) >= 1) else f"{f:.3g}"
 
-    values = [[fmt(v) for v in df[c]] for c, _ in cols]
+    values = [[fmt(v, c) for v in df[c]] for c, _ in cols]
     fill = [[("#f5f5f5" if t == "vanilla" else "#ffffff") for t in df["tier"]]] * len(cols)
-    fig = go.Figure(go.Table(columnwidth=[2.2] + [1] * (len(cols) - 1),
+    fig = go.Figure(go.Table(columnwidth=[3.2] + [1.3 if c == "cached" else 1 for c, _ in cols[1:]],
                              header=dict(values=[h for _, h in cols], fill_color="#eeeeee", align="left"),
                              cells=dict(values=values, fill_color=fill, align="left"),
                              meta={"role": "serving_summary"}))
-    fig.update_layout(title="Serving legs: latency percentiles, throughput, acceptance; speedup = median over the "
-                            "bracketing vanilla legs of the same concurrency", template=TEMPLATE,
+    fig.update_layout(title="Serving legs per concurrency; speedup: median of the pairs with the bracketing vanilla "
+                            "legs", template=TEMPLATE,
                       margin=dict(l=20, r=20, t=60, b=20))
     return fig
 
