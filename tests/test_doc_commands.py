@@ -218,9 +218,10 @@ def _workbench_problems(argv: list[str], root: Path) -> list[str]:
 
 def _python_problems(argv: list[str], root: Path) -> list[str]:
     if argv[:3] == ["-m", "workbench.serve_leg", "--dataset"]:  # a mode before its parser: arity and input
-        if len(argv) != 5 or not (root / argv[3]).is_file():
+        if len(argv) < 5 or not (root / argv[3]).is_file():
             return [f"python -m workbench.serve_leg --dataset PROMPTS.jsonl OUT.jsonl: got {argv[2:]}"]
-        return []
+        from workbench.serve_leg import _dataset_main
+        return list(filter(None, [_argparse_problem(_dataset_main, argv[3:], "python -m workbench.serve_leg --dataset")]))
     if argv[:1] == ["-m"] and len(argv) > 1:
         mod = importlib.import_module(argv[1])
         if not hasattr(mod, "main"):

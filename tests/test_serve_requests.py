@@ -112,3 +112,18 @@ def test_no_kv_block_of_a_fresh_request_is_anothers(prompts, tmp_path, tiny_mode
         assert first < 16, (first, tok.decode(a[:first + 1]))
         # and they part inside the nonce, the turn's first text: nothing of the prompt comes before it
         assert ("<|im_start|>user\n" + nonce("c32-", i)).startswith(tok.decode(a[:first])), tok.decode(a[:first])
+
+
+def test_the_by_hand_dataset_writes_fresh_requests_on_demand(tmp_path, capsys):
+    from conftest import TINY_PROMPTS
+    from workbench.serve_leg import _dataset_main
+
+    assert _dataset_main([str(TINY_PROMPTS), str(tmp_path / "plain.jsonl")]) == 0
+    assert _dataset_main([str(TINY_PROMPTS), str(tmp_path / "a.jsonl"), "--fresh", "run2-", "--requests", "20"]) == 0
+    assert "20 fresh requests" in capsys.readouterr().out
+    plain, fresh = _rows(tmp_path / "plain.jsonl"), _rows(tmp_path / "a.jsonl")
+    assert len(fresh) == 20 == len({json.dumps(r) for r in fresh}) and fresh[0][0]["text"] == nonce("run2-", 0)
+    assert fresh[len(plain)][1:] != plain[0] or not any(c["type"] == "image_url" for c in plain[0])
+    with pytest.raises(SystemExit):
+        _dataset_main([str(TINY_PROMPTS), str(tmp_path / "b.jsonl"), "--requests", "3"])  # --requests needs --fresh
+    assert not (tmp_path / "b.jsonl").exists()

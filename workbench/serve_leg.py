@@ -1,7 +1,8 @@
 """A serving leg: the patched engine behind vLLM's OpenAI server, driven by vLLM's own benchmark client.
 
     python -m workbench.serve_leg --config legs/<leg>/leg.json
-    python -m workbench.serve_leg --dataset PROMPTS.jsonl requests.jsonl   # the dataset, for runs by hand
+    python -m workbench.serve_leg --dataset PROMPTS.jsonl requests.jsonl [--fresh TAG [--requests N]]
+                                                 # the dataset, for runs by hand (fresh: each request its own)
 
 The leg's ``leg.json`` is an ordinary leg's (``workbench.leg.LegConfig``: target, draft, knobs,
 prompt set, ``max_num_seqs`` = the client's ``--max-concurrency`` and the server's
@@ -511,23 +512,39 @@ class LegStopped(SystemExit):
         return f"stopped by {self.signal} (exit status {self.code})"
 
 
+def _dataset_main(argv: list[str]) -> int:
+    """A prompt set as `vllm bench serve --dataset-name custom_image` reads it (for runs by hand): one request
+    per prompt as it is, or ``--fresh TAG``: ``--requests N`` (default: one per prompt) each its own
+    (``workbench.serve_requests``), so that a second client run against the same server finds nothing cached."""
+    ap = argparse.ArgumentParser(prog="python -m workbench.serve_leg --dataset")
+    ap.add_argument("prompts", help="prompt file (JSONL, workbench prompt schema)")
+    ap.add_argument("out", help="the dataset to write (JSONL, vLLM's custom_image format)")
+    ap.add_argument("--fresh", metavar="TAG", help="each request its own, tagged TAG (another TAG per client run)")
+    ap.add_argument("--requests", type=int, help="with --fresh: how many (the prompts cycled; default one each)")
+    args = ap.parse_args(argv)
+    if args.requests is not None and (args.fresh is None or args.requests < 1):
+        ap.error("--requests takes a count >= 1 and goes with --fresh")
+    from workbench.prompts import PromptError, load_prompts
+
+    try:
+        prompts = load_prompts(args.prompts)
+    except PromptError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.fresh is None:
+        bench_dataset(prompts, Path(args.out))
+        n = len(prompts)
+    else:
+        n = args.requests or len(prompts)
+        write_requests(prompts, Path(args.out), n, FRESH, args.fresh)
+    print(f"{n} {'fresh ' if args.fresh is not None else ''}requests -> {args.out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--dataset"]:
-        # a prompt set as `vllm bench serve --dataset-name custom_image` reads it (for runs by hand)
-        if len(argv) != 3:
-            print("usage: python -m workbench.serve_leg --dataset PROMPTS.jsonl OUT.jsonl", file=sys.stderr)
-            return 2
-        from workbench.prompts import PromptError, load_prompts
-
-        try:
-            prompts = load_prompts(argv[1])
-        except PromptError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        bench_dataset(prompts, Path(argv[2]))
-        print(f"{len(prompts)} requests -> {argv[2]}")
-        return 0
+        return _dataset_main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True, help="the leg's leg.json")
     args = ap.parse_args(argv)
