@@ -221,7 +221,8 @@ def _python_problems(argv: list[str], root: Path) -> list[str]:
         if len(argv) < 5 or not (root / argv[3]).is_file():
             return [f"python -m workbench.serve_leg --dataset PROMPTS.jsonl OUT.jsonl: got {argv[2:]}"]
         from workbench.serve_leg import _dataset_main
-        return list(filter(None, [_argparse_problem(_dataset_main, argv[3:], "python -m workbench.serve_leg --dataset")]))
+        what = "python -m workbench.serve_leg --dataset"
+        return list(filter(None, [_argparse_problem(_dataset_main, argv[3:], what)]))
     if argv[:1] == ["-m"] and len(argv) > 1:
         mod = importlib.import_module(argv[1])
         if not hasattr(mod, "main"):
