@@ -392,6 +392,29 @@ def test_serving_prediction_reads_a_table_of_the_legs_card_first_and_names_anoth
     assert "measured on" not in predicted_speedup(leg, summary, 1)["c_source"]
 
 
+def test_serving_prediction_reads_no_cost_table_made_after_the_run(tmp_path, monkeypatch):
+    """Exporting a run again later gives the prediction it had: the newest cost table made before the run,
+    not one measured after it (a later E16 run once moved an 8B run's S at concurrency 1 from 1.465 to 1.472)."""
+    import functools
+
+    from workbench import serving_predict
+    from workbench.serving_predict import _cost_cell, predicted_speedup
+
+    root = tmp_path / "E16"
+    _cost_run(root, [(1, 4, 1.6)], "20260101T000000Z-early")
+    _cost_run(root, [(1, 4, 1.6)], "20260301T000000Z-later")
+    assert _cost_cell("32b", 1, 4, root=root)[1].endswith("20260301T000000Z-later")
+    assert _cost_cell("32b", 1, 4, root=root, before="20260201T000000Z-run")[1].endswith("20260101T000000Z-early")
+    assert _cost_cell("32b", 1, 4, root=root, before="20251201T000000Z-run") is None  # nothing before it
+    monkeypatch.setattr(serving_predict, "_cost_cell", functools.partial(_cost_cell, root=root))
+    (tmp_path / "leg.json").write_text(json.dumps({"target": "models/shapes/32b-target"}))
+    summary = {"tier": "synthetic", "run_id": "20260201T000000Z-run",
+               "speculative": {"num_speculative_tokens": 4, "synthetic_acceptance_rates": [0.9, 0.81, 0.729, 0.6561]}}
+    assert predicted_speedup(tmp_path, summary, 1)["c_source"].endswith("20260101T000000Z-early")
+    later = predicted_speedup(tmp_path, dict(summary, run_id="20260401T000000Z-run"), 1)
+    assert later["c_source"].endswith("20260301T000000Z-later")
+
+
 def test_a_run_that_cannot_fit_is_refused_before_any_leg(monkeypatch):
     """The run's preflight plans every leg's memory on a CUDA host (here a 96 GiB device, stated): the 32B
     pair at concurrency 32 does not fit it, the vanilla target alone does."""

@@ -4,8 +4,8 @@ For a synthetic-acceptance leg (``acceptance`` not ``real``) the acceptance prof
 unconditional per-position rates vLLM drew against (``summary.speculative``), so a step yields
 E[tokens] = 1 + Σ rates[:γ]. The cost side is the cost ladder's c = (propose / γ) / verify step at that
 batch size and γ (E16: the table the leg's ``auto`` schedule priced that cell from, else the newest run folder
-with that cell for the target's size, measured on the leg's GPU where one is; ``c_source`` names the card
-when it is not the leg's), and
+with that cell for the target's size made before the leg's run, measured on the leg's GPU where one is;
+``c_source`` names the card when it is not the leg's), and
 S(α, γ, c) = E[tokens] / (1 + γ c), the README's bound. Under a batch-size schedule γ is the schedule's
 at the cell's concurrency. At γ 0 (speculation off) S = 1 with knob ``draft_idle=skip``; with vLLM's
 ``sync`` the draft's pass over the batch still runs, S = 1 / (1 + c).
@@ -41,10 +41,13 @@ def _same_kernel(label: str, kernel: str) -> bool:
 
 
 def _cost_cell(size: str, batch: int, gamma: int, kernel: str = "auto", root: Path = RESULTS_E16,
-               card: str | None = None) -> tuple[float, str] | None:
+               card: str | None = None, before: str | None = None) -> tuple[float, str] | None:
     """The lowest c of the newest E16 run with a (batch, γ) cell of ``size`` on the leg's draft kernel,
-    measured on ``card`` (the leg's GPU) where one is, else on any."""
-    tables = sorted(root.glob("*/tables/cost_ratio.csv"), reverse=True)
+    measured on ``card`` (the leg's GPU) where one is, else on any; ``before`` (the leg's run id): only runs
+    made before it (run ids sort by their UTC time), so that exporting a run again later gives the prediction
+    it had, not one from a cost table measured after it."""
+    tables = sorted((t for t in root.glob("*/tables/cost_ratio.csv") if before is None or t.parents[1].name < before),
+                    reverse=True)
     if card is not None:
         tables = sorted(tables, key=lambda t: run_card(t.parents[1]) != card)  # stable: newest first in each
     for table in tables:
@@ -102,15 +105,19 @@ def predicted_speedup(leg_dir: Path, summary: dict[str, Any], concurrency: int) 
     kernel = str((summary.get("knobs") or {}).get("draft_linear_kernel") or "auto")
     size = Path(str(target)).name.split("-")[0]
     card = _leg_card(leg_dir)
+    run_id = summary.get("run_id")
+    before = str(run_id) if run_id else None
     if gamma == 0:  # vLLM's: the draft's pass over the batch still runs, about one draft step
-        cell = next((c for g in range(1, 9) if (c := _cost_cell(size, concurrency, g, kernel, card=card))), None)
+        cell = next((c for g in range(1, 9) if (c := _cost_cell(size, concurrency, g, kernel, card=card,
+                                                                 before=before))), None)
         if cell is None:
             return {}
         return {"S_predicted": 1.0 / (1.0 + cell[0]), "c": cell[0],
                 "c_source": f"speculation off at this batch size, the draft's pass still runs; "
                             f"{_with_card(cell[1], card)}",
                 "expected_tokens": 1.0}
-    cell = _schedule_cell(info, concurrency, gamma) or _cost_cell(size, concurrency, gamma, kernel, card=card)
+    cell = (_schedule_cell(info, concurrency, gamma)
+            or _cost_cell(size, concurrency, gamma, kernel, card=card, before=before))
     if cell is None:
         return {}
     c, source = cell
