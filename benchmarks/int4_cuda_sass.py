@@ -47,6 +47,7 @@ for _p in (str(REPO), str(HERE)):
     if _p not in sys.path:
         sys.path.append(_p)
 
+import int4_sass  # noqa: E402  (Triton's nvdisasm, nvdisasm's listing parsed)
 from int4_ncu_source import opcode  # noqa: E402  (``@!P0 LDG.E.128 ...`` -> ``LDG``, as the profiles count)
 
 from vllm_patch import twin_cuda_compile as tcc  # noqa: E402
@@ -54,8 +55,6 @@ from vllm_patch import twin_cuda_compile as tcc  # noqa: E402
 ARCH = "sm_90a"
 ISSUE_PER_S = 132 * 4 * 1.98e9  # warp-instructions a second: H100 / H200 SXM, one per scheduler per clock
 _FUNC = re.compile(r"^\s*\.text\.(\S+):")
-_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
-_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _BRANCH = re.compile(r"BRA\s+(?:`\()?(\.L_x_\d+|0x[0-9a-f]+)")
 _MANGLED = re.compile(r"w4a16_decodeILi(\d)ELi(\d)ELi(\d)ELb(\d)ELb(\d)E")
 _DEMANGLED = re.compile(r"w4a16_decode<\(int\)(\d), \(int\)(\d), \(int\)(\d), \(bool\)(\d), \(bool\)(\d)>")
@@ -103,12 +102,11 @@ def source_tree(rev: str, tmp: Path) -> Path:
 
 
 def nvdisasm() -> Path:
-    import triton
-
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
-    if not tool.is_file():
-        raise SassError(f"{tool} is missing: this triton wheel has no NVIDIA tools")
-    return tool
+    """Triton's ``nvdisasm`` (``int4_sass.tools``)."""
+    try:
+        return int4_sass.tools()[0]
+    except FileNotFoundError as exc:
+        raise SassError(str(exc)) from None
 
 
 def compile_sass(csrc: Path, instances: list[tuple], tmp: Path) -> tuple[dict[tuple, list[tuple[int, str]]], dict]:
@@ -125,31 +123,21 @@ def compile_sass(csrc: Path, instances: list[tuple], tmp: Path) -> tuple[dict[tu
 
 
 def functions(sass: str) -> dict[str, list[tuple[int, str]]]:
-    """nvdisasm's listing split by function; branch targets as addresses."""
-    out: dict[str, list] = {}
-    cur, labels, pending = None, {}, []
-    for line in sass.splitlines():
-        f = _FUNC.match(line)
-        if f:
-            cur = f.group(1)
-            out[cur], labels[cur] = [], {}
+    """nvdisasm's listing split by function (each parsed by ``int4_sass.instructions``); branch targets as
+    addresses."""
+    out = {}
+    for block in re.split(r"(?m)^(?=\s*\.text\.)", sass):
+        f = _FUNC.match(block)
+        if not f:
             continue
-        lm = _LABEL.match(line)
-        if lm:
-            pending.append(lm.group(1))
-            continue
-        m = _INSTR.search(line)
-        if m and cur is not None:
-            addr = int(m.group(1), 16)
-            for p in pending:
-                labels[cur][p] = addr
-            pending = []
-            out[cur].append((addr, m.group(2).strip()))
-    def resolve(name: str, b: re.Match) -> str:  # a label branched to, as its address (unknown: kept)
-        target = labels[name].get(b.group(1))
-        return "BRA " + hex(target) if target is not None else b.group(0)
+        ins, labels = int4_sass.instructions(block)
 
-    return {name: [(a, _BRANCH.sub(lambda b: resolve(name, b), t)) for a, t in ins] for name, ins in out.items()}
+        def resolve(b: re.Match, labels=labels) -> str:  # a label branched to, as its address (unknown: kept)
+            target = labels.get(b.group(1))
+            return "BRA " + hex(target) if target is not None else b.group(0)
+
+        out[f.group(1)] = [(a, _BRANCH.sub(resolve, t)) for a, t in ins]
+    return out
 
 
 def loops(ins: list[tuple[int, str]]) -> list[tuple[int, int]]:

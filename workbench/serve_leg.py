@@ -257,11 +257,15 @@ def _prime(cfg: legmod.LegConfig, client: BenchClient, base_url: str, prompts: l
     in a run (8B H100, E18 20261206T091621Z-553b266a: the longest prompts' TTFT 350-430 ms in the first vanilla
     and spec legs, 90-130 ms in the later ones; vanilla_1's median 77 ms against vanilla_2's 52). Which part
     of the server pays it is not separated."""
-    n_prompts = prime_dataset(dataset, out / PRIME_REQUESTS)
     if cfg.serve_requests == FRESH:
-        lines = dataset.read_text().splitlines()  # request i is prompts[i] as it is
-        first = [lines.index(line) for line in dict.fromkeys(lines)]
-        write_requests([prompts[i] for i in first], out / PRIME_REQUESTS, n_prompts, FRESH, "prime-")
+        first: dict[str, int] = {}  # request i of the dataset is prompts[i] as it is: the first of each, by content
+        for i, line in enumerate(dataset.read_text().splitlines()):
+            if line.strip():
+                first.setdefault(line, i)
+        n_prompts = len(first)
+        write_requests([prompts[i] for i in first.values()], out / PRIME_REQUESTS, n_prompts, FRESH, "prime-")
+    else:
+        n_prompts = prime_dataset(dataset, out / PRIME_REQUESTS)
     try:
         client.run(client_args(cfg, base_url, out / PRIME_REQUESTS, out, n_prompts, f"{cfg.leg or 'leg'}-prime-", 1,
                                save=False, output_len=PRIME_TOKENS), out / PRIME_LOG, None,
