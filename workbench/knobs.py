@@ -61,8 +61,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "a serving leg's client concurrencies against its one server (its max_num_seqs the largest), "
          "swept as `vllm bench sweep serve` does; empty: one cell at max_num_seqs", flag="--concurrencies"),
     Knob("serve_requests", str, "fresh", lambda v: v in ("fresh", "repeat"), "fresh or repeat",
-         "what a serving leg's cells send: fresh (each request its own: a nonce first, each image one pixel "
-         "changed, so neither vLLM's prefix cache nor its multimodal cache holds it) or repeat (the prompt "
+         "what a serving leg's cells send: fresh (each request its own: a nonce first, each image its first "
+         "pixels stamped, so neither vLLM's prefix cache nor its multimodal cache holds it) or repeat (the prompt "
          "set cycled, as warmed: cached prompts)", flag="--serve-requests"),
     Knob("tensor_parallel_size", int, 1, _int_range(1, 64), "an integer 1..64",
          "tensor-parallel ranks of the target and its draft (vLLM's draft_model shards the draft like the "
