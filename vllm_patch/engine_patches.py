@@ -71,7 +71,7 @@ def apply(knobs: EngineKnobs) -> EngineState:
         return installed
     state = EngineState.create(knobs)
     from . import cpu_int4, early_output, early_release, quant_ignore, relaxed_gate, request_checks
-    from . import runner_hooks, target_graphs, twin_proposer, worker_rpc
+    from . import runner_hooks, schedule_key, target_graphs, twin_proposer, worker_rpc
 
     twin_proposer.install()  # the twin's drafting loop: vllm_patch/twin_proposer.py
     runner_hooks.install(state)
@@ -83,6 +83,7 @@ def apply(knobs: EngineKnobs) -> EngineState:
     early_output.install(state)  # after runner_hooks: its wrappers are the outer ones
     early_release.install(state)
     target_graphs.install(knobs)  # knob target_graphs=full only
+    schedule_key.install(state)  # knob gamma_schedule_key=load only
     publish(state)
     return state
 

@@ -46,6 +46,7 @@ class EngineState:
         self.draft_idle_prompt_skips = 0  # of them, steps with prompt tokens (draft_idle=skip_all)
         self.early_output_steps = 0  # steps whose sampled tokens were copied before the drafter's work
         self.early_release_steps = 0  # steps handed to the client before the next step's launch (early_release)
+        self.schedule_key_changes = 0  # steps whose γ the schedule gave by load, not batch (gamma_schedule_key)
         self.draft_pass_queued: bool | None = None  # whether the latest sample_tokens queued a draft pass
 
     @classmethod
@@ -82,7 +83,7 @@ class EngineState:
         """The step counters as they stand (the report otherwise has them at their first and every 100th
         step); a leg's end calls this through its flushes, so its summary holds the whole count."""
         counts = {k: getattr(self, k) for k in ("draft_idle_skips", "draft_idle_prompt_skips", "early_output_steps",
-                                                "early_release_steps")}
+                                                "early_release_steps", "schedule_key_changes")}
         counts = {k: v for k, v in counts.items() if v}
         if self.report is not None and counts:
             self.report.update(**counts)

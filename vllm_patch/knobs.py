@@ -27,8 +27,7 @@ import json
 import math
 import os
 from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 ENV_RELAX = "VLLM_SPEC_RELAX_LOGTAU"
 ENV_BLIND = "VLLM_SPEC_DRAFT_BLIND_MM"
@@ -41,98 +40,13 @@ ENV_LM_HEAD = "VLLM_SPEC_DRAFT_LM_HEAD"
 ENV_EARLY_OUTPUT = "VLLM_SPEC_EARLY_OUTPUT"
 ENV_EARLY_RELEASE = "VLLM_SPEC_EARLY_RELEASE"
 ENV_DRAFT_IDLE = "VLLM_SPEC_DRAFT_IDLE"
+ENV_SCHEDULE_KEY = "VLLM_SPEC_GAMMA_SCHEDULE_KEY"
 ENV_VISION_SHARE = "VLLM_SPEC_DRAFT_VISION_SHARE"
 ENV_TARGET_GRAPHS = "VLLM_SPEC_TARGET_GRAPHS"
 ENV_DRAFT_ATTENTION = "VLLM_SPEC_DRAFT_ATTENTION"
 ENV_REPORT_DIR = "VLLM_SPEC_REPORT_DIR"
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
-class KnobError(ValueError):
-    """A knob has a value that is refused; the message names the knob (or variable) and the rule."""
-
-
-@dataclass(frozen=True)
-class Knob:
-    name: str
-    type: type                       # bool | int | float | str
-    default: Any
-    check: Callable[[Any], bool]
-    rule: str                        # the check in words: "a float >= 0"
-    help: str
-    env: str | None = None           # engine environment variable
-    env_inverted: bool = False       # the variable holds the negation (VLLM_SPEC_DISABLE_...)
-    flag: str | None = None          # leg command-line option
-    spec_only: bool = False          # means something only with a draft
-    applies_on_cpu: bool = True      # False: accepted on CPU, recorded as having no effect
-    leg_default: Any = ...           # a leg's default when it differs from the engine's (``...``: the same)
-    column: str | None = None        # "record": a column of records, LEG_KEYS and the leg table; "leg": of the
-    #                                  leg table only; None: no column (the value stays in the record's knobs)
-    leg_extra: tuple[str, ...] = ()  # further leg-table columns the engine reports beside it (..._applies)
-
-    @property
-    def leg_value(self) -> Any:
-        """The value a leg takes when nobody sets the knob."""
-        return self.default if self.leg_default is ... else self.leg_default
-
-    def validate(self, value: Any, where: str = "") -> Any:
-        """``value`` if it has the knob's type and passes its check (ints widen to float); else KnobError."""
-        if self.type is bool:
-            ok = isinstance(value, bool)
-        elif self.type is int:
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        elif self.type is float:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if ok:
-                value = float(value)
-        else:
-            ok = isinstance(value, self.type)
-        if not ok or not self.check(value):
-            raise KnobError(f"{where + ': ' if where else ''}knob {self.name!r} must be {self.rule}, got {value!r}")
-        return value
-
-    def parse(self, text: str, where: str = "") -> Any:
-        """Typed value of a string (command line, environment)."""
-        raw = str(text).strip()
-        try:
-            if self.type is bool:
-                low = raw.lower()
-                if low not in _TRUE | _FALSE:
-                    raise ValueError
-                value: Any = low in _TRUE
-            elif self.type is int:
-                value = int(raw)
-            elif self.type is float:
-                value = float(raw)
-            else:
-                value = raw
-        except ValueError:
-            raise KnobError(f"{where + ': ' if where else ''}knob {self.name!r} must be {self.rule}, "
-                            f"got {text!r}") from None
-        return self.validate(value, where)
-
-    def env_value(self, value: Any) -> str:
-        """The string the engine's environment gets for ``value``."""
-        if self.type is bool:
-            return "1" if bool(value) != self.env_inverted else "0"
-        return repr(float(value)) if self.type is float else str(value)
-
-    def read_env(self, env: Mapping[str, str]) -> Any:
-        """The knob's value from the engine's environment (unset or empty: the default)."""
-        raw = env.get(self.env or "")
-        if raw is None or raw.strip() == "":
-            return self.default
-        if self.type is bool:
-            low = raw.strip().lower()
-            if low not in _TRUE | _FALSE:
-                raise KnobError(f"{self.env}={raw!r} is not a boolean (use 1/0, true/false)")
-            return (low in _TRUE) != self.env_inverted
-        try:
-            return self.validate(self.type(raw.strip()))
-        except (ValueError, KnobError):
-            raise KnobError(f"{self.env}={raw!r} must be {self.rule} ({self.help})") from None
+from .knob_type import _FALSE, _TRUE, Knob, KnobError  # noqa: F401 (the table's type, re-exported)
 
 
 def _finite_nonneg(v: float) -> bool:
@@ -149,6 +63,7 @@ DRAFT_LINEAR_KERNELS = ("auto", "machete", "marlin", "humming", "exllama", "own"
 OWN_KERNEL_MODULES = {"own": "twin_gemv", "own-cuda": "twin_cuda", "own-cuda+marlin": "twin_hybrid",
                       "own-cuda+marlin+machete": "twin_hybrid"}
 TARGET_GRAPHS = ("vllm", "full")  # under vLLM's γ schedule: its PIECEWISE target, or FULL graphs per length
+SCHEDULE_KEYS = ("batch", "load")  # the γ schedule looked up by the scheduled requests (vLLM), or running + waiting
 DRAFT_IDLE = ("sync", "skip", "skip_all")  # a step with γ 0: the draft's pass keeps its KV cache (vLLM), or none
 # runs at a decode-only step (skip), or none at any step, prompt tokens included (skip_all)
 DRAFT_ATTENTIONS = ("vllm", "twin")  # the draft's single-token decode attention: vLLM's backend, or vllm_patch's
@@ -238,6 +153,12 @@ SWITCHES: dict[str, Knob] = {k.name: k for k in [
          "γ-0 step that admits prompt tokens either: such a step costs vanilla's too, and the draft's cache "
          "lacks those prompts when γ > 0 returns)",
          env=ENV_DRAFT_IDLE, flag="--draft-idle", spec_only=True, column="leg"),
+    # issue 36: vLLM looks the schedule up by the requests scheduled, small while prompts wait for their prefill
+    Knob("gamma_schedule_key", str, "batch", lambda v: v in SCHEDULE_KEYS, "one of " + ", ".join(SCHEDULE_KEYS),
+         "what the batch-size γ schedule is looked up by: batch (vLLM's: the requests scheduled in the step) or "
+         "load (running plus waiting: a step that schedules few while prompts wait is priced at the batch it "
+         "is about to have; vllm_patch.schedule_key). No effect without a schedule",
+         env=ENV_SCHEDULE_KEY, flag="--gamma-schedule-key", spec_only=True, column="leg"),
     # issue 36: TTFT. A twin's vision tower is the target's (not quantized): its outputs would be the target's
     Knob("draft_vision_share", bool, True, _any, "true or false",
          "the draft reads the target's image embeddings where its vision tower's weights equal the target's "
