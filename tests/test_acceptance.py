@@ -4,6 +4,7 @@ and the synthetic sampler's CPU path against its CUDA kernel's semantics; one of
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -542,3 +543,36 @@ def test_the_documented_32b_ladder_fits_an_h200_and_the_twin_is_refused_on_an_h1
         monkeypatch.setattr(memory_plan, "device_memory_bytes", lambda: H100_BYTES)
         refused = {pr.split(":")[0].removeprefix("leg ") for pr in memory_plan.memory_problems(p, models, set())}
         assert {n for n, d in drafts.items() if d == "twin"} <= refused, (cmd, refused)
+
+
+def test_bare_auto_reads_the_table_and_setup_of_the_legs_draft_kernel(tmp_path):
+    """An own-cuda table, faster and newer, priced the schedule of a leg drafting on Marlin (8B H100, E18
+    20261207T235605Z-869510a1: predicted S 1.27 from own-cuda's c, measured 1.218): the leg's kernel comes first."""
+    def run(name, label, s1):
+        path = _cost_run(tmp_path, [(1, 4, s1), (16, 4, 0.9)], name)
+        table = path / "tables" / "cost_ratio.csv"
+        table.write_text(table.read_text().replace("32b [x]", f"32b [{label} full_all]"))
+        return path
+
+    run("20260101T000000Z-marlin", "marlin", 1.40)
+    run("20260102T000000Z-own", "own-cuda", 1.55)
+    pick = functools.partial(acc.default_cost_run, "models/shapes/32b-target", root=tmp_path, max_batch=16)
+    assert pick().name == "20260102T000000Z-own"  # no kernel named: the fastest setup, as before
+    assert pick(kernel="auto").name == "20260101T000000Z-marlin"  # auto drafts on Marlin
+    assert pick(kernel="marlin").name == "20260101T000000Z-marlin"
+    assert pick(kernel="own-cuda").name == "20260102T000000Z-own"
+    assert pick(kernel="humming").name == "20260102T000000Z-own"  # no table of it: the rules as before
+    # one table holding both setups is read at the leg's
+    both = tmp_path / "both"
+    (both / "tables").mkdir(parents=True)
+    rows = ["size,batch,gamma,draft_graphs,verify_ms,propose_ms,c,decode_ms,S_measured_alpha1,"
+            "S_measured_decode_alpha1"]
+    rows += [f"32b [{k} full_all],{b},4,True,18,36,{c},18,1.0,{s}" for k, c, s in (("marlin", 0.6, 1.4),
+             ("own-cuda", 0.5, 1.55)) for b in (1, 16)]
+    (both / "tables" / "cost_ratio.csv").write_text("\n".join(rows) + "\n")
+    rates = functools.partial(acc.unconditional_rates, "alpha:0.9")
+    assert {r["setup"] for r in acc.schedule_table(both, rates, 16, kernel="auto")} == {"32b [marlin full_all]"}
+    assert {r["setup"] for r in acc.schedule_table(both, rates, 16)} == {"32b [own-cuda full_all]"}
+    knobs = Knobs(gamma=4, acceptance="alpha:0.9", gamma_schedule=f"auto:{both}", draft_idle="skip")
+    info = knobs.spec_config_extra(16)[1]
+    assert {r["setup"] for r in info["gamma_schedule_table"]} == {"32b [marlin full_all]"}  # the knobs' default: auto

@@ -26,8 +26,9 @@ leg is a cost measurement and says "synthetic α" wherever it is shown.
 * ``LO-HI:G/LO-HI:G/...``: explicit ranges, e.g. ``1-4:4/5-16:2/17-64:0``.
 * ``auto``: ``auto:`` the E16 run folder under the repository's ``results/E16`` whose cost table has rows
   of the target's size (``32b`` for ``models/shapes/32b-target``) at two or more batch sizes, measured on
-  the GPU model here where one is (else another card's, said on stderr and in the records), that reaches
-  the server's largest batch, of the fastest drafter setup, the newest (:func:`default_cost_run`).
+  the GPU model here where one is (else another card's, said on stderr and in the records), that measured
+  the leg's draft kernel, that reaches the server's largest batch, of the fastest drafter setup, the newest
+  (:func:`default_cost_run`); read at the leg's kernel's setup where the table has several.
 * ``auto:RUN_DIR``: from a cost-ladder run folder (E16: ``ladder_rows.jsonl`` / ``tables/cost_ratio.csv``,
   one row per batch and γ) and the leg's acceptance profile, the γ per batch size that maximises the
   predicted speedup; 0 where that is predicted faster than every γ. A step at γ 0 is not free under vLLM:
@@ -41,6 +42,7 @@ import csv
 import functools
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -260,24 +262,21 @@ def _cost_rows(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def schedule_table(run_dir: Path, rates_of, max_batch: int) -> list[dict[str, Any]]:
+def schedule_table(run_dir: Path, rates_of, max_batch: int, kernel: str | None = None) -> list[dict[str, Any]]:
     """Predicted speedup of every measured (batch, γ) cell at the leg's acceptance.
 
     Each cell's real step time comes from the measurement at α = 1 (all γ + 1 tokens kept):
     T_step(b, γ) = (γ + 1) · T_vanilla(b) / S_measured(b, γ, α = 1), so the verify step's growth with
     batch × (γ + 1) tokens is in it, not only the draft's c. At the leg's acceptance a step yields
     E[tokens](α, γ) = 1 + Σ rates, so S(α) = E[tokens] · T_vanilla / T_step = E[tokens] / (γ + 1) · S_measured.
-    ``rates_of(γ)``: the leg's unconditional per-position rates at γ.
+    ``rates_of(γ)``: the leg's unconditional per-position rates at γ; ``kernel``: the leg's draft kernel, whose
+    setup is read where the table has one.
     """
     rows = _cost_rows(run_dir)
     sizes = sorted({r["size"] for r in rows})
-    # one drafter setup (the label names it: kernel, graph mode, ...), never a mix of setups per cell:
-    # the one measured at the most cells, then the fastest on average
-    by_setup: dict[str, list[dict]] = {}
-    for r in rows:
-        by_setup.setdefault(r["size"], []).append(r)
-    setup = max(by_setup, key=lambda k: (len(by_setup[k]), sum(r["S1"] for r in by_setup[k]) / len(by_setup[k])))
-    best = {(r["batch"], r["gamma"]): r for r in by_setup[setup]}
+    # one drafter setup (the label names it: kernel, graph mode, ...), never a mix of setups per cell
+    setup = _pick_setup(rows, kernel)
+    best = {(r["batch"], r["gamma"]): r for r in rows if r["size"] == setup}
     out = []
     for (b, g), r in sorted(best.items()):
         tokens = expected_tokens(rates_of(g))
@@ -306,8 +305,8 @@ def off_speedup(cells: list[dict[str, Any]], idle: str) -> float:
     return 1.0 / (1.0 + float(c))
 
 
-def auto_schedule(run_dir: Path, rates_of, max_batch: int, min_gain: float = 1.0, idle: str = "sync"
-                  ) -> tuple[list[Range], list[dict]]:
+def auto_schedule(run_dir: Path, rates_of, max_batch: int, min_gain: float = 1.0, idle: str = "sync",
+                  kernel: str | None = None) -> tuple[list[Range], list[dict]]:
     """The γ per batch-size range that maximises predicted S; 0 (speculation off) where that is predicted
     faster than every γ (``off_speedup``: free only with ``draft_idle=skip``, whose threshold is ``min_gain``).
 
@@ -317,7 +316,7 @@ def auto_schedule(run_dir: Path, rates_of, max_batch: int, min_gain: float = 1.0
     H200): with ``skip`` speculation is off there; with ``sync`` an off step still pays a draft pass, so the
     largest measured batch's choice holds.
     """
-    cells = schedule_table(run_dir, rates_of, max_batch)
+    cells = schedule_table(run_dir, rates_of, max_batch, kernel)
     batches = sorted({c["batch"] for c in cells})
     choice: dict[int, dict] = {}
     for b in batches:
@@ -374,13 +373,31 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def _setup_speed(rows: list[dict[str, Any]]) -> float:
-    """How fast a table's drafter setup is: its best measured S(α = 1) at its smallest batch, over the setup
-    ``schedule_table`` would read (the one measured at the most cells)."""
+def setup_kernel_matches(label: str, kernel: str | None) -> bool:
+    """Whether an E16 setup label (``8b [marlin full_all]``) names the draft kernel ``kernel`` (a leg's
+    ``draft_linear_kernel``; ``auto`` drafts on Marlin, and the first tables named it ``auto``)."""
+    m = re.search(r"\[(\S+)", label)
+    if kernel is None or m is None:
+        return False
+    return m.group(1) in (("auto", "marlin") if kernel == "auto" else (kernel,))
+
+
+def _pick_setup(rows: list[dict[str, Any]], kernel: str | None = None) -> str:
+    """The setup a table is read at: the leg's kernel's where the table has it (the ``auto`` schedule of a leg
+    drafting on Marlin read an own-cuda table and predicted own-cuda's S), then the one measured at the most
+    cells, then the fastest on average."""
     by_setup: dict[str, list[dict]] = {}
     for r in rows:
         by_setup.setdefault(r["size"], []).append(r)
-    cells = max(by_setup.values(), key=lambda v: (len(v), sum(r["S1"] for r in v) / len(v)))
+    return max(by_setup, key=lambda k: (setup_kernel_matches(k, kernel), len(by_setup[k]),
+                                        sum(r["S1"] for r in by_setup[k]) / len(by_setup[k])))
+
+
+def _setup_speed(rows: list[dict[str, Any]], kernel: str | None = None) -> float:
+    """How fast a table's drafter setup is: its best measured S(α = 1) at its smallest batch, over the setup
+    ``schedule_table`` would read."""
+    setup = _pick_setup(rows, kernel)
+    cells = [r for r in rows if r["size"] == setup]
     b0 = min(r["batch"] for r in cells)
     return max(r["S1"] for r in cells if r["batch"] == b0)
 
@@ -404,14 +421,15 @@ def host_card() -> str | None:
 
 
 def default_cost_run(target: str | None, root: Path | None = None, max_batch: int | None = None,
-                     card: str | None = None) -> Path:
+                     card: str | None = None, kernel: str | None = None) -> Path:
     """The E16 run folder with cells of ``target``'s size at two or more batch sizes, measured on ``card``
     (the GPU here) where such a folder exists: a draft step's share of a target step differs by card (8B
     shape: the twin at α 1, γ 4 behind a server on an H100 paid 1.59× at concurrency 4 where the H200's
     table measured 1.03×). Among those, the one that reaches ``max_batch`` (the server's largest batch),
     or else reaches furthest (past a table's largest batch the schedule turns speculation off); then the
     one whose drafter setup is fastest at its smallest batch (an older table of a slower kernel or graph
-    mode predicts that nothing pays), then the newest."""
+    mode predicts that nothing pays), then the newest. Before reach: a table that measured the leg's draft
+    ``kernel`` (an own-cuda table priced a Marlin leg's schedule: 8B H100, E18 20261207T235605Z-869510a1)."""
     size = Path(str(target or "")).name.split("-")[0]
     root = RESULTS_E16 if root is None else root
     found: list[tuple[bool, int, float, Path]] = []
@@ -424,29 +442,31 @@ def default_cost_run(target: str | None, root: Path | None = None, max_batch: in
         if len(batches) >= 2:
             reach = max(batches) if max_batch is None else min(max(batches), max_batch)
             same = card is not None and run_card(run.parents[1]) == card
-            found.append((same, reach, _setup_speed(rows), run.parents[1]))
+            match = any(setup_kernel_matches(r["size"], kernel) for r in rows)
+            found.append((same, match, reach, _setup_speed(rows, kernel), run.parents[1]))
     if found:
-        return max(found, key=lambda f: f[:3])[3]  # max keeps the first (newest) of equal keys
+        return max(found, key=lambda f: f[:4])[4]  # max keeps the first (newest) of equal keys
     raise AcceptanceError(f"knob 'gamma_schedule': auto found no E16 run of size {size!r} with two or more "
                           f"batch sizes under {root}; name one: auto:RUN_DIR")
 
 
 def resolve_schedule(spec: str, gamma: int, acceptance: str, max_batch: int, target: str | None = None,
-                     idle: str = "sync", card: str | None = None) -> tuple[list[Range] | None, list[dict] | None]:
+                     idle: str = "sync", card: str | None = None, kernel: str | None = None
+                     ) -> tuple[list[Range] | None, list[dict] | None]:
     """The schedule's ranges (None: fixed γ) and, for ``auto``, the table it was chosen from (``card``: the GPU
     here, whose own table bare ``auto`` prefers)."""
     spec = str(spec).strip()
     if spec == "none":
         return None, None
     if spec == "auto":
-        spec = f"auto:{default_cost_run(target, max_batch=max_batch, card=card)}"
+        spec = f"auto:{default_cost_run(target, max_batch=max_batch, card=card, kernel=kernel)}"
     if spec.startswith("auto:"):
         def rates_of(g: int) -> list[float]:
             if acceptance == "real":
                 raise AcceptanceError("knob 'gamma_schedule': auto needs an acceptance profile to predict "
                                       "from (knob 'acceptance': alpha:A, rates:..., length:L or from:RUN_DIR)")
             return unconditional_rates(acceptance, g) or []
-        return auto_schedule(run_path(spec[5:].strip()), rates_of, max_batch, idle=idle)
+        return auto_schedule(run_path(spec[5:].strip()), rates_of, max_batch, idle=idle, kernel=kernel)
     ranges = parse_schedule(spec)
     if max_gamma(ranges) > gamma:
         raise AcceptanceError(f"knob 'gamma_schedule': {spec!r} asks for γ {max_gamma(ranges)} above the leg's "
@@ -481,7 +501,7 @@ def _warn_once(text: str) -> None:
 
 
 def spec_config_extra(gamma: int, acceptance: str, schedule: str, max_batch: int, target: str | None = None,
-                      idle: str = "sync") -> tuple[dict[str, Any], dict]:
+                      idle: str = "sync", kernel: str | None = None) -> tuple[dict[str, Any], dict]:
     """The ``speculative_config`` fields these two knobs add, and what was resolved (for the records).
 
     With a schedule, ``num_speculative_tokens`` is the schedule's largest γ (vLLM's lookup caps every
@@ -490,7 +510,7 @@ def spec_config_extra(gamma: int, acceptance: str, schedule: str, max_batch: int
     extra: dict[str, Any] = {}
     info: dict[str, Any] = {}
     card = host_card() if str(schedule).strip().startswith("auto") else None
-    ranges, table = resolve_schedule(schedule, gamma, acceptance, max_batch, target, idle, card)
+    ranges, table = resolve_schedule(schedule, gamma, acceptance, max_batch, target, idle, card, kernel)
     g = gamma
     if ranges is not None:
         g = max_gamma(ranges) if schedule.startswith("auto") else gamma

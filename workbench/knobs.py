@@ -184,7 +184,7 @@ class Knobs(KnobValues):
         if self.gamma is None:
             return {}, {}
         return spec_config_extra(self.gamma, self.acceptance, self.gamma_schedule, max_batch, target,
-                                 self.draft_idle)
+                                 self.draft_idle, self.draft_linear_kernel)
 
     @staticmethod
     def add_leg_options(ap: argparse.ArgumentParser) -> None:
