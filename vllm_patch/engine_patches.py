@@ -18,6 +18,7 @@ place; :func:`apply` installs it and the rest, one module per concern:
 * ``early_output``    with async scheduling, a step's sampled tokens go to the host before the drafter's work
 * ``early_release``   with async scheduling, a step that gives a first token is handed over before the next launch
 * ``target_graphs``   the target's FULL decode graphs under vLLM's batch-size γ schedule (knob ``target_graphs``)
+* ``schedule_key``    that schedule looked up by running + waiting requests (knob ``gamma_schedule_key=load``)
 * ``engine_state``    the per-engine state those share (knobs, report, trace, step timer)
 * ``engine_report``, ``telemetry``  the report, the trace writer and the step timer
 
