@@ -38,9 +38,5 @@ def empty_draft(proposer, kwargs: dict) -> torch.Tensor | None:
         return None
     proposer.num_speculative_tokens = 0
     engine.draft_pass_queued = False
-    engine.draft_idle_skips += 1
-    engine.draft_idle_prompt_skips += int(prompt)
-    if engine.report is not None and (engine.draft_idle_skips == 1 or engine.draft_idle_skips % 100 == 0):
-        engine.report.update(draft_idle_skips=engine.draft_idle_skips,
-                             draft_idle_prompt_skips=engine.draft_idle_prompt_skips)
+    engine.bump("draft_idle_skips", draft_idle_prompt_skips=int(prompt))
     return torch.empty(cad.batch_size(), 0, dtype=torch.int64, device=proposer.device)

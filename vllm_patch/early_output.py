@@ -83,9 +83,7 @@ def install(state: EngineState, runner_cls=None, out_cls=None, event_cls=None) -
             orig_out_init(self, *args, **kwargs)
         finally:
             del stream.wait_stream
-        state.early_output_steps += 1
-        if state.report is not None and (state.early_output_steps == 1 or state.early_output_steps % 100 == 0):
-            state.report.update(early_output_steps=state.early_output_steps)
+        state.bump("early_output_steps")
 
     runner_cls.propose_draft_token_ids = propose_draft_token_ids
     runner_cls.sample_tokens = sample_tokens

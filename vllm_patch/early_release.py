@@ -73,9 +73,7 @@ def install(state: EngineState, core_cls=None, runner_cls=None) -> None:
                 outputs, _ = orig(self)
             finally:
                 del self.scheduler.has_requests
-            state.early_release_steps += 1
-            if state.report is not None and (state.early_release_steps == 1 or state.early_release_steps % 100 == 0):
-                state.report.update(early_release_steps=state.early_release_steps)
+            state.bump("early_release_steps")
             # a model did run for this output (in the earlier call): no idle pause in the busy loop
             return outputs, True
         return orig(self)

@@ -33,6 +33,10 @@ class EngineState:
     switched off at run time (trace-cost benchmark: on and off side by side in one engine).
     """
 
+    # step counters the report carries (each written by ``bump``, whole by ``report_counts``)
+    COUNTERS = ("draft_idle_skips", "draft_idle_prompt_skips", "early_output_steps", "early_release_steps",
+                "schedule_key_changes")
+
     def __init__(self, knobs: EngineKnobs | None = None, report: EngineReport | None = None,
                  trace: TraceWriter | None = None, steps: StepTimer | None = None):
         self.knobs = knobs
@@ -78,12 +82,21 @@ class EngineState:
             if self.steps is not None:
                 self.steps.muted = True
 
+    def bump(self, name: str, **also: int) -> None:
+        """One more step on counter ``name`` (and ``also`` added to others); the report has them at the first
+        and every 100th (``report_counts`` writes the whole count at a leg's end)."""
+        value = getattr(self, name) + 1
+        setattr(self, name, value)
+        for k, v in also.items():
+            setattr(self, k, getattr(self, k) + v)
+        if self.report is not None and (value == 1 or value % 100 == 0):
+            self.report.update(**{name: value}, **{k: getattr(self, k) for k in also})
+
     # -- what the worker RPC asks (see worker_rpc) ----------------------------------------------- #
     def report_counts(self) -> None:
         """The step counters as they stand (the report otherwise has them at their first and every 100th
         step); a leg's end calls this through its flushes, so its summary holds the whole count."""
-        counts = {k: getattr(self, k) for k in ("draft_idle_skips", "draft_idle_prompt_skips", "early_output_steps",
-                                                "early_release_steps", "schedule_key_changes")}
+        counts = {k: getattr(self, k) for k in self.COUNTERS}
         counts = {k: v for k, v in counts.items() if v}
         if self.report is not None and counts:
             self.report.update(**counts)

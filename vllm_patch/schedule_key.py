@@ -11,16 +11,13 @@ where vanilla's were at most 15, their TPOT 8.3-9.2 ms against vanilla's 7.0-7.6
 nobody waiting behind it, equalled vanilla's. TPOT 0.856x vanilla's.
 
 ``load`` looks the schedule up by the requests running plus those waiting (at least the scheduled ones, at
-most ``max_num_seqs``, past which the batch cannot grow): a step is priced at the batch it is about to have. ``batch``
-is vLLM's rule. The engine report counts the steps whose γ the key changed (``schedule_key_changes``).
+most ``max_num_seqs``, past which the batch cannot grow): a step is priced at the batch it is about to have.
+``batch`` is vLLM's rule. The engine report counts the steps whose γ the key changed (``schedule_key_changes``).
 """
 
 from __future__ import annotations
 
 from .engine_state import EngineState
-
-KEYS = ("batch", "load")
-
 
 def load_of(scheduler) -> int:
     """Requests the scheduler holds: running, waiting and skipped-waiting."""
@@ -51,9 +48,7 @@ def install(state: EngineState, scheduler_cls=None) -> None:
         gamma = keyed_gamma(self, scheduler_output)
         if gamma is not None and gamma != scheduler_output.num_spec_tokens_to_schedule:
             scheduler_output.num_spec_tokens_to_schedule = gamma
-            state.schedule_key_changes += 1
-            if state.report is not None and (state.schedule_key_changes == 1 or state.schedule_key_changes % 100 == 0):
-                state.report.update(schedule_key_changes=state.schedule_key_changes)
+            state.bump("schedule_key_changes")
         return orig(self, scheduler_output)
 
     _update_after_schedule._twin_schedule_key = True

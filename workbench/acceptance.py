@@ -432,7 +432,7 @@ def default_cost_run(target: str | None, root: Path | None = None, max_batch: in
     ``kernel`` (an own-cuda table priced a Marlin leg's schedule: 8B H100, E18 20261207T235605Z-869510a1)."""
     size = Path(str(target or "")).name.split("-")[0]
     root = RESULTS_E16 if root is None else root
-    found: list[tuple[bool, int, float, Path]] = []
+    found: list[tuple[bool, bool, int, float, Path]] = []  # same card, leg's kernel, reach, speed, folder
     for run in sorted(root.glob("*/tables/cost_ratio.csv"), reverse=True):
         try:
             rows = [r for r in _cost_rows(run.parents[1]) if r["size"].split(" ")[0] == size]

@@ -240,10 +240,19 @@ PRIME_REQUESTS = "prime-requests.jsonl"
 PRIME_TOKENS = 4  # a prefill, the draft's prefill and first draft, a verify step: what a new input shape costs
 
 
+def distinct_requests(dataset: Path) -> dict[str, int]:
+    """The distinct requests of ``dataset`` (by their content, what the server receives), in order: each
+    line and the index of its first occurrence."""
+    first: dict[str, int] = {}
+    for i, line in enumerate(dataset.read_text().splitlines()):
+        if line.strip():
+            first.setdefault(line, i)
+    return first
+
+
 def prime_dataset(dataset: Path, path: Path) -> int:
-    """The distinct requests of ``dataset`` (by their content, what the server receives), in order, into
-    ``path``; returns how many."""
-    lines = list(dict.fromkeys(x for x in dataset.read_text().splitlines() if x.strip()))
+    """The distinct requests of ``dataset`` into ``path``, in order; returns how many."""
+    lines = list(distinct_requests(dataset))
     path.write_text("".join(x + "\n" for x in lines))
     return len(lines)
 
@@ -258,12 +267,10 @@ def _prime(cfg: legmod.LegConfig, client: BenchClient, base_url: str, prompts: l
     and spec legs, 90-130 ms in the later ones; vanilla_1's median 77 ms against vanilla_2's 52). Which part
     of the server pays it is not separated."""
     if cfg.serve_requests == FRESH:
-        first: dict[str, int] = {}  # request i of the dataset is prompts[i] as it is: the first of each, by content
-        for i, line in enumerate(dataset.read_text().splitlines()):
-            if line.strip():
-                first.setdefault(line, i)
+        # request i of the dataset is prompts[i] as it is: the first of each, by content, made fresh
+        first = list(distinct_requests(dataset).values())
         n_prompts = len(first)
-        write_requests([prompts[i] for i in first.values()], out / PRIME_REQUESTS, n_prompts, FRESH, "prime-")
+        write_requests([prompts[i] for i in first], out / PRIME_REQUESTS, n_prompts, FRESH, "prime-")
     else:
         n_prompts = prime_dataset(dataset, out / PRIME_REQUESTS)
     try:

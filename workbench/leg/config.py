@@ -75,7 +75,8 @@ class LegConfig:
     def __post_init__(self):
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise LegError(f"kv_cache_memory_bytes must be a positive number of bytes, got {self.kv_cache_memory_bytes}")
-        for name in (*WORKLOAD_KNOBS, "serve_requests"):  # the knob table's checks; None: the default
+        # the knob table's checks (serve_requests too: a serving leg's, no offline option); None: the default
+        for name in (*WORKLOAD_KNOBS, "serve_requests"):
             value = getattr(self, name)
             if value is not None:
                 try:
