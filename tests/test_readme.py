@@ -114,7 +114,7 @@ def check_speedup_model_table(header: list[str], rows: list[list[str]], run: Pat
     return problems
 
 
-SPEEDUP_CELL = re.compile(r"^\**([0-9.]+)×\**$")
+SPEEDUP_CELL = re.compile(r"^\**([0-9.]+)×\**(?: \(([0-9.]+)–([0-9.]+)\))?$")
 TTFT_CELL = re.compile(r"^([0-9.]+) ms(?: \(vanilla ([0-9.]+)(?:–([0-9.]+))?)?")
 
 
@@ -122,7 +122,8 @@ def check_serving_table(header: list[str], rows: list[list[str]], run: Path | No
     """Disagreements between a serving table and the run folders its rows link (empty: they agree).
 
     Columns: the first names the setup and links its run folder (or says "same run": the row above's);
-    ``leg``; ``c N``: the leg's TPOT speedup at concurrency N (``tables/serving_speedup.csv``); ``TTFT at c 1``:
+    ``leg``; ``c N``: the leg's TPOT speedup at concurrency N (``tables/serving_speedup.csv``), in brackets its
+    interval over requests (``tpot_speedup_ci_lo``–``_hi``) where the cell gives one; ``TTFT at c 1``:
     the leg's median TTFT at concurrency 1 in ms, and in brackets the vanilla legs' (``serving_legs.csv``)."""
     col = {h: i for i, h in enumerate(header)}
     assert "leg" in col and any(h.startswith("c ") for h in col), f"serving table lacks leg or c columns: {header}"
@@ -147,6 +148,10 @@ def check_serving_table(header: list[str], rows: list[list[str]], run: Path | No
             if cell is None or len(hit) != 1 or not _close(cell.group(1), hit["tpot_speedup"].iloc[0]):
                 got = hit["tpot_speedup"].tolist()
                 problems.append(f"{leg} {h}: table {r[i]!r}, serving_speedup.csv {got}")
+            elif cell.group(2) and not all(_close(cell.group(k), hit[f"tpot_speedup_ci_{e}"].iloc[0])
+                                           for k, e in ((2, "lo"), (3, "hi"))):
+                ci = hit[["tpot_speedup_ci_lo", "tpot_speedup_ci_hi"]].iloc[0].tolist()
+                problems.append(f"{leg} {h}: interval in {r[i]!r}, serving_speedup.csv {ci}")
         if "TTFT at c 1" in col:
             problems += _ttft_problems(r[col["TTFT at c 1"]], folder, leg)
     return problems
@@ -356,7 +361,8 @@ def test_the_checks_catch_a_disagreement(tmp_path):
     _, _, _, (header, rows) = next(t for t in _marked_tables() if t[0] == README and t[1] == "serving")
     assert not check_serving_table(header, rows)
     bump = lambda c: re.sub(r"[0-9.]+", lambda m: f"{float(m.group(0)) + 0.05:.3f}", c, count=1)  # noqa: E731
-    for column, edit in (("c 16", bump), ("TTFT at c 1", bump),
+    bump_ci = lambda c: re.sub(r"–([0-9.]+)", lambda m: f"–{float(m.group(1)) + 0.05:.2f}", c)  # noqa: E731
+    for column, edit in (("c 16", bump), ("c 1", bump_ci), ("TTFT at c 1", bump),
                          ("leg", lambda c: c + "_x")):
         bad = [list(r) for r in rows]
         bad[-1][header.index(column)] = edit(bad[-1][header.index(column)])

@@ -10,7 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from workbench import analyses, serving
+from workbench import analyses, metrics, serving
 from workbench.registry import analysis_names
 from workbench.results import load_run
 
@@ -170,6 +170,32 @@ def test_paired_speedups_are_medians_over_the_bracketing_vanilla_legs_of_the_sam
         assert row["bracket_drift_ttft"] == pytest.approx(after["ttft_ms_median"] / before["ttft_ms_median"] - 1)
         assert row["bracket_drift_throughput"] == pytest.approx(
             after["output_throughput"] / before["output_throughput"] - 1)
+
+
+def test_the_request_interval_holds_the_ratio_and_widens_with_the_requests_spread(run):
+    """The 95 % bootstrap interval over requests: it holds the point ratio, it is what ``median_ratio_ci`` gives
+    for the cell's own requests, and requests that vary more give a wider interval (the bracket's IQR over
+    two vanilla legs could not show that)."""
+    _, speed, requests = serving.load(run)
+    ok = requests[requests["ok"]]
+    for _, row in speed.iterrows():
+        assert row["tpot_speedup_ci_lo"] <= row["tpot_speedup"] <= row["tpot_speedup_ci_hi"]
+        assert row["ttft_ratio_ci_lo"] <= row["ttft_ratio"] <= row["ttft_ratio_ci_hi"]
+        cell = ok[ok["concurrency"] == row["concurrency"]]
+        tp = lambda leg: cell.loc[cell["leg"] == leg, "tpot_ms"].to_numpy()   # noqa: E731
+        sides = [tp(row["vanilla_before"]), tp(row["vanilla_after"])]
+        assert (row["tpot_speedup_ci_lo"], row["tpot_speedup_ci_hi"]) == pytest.approx(
+            metrics.median_ratio_ci(tp(row["leg"]), sides))
+    rng = np.random.default_rng(1)
+    spec, vanilla = 10 + rng.normal(0, 0.1, 13), 15 + rng.normal(0, 0.1, 13)
+    lo, hi = metrics.median_ratio_ci(spec, [vanilla, vanilla])
+    lo2, hi2 = metrics.median_ratio_ci(10 + rng.normal(0, 1.0, 13), [vanilla, vanilla])
+    assert lo <= np.median(vanilla) / np.median(spec) <= hi and hi - lo < 0.1 and hi2 - lo2 > 3 * (hi - lo)
+    assert metrics.median_ratio_ci(spec, [vanilla]) == metrics.median_ratio_ci(spec, [vanilla])   # seeded
+    assert all(np.isnan(metrics.median_ratio_ci(spec[:1], [vanilla])))    # one request: no interval
+    # spec / vanilla (the TTFT ratio's direction) is the reciprocal's interval
+    lo3, hi3 = metrics.median_ratio_ci(spec, [vanilla], spec_over_side=True)
+    assert lo3 == pytest.approx(1 / metrics.median_ratio_ci(spec, [vanilla])[1], rel=0.02)
 
 
 def test_a_failed_vanilla_leg_is_skipped_over_and_one_side_suffices(run):

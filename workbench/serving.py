@@ -17,7 +17,9 @@ Pure pandas/numpy over the files:
   side if only one exists): one pair per neighbouring vanilla leg, TPOT speedup = vanilla median
   TPOT / spec median TPOT and throughput ratio = spec / vanilla output throughput; the leg's
   value is the median over its pairs with quartiles and IQR (``metrics.median_iqr``, the
-  pandas quantiles ``metrics.ratio_summary`` uses);
+  pandas quantiles ``metrics.ratio_summary`` uses) and, where the requests are given, a 95 % bootstrap
+  interval of the TPOT speedup and the TTFT ratio over requests (``metrics.median_ratio_ci``: the IQR over two
+  vanilla legs measures the bracket's drift, not how much the cell's own requests vary);
 - ``request_table``: one row per request (for distributions).
 
 A record that lacks a field raises a ValueError naming the file and line.
@@ -59,6 +61,8 @@ LEG_COLUMNS = (["leg", "leg_index", "mode", "tier", "acceptance", "gamma", "conc
                # (multimodal) cache served over the cell: above zero, the cell measured cached prompts
                + ["serve_requests", "prefix_cache_hit_rate", "mm_cache_hit_rate"])
 PAIR_METRICS = ("tpot_speedup", "throughput_ratio", "ttft_ratio")
+# per-request column of request_table and whether the ratio is spec / vanilla (else vanilla / spec)
+CI_METRICS = {"tpot_speedup": ("tpot_ms", False), "ttft_ratio": ("ttft_ms", True)}
 DRIFT_METRICS = {"tpot": "tpot_ms_median", "ttft": "ttft_ms_median", "throughput": "output_throughput"}
 SPEEDUP_COLUMNS = (["leg", "leg_index", "tier", "acceptance", "gamma", "concurrency"]
                    + [f"{m}{s}" for m in PAIR_METRICS for s in ("", "_q25", "_q75", "_iqr")]
@@ -66,7 +70,9 @@ SPEEDUP_COLUMNS = (["leg", "leg_index", "tier", "acceptance", "gamma", "concurre
                    # how far the two vanilla legs of the bracket moved (after / before - 1): a ratio that differs
                    # from 1 by less than this is not told apart from the drift between legs
                    + [f"bracket_drift_{m}" for m in DRIFT_METRICS]
-                   + ["S_predicted", "c", "c_source"])
+                   + ["S_predicted", "c", "c_source"]
+                   # 95 % bootstrap interval over the cell's requests (spec and vanilla resampled)
+                   + [f"{m}_ci_{e}" for m in CI_METRICS for e in ("lo", "hi")])
 REQUEST_COLUMNS = ["leg", "leg_index", "mode", "tier", "gamma", "concurrency", "pid", "request_index", "ok",
                    "ttft_ms", "tpot_ms", "e2el_ms", "itl_ms_mean", "output_tokens",
                    "drafts", "draft_tokens", "accepted", "acceptance_rate", "acceptance_length"]
@@ -274,11 +280,13 @@ def leg_table(legs: list[ServingLeg]) -> pd.DataFrame:
     return out
 
 
-def paired_speedups(table: pd.DataFrame, predictions: dict | None = None) -> pd.DataFrame:
+def paired_speedups(table: pd.DataFrame, predictions: dict | None = None,
+                    requests: pd.DataFrame | None = None) -> pd.DataFrame:
     """(b) One row per spec leg of ``leg_table``: median over its pairs with the bracketing vanilla legs of its
     concurrency (each neighbouring vanilla leg one pair) of the TPOT speedup (vanilla median TPOT / spec
     median TPOT), the output-throughput ratio (spec / vanilla) and the TTFT ratio (spec median TTFT / vanilla
-    median TTFT), with q25, q75 and IQR."""
+    median TTFT), with q25, q75 and IQR; with ``requests`` (``request_table``), the TPOT speedup's and TTFT
+    ratio's 95 % bootstrap intervals over the requests (NaN without)."""
     rows = []
     predictions = predictions or {}
     t = table.sort_values("leg_index", kind="stable")
@@ -312,9 +320,26 @@ def paired_speedups(table: pd.DataFrame, predictions: dict | None = None) -> pd.
                         if before is not None and after is not None else np.nan
                         for m, col in DRIFT_METRICS.items()})
             row.update({k: v for k, v in predictions.get((leg, conc), {}).items() if k != "expected_tokens"})
+            row.update(_request_intervals(requests, conc, leg, sides))
             rows.append(row)
     out = pd.DataFrame(rows, columns=SPEEDUP_COLUMNS)
     return out.sort_values("leg_index", kind="stable").reset_index(drop=True)
+
+
+def _request_intervals(requests: pd.DataFrame | None, conc: Any, leg: str, sides: list[str]) -> dict[str, float]:
+    """The ``CI_METRICS`` intervals of one spec leg at one concurrency (NaN without requests)."""
+    out = {f"{m}_ci_{e}": np.nan for m in CI_METRICS for e in ("lo", "hi")}
+    if requests is None or requests.empty or not sides:
+        return out
+    cell = requests[(requests["concurrency"] == conc) & requests["ok"].astype(bool)]
+
+    def values(name: str, col: str) -> np.ndarray:
+        return cell.loc[cell["leg"] == name, col].to_numpy(dtype=float)
+
+    for m, (col, spec_over_side) in CI_METRICS.items():
+        lo, hi = metrics.median_ratio_ci(values(leg, col), [values(v, col) for v in sides], spec_over_side)
+        out.update({f"{m}_ci_lo": lo, f"{m}_ci_hi": hi})
+    return out
 
 
 def request_table(legs: list[ServingLeg]) -> pd.DataFrame:
@@ -349,4 +374,5 @@ def load(run_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]
     predictions = {(l.name, l.summary.get("concurrency")): predicted_speedup(l.path, l.summary,
                                                                            int(l.summary.get("concurrency") or 1))
                    for l in legs}
-    return table, paired_speedups(table, predictions), request_table(legs)
+    requests = request_table(legs)
+    return table, paired_speedups(table, predictions, requests), requests

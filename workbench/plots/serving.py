@@ -45,13 +45,23 @@ def _share(v: Any) -> str:
     return "—" if f is None else f"{f:.2g}"
 
 
+def _interval(lo: Any, hi: Any) -> str:
+    a, b = _num(lo), _num(hi)
+    return "—" if a is None or b is None else f"{a:.3f}–{b:.3f}"
+
+
 def serving_summary(legs: pd.DataFrame, speedups: pd.DataFrame | None = None) -> go.Figure:
     """Serving legs (``serving.leg_table``) with their bracketed speedups (``serving.paired_speedups``), a table."""
     df = legs.sort_values("leg_index", kind="stable")
     if speedups is not None and len(speedups):
         # one row per leg and concurrency: a server swept over concurrencies is one leg with a row per cell
-        df = df.merge(speedups[["leg", "concurrency", "tpot_speedup", "tpot_speedup_iqr", "throughput_ratio",
-                                "throughput_ratio_iqr", "n_pairs"]], on=["leg", "concurrency"], how="left")
+        keep = ["leg", "concurrency", "tpot_speedup", "tpot_speedup_iqr", "throughput_ratio", "throughput_ratio_iqr",
+                "n_pairs"] + [c for c in ("tpot_speedup_ci_lo", "tpot_speedup_ci_hi") if c in speedups.columns]
+        df = df.merge(speedups[keep], on=["leg", "concurrency"], how="left")
+        if "tpot_speedup_ci_lo" in df.columns:
+            # how far the cell's own requests move the ratio (at a synthetic α each request draws its acceptance)
+            df = df.assign(tpot_ci=[_interval(lo, hi) for lo, hi in zip(df["tpot_speedup_ci_lo"],
+                                                                       df["tpot_speedup_ci_hi"])])
     df = df.assign(ok_n=[f"{_int(c)}/{_int(n)}" for c, n in zip(df["completed"], df["n"])])
     cols = [("leg", "leg"), ("concurrency", "conc."), ("ok_n", "ok/n"),
             ("ttft_ms_median", "TTFT ms p50"), ("ttft_ms_p99", "TTFT p99"), ("tpot_ms_median", "TPOT ms p50"),
@@ -64,8 +74,9 @@ def serving_summary(legs: pd.DataFrame, speedups: pd.DataFrame | None = None) ->
                                                                            df["mm_cache_hit_rate"])])
         cols += [("serve_requests", "sent"), ("cached", "cached: prefix / image")]
     if "tpot_speedup" in df.columns:
-        cols += [("tpot_speedup", "TPOT ×"), ("tpot_speedup_iqr", "IQR"),
-                 ("throughput_ratio", "thr. ×"), ("throughput_ratio_iqr", "IQR"), ("n_pairs", "pairs")]
+        cols += [("tpot_speedup", "TPOT ×"), ("tpot_speedup_iqr", "IQR")]
+        cols += [("tpot_ci", "95 % (requests)")] if "tpot_ci" in df.columns else []
+        cols += [("throughput_ratio", "thr. ×"), ("throughput_ratio_iqr", "IQR"), ("n_pairs", "pairs")]
 
     def fmt(v: Any, name: str) -> str:
         if isinstance(v, str):
@@ -79,7 +90,7 @@ def serving_summary(legs: pd.DataFrame, speedups: pd.DataFrame | None = None) ->
 
     values = [[fmt(v, c) for v in df[c]] for c, _ in cols]
     fill = [[("#f5f5f5" if t == "vanilla" else "#ffffff") for t in df["tier"]]] * len(cols)
-    fig = go.Figure(go.Table(columnwidth=[3.2] + [1.3 if c == "cached" else 1 for c, _ in cols[1:]],
+    fig = go.Figure(go.Table(columnwidth=[3.2] + [1.3 if c in ("cached", "tpot_ci") else 1 for c, _ in cols[1:]],
                              header=dict(values=[h for _, h in cols], fill_color="#eeeeee", align="left"),
                              cells=dict(values=values, fill_color=fill, align="left"),
                              meta={"role": "serving_summary"}))
