@@ -198,6 +198,29 @@ def test_the_request_interval_holds_the_ratio_and_widens_with_the_requests_sprea
     assert lo3 == pytest.approx(1 / metrics.median_ratio_ci(spec, [vanilla])[1], rel=0.02)
 
 
+def test_the_realised_prediction_reads_the_acceptance_the_cell_drew():
+    """``S_realised``: the cost model's S at the acceptance length the cell's requests drew (the server's
+    counters), so a synthetic cell whose draws fell short is not read as a slower step. On the committed H100
+    run: α 1 draws nothing (realised = predicted); α 0.9 at concurrency 1 drew 3.995 tokens a step against the
+    profile's 4.0951; γ-0 cells (speculation off) keep S 1."""
+    run = Path(__file__).resolve().parents[1] / "results" / "E18" / "20261207T235605Z-869510a1"
+    table, speed, _ = serving.load(run)
+    legs = table.set_index(["leg", "concurrency"])
+    for _, row in speed.iterrows():
+        if pd.isna(row["S_predicted"]):
+            assert pd.isna(row["S_realised"])
+            continue
+        drawn = legs.loc[(row["leg"], row["concurrency"]), "acceptance_length"]
+        if row["leg"] in ("twin_a1", "twin_a1_hybrid"):
+            assert drawn == 5.0 and row["S_realised"] == pytest.approx(row["S_predicted"])
+        elif row["S_predicted"] == 1.0:
+            assert row["S_realised"] == 1.0
+        else:
+            assert row["S_realised"] == pytest.approx(row["S_predicted"] * drawn / 4.0951)
+    auto1 = speed[(speed["leg"] == "twin_a0.9_auto_lean") & (speed["concurrency"] == 1)].iloc[0]
+    assert auto1["S_realised"] < auto1["S_predicted"]
+
+
 def test_a_failed_vanilla_leg_is_skipped_over_and_one_side_suffices(run):
     (run / "legs" / "vanilla_c1b" / "summary.json").unlink()
     (run / "legs" / "vanilla_c1b" / "failure.json").write_text(json.dumps({"status": "failed", "error": "x"}))

@@ -70,7 +70,9 @@ SPEEDUP_COLUMNS = (["leg", "leg_index", "tier", "acceptance", "gamma", "concurre
                    # how far the two vanilla legs of the bracket moved (after / before - 1): a ratio that differs
                    # from 1 by less than this is not told apart from the drift between legs
                    + [f"bracket_drift_{m}" for m in DRIFT_METRICS]
-                   + ["S_predicted", "c", "c_source"]
+                   # S at the acceptance the cell drew (its acceptance length by the server's counters in
+                   # place of the profile's expected tokens): a synthetic cell's requests draw their own
+                   + ["S_predicted", "c", "c_source", "S_realised"]
                    # 95 % bootstrap interval over the cell's requests (spec and vanilla resampled)
                    + [f"{m}_ci_{e}" for m in CI_METRICS for e in ("lo", "hi")])
 REQUEST_COLUMNS = ["leg", "leg_index", "mode", "tier", "gamma", "concurrency", "pid", "request_index", "ok",
@@ -319,11 +321,25 @@ def paired_speedups(table: pd.DataFrame, predictions: dict | None = None,
             row.update({f"bracket_drift_{m}": (by_leg.loc[after, col] / by_leg.loc[before, col] - 1.0)
                         if before is not None and after is not None else np.nan
                         for m, col in DRIFT_METRICS.items()})
-            row.update({k: v for k, v in predictions.get((leg, conc), {}).items() if k != "expected_tokens"})
+            predicted = predictions.get((leg, conc), {})
+            row.update({k: v for k, v in predicted.items() if k != "expected_tokens"})
+            row["S_realised"] = _realised(predicted, spec.get("acceptance_length"))
             row.update(_request_intervals(requests, conc, leg, sides))
             rows.append(row)
     out = pd.DataFrame(rows, columns=SPEEDUP_COLUMNS)
     return out.sort_values("leg_index", kind="stable").reset_index(drop=True)
+
+
+def _realised(predicted: dict, acceptance_length: Any) -> float:
+    """S_predicted scaled from the profile's expected tokens per step to the acceptance length the cell drew
+    (NaN without a prediction or without drafts; a γ-0 cell, one token a step, keeps its prediction)."""
+    s, tokens = predicted.get("S_predicted"), predicted.get("expected_tokens")
+    if s is None or not tokens:
+        return np.nan
+    if tokens == 1.0:
+        return float(s)
+    drawn = _num(acceptance_length)
+    return float(s) * drawn / float(tokens) if np.isfinite(drawn) else np.nan
 
 
 def _request_intervals(requests: pd.DataFrame | None, conc: Any, leg: str, sides: list[str]) -> dict[str, float]:
