@@ -40,7 +40,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "workbench.combinations")),
     # one leg = one process: engine legs, score legs, cost-ladder engines
     ("runners", ("workbench.leg", "workbench.leg.*", "workbench.score", "workbench.ladder_engine", "workbench.serve_leg",
-                 "workbench.serve_server", "workbench.serve_client", "workbench.serve_requests")),
+                 "workbench.serve_server", "workbench.serve_client", "workbench.serve_requests",
+                 "workbench.serve_shapes")),
     # reading a run folder: records, legs, the cost ladder's rows and tables
     ("results", ("workbench.results", "workbench.ladder", "workbench.ladder_compare", "workbench.serving", "workbench.serving_predict",
                  "workbench.serving_overtake")),

@@ -161,6 +161,31 @@ def test_every_server_sees_each_distinct_prompt_once_before_its_first_cell(e17):
         assert (folder / "prime.log").stat().st_mtime <= first.stat().st_mtime, leg
 
 
+def test_every_server_meets_each_shape_class_before_its_first_cell(e17):
+    """The shape pass (workbench.serve_shapes): after the prime, a prompt of each length class alone, then a
+    burst at each batch class up to max_num_seqs, before the first cell; the engine's own step log shows a
+    prefill step of exactly each length (token-id prompts, no template) and the cells' counters none of it.
+    On CPU no Triton kernel compiles, so every step's ``jit_compiles`` is 0 and the cells show 0."""
+    import pandas as pd
+
+    from workbench.serve_shapes import prefill_lengths
+
+    for leg in (*VANILLA_LEGS, *SPEC_LEGS):
+        folder = e17["run"] / "legs" / leg
+        summary = json.loads((folder / "summary.json").read_text())
+        shapes = summary["shape_pass"]
+        assert shapes["prefill_lengths"] == prefill_lengths(1024) and 257 in shapes["prefill_lengths"], leg
+        assert shapes["bursts"] == [2] and shapes["requests"] == len(shapes["prefill_lengths"]) + 2, leg
+        steps = [json.loads(x) for f in folder.glob("engine-*/steps-*.jsonl") for x in f.read_text().splitlines()]
+        alone = {r["tokens"] for r in steps if r["prefill"] and r["reqs"] == 1}
+        assert set(shapes["prefill_lengths"]) <= alone, (leg, sorted(alone))
+        assert all(r.get("jit_compiles") == 0 for r in steps), leg
+        # the pass precedes the first cell's counters: the cell's prefix cache saw only its own prompts
+        assert summary["cells"][0]["caches"]["prefix_cache_hit_rate"] in (0, 0.0, None), leg
+    table = pd.read_csv(e17["run"] / "tables" / "serving_legs.csv")
+    assert (table["jit_compiles"] == 0).all()
+
+
 def test_every_cell_sends_fresh_requests_that_no_cache_holds(e17):
     """Fresh requests (the default, knob serve_requests): a cell's requests are each its own and the same for every
     leg of the run (pairs stay paired), and neither vLLM's prefix cache nor its multimodal cache served any of

@@ -98,6 +98,9 @@ class EngineState:
         step); a leg's end calls this through its flushes, so its summary holds the whole count."""
         counts = {k: getattr(self, k) for k in self.COUNTERS}
         counts = {k: v for k, v in counts.items() if v}
+        compiled = self.steps.jit.kernels() if self.steps is not None else {}
+        if compiled:  # the Triton kernels compiled in this process while it served (step timer on)
+            counts["jit_compiles"] = compiled
         if self.report is not None and counts:
             self.report.update(**counts)
 

@@ -16,6 +16,7 @@ import threading
 
 import torch
 
+from .jit_count import JitCounter
 from .knobs import ENV_STEP_TIMING, Knob
 
 
@@ -195,9 +196,10 @@ class StepTimer(_JsonlWriter):
     work is synchronous). Nothing waits on the device on the decode path; a
     background thread resolves the events and appends one JSON line per step
     to ``steps-<pid>.jsonl``: ``{"reqs", "tokens", "spec_tokens", "prefill",
-    "target_ms", "draft_ms", "draft_loop_ms"}`` (``draft_loop_ms``: the propose's gamma-1
-    single-token steps, from the first position update to the last sample). Written for the GPU cost ladder: a verification
-    step is one with ``tokens == reqs * (1 + gamma)``.
+    "target_ms", "draft_ms", "draft_loop_ms", "jit_compiles", "jit_ms"}`` (``draft_loop_ms``: the propose's
+    gamma-1 single-token steps, from the first position update to the last sample; ``jit_compiles`` /
+    ``jit_ms``: Triton kernels compiled inside the step and their host time, ``jit_count.JitCounter``).
+    Written for the GPU cost ladder: a verification step is one with ``tokens == reqs * (1 + gamma)``.
     """
 
     # a measurement switch, not an experiment knob: parsed like the table's booleans
@@ -208,6 +210,8 @@ class StepTimer(_JsonlWriter):
         super().__init__(os.path.join(report_dir, f"steps-{os.getpid()}.jsonl"), "twin-spec-steps")
         self.batch_steps = batch_steps
         self.current: dict | None = None
+        self.jit = JitCounter()
+        self.jit.install()
         self._done: list[dict] = []
 
     @staticmethod
@@ -228,6 +232,7 @@ class StepTimer(_JsonlWriter):
             "tokens": int(getattr(scheduler_output, "total_num_scheduled_tokens", 0)),
             "spec_tokens": int(sum(len(v) for v in spec.values())),
             "prefill": bool(new),
+            "jit0": self.jit.snapshot(),
         }
 
     def span(self, key: str):
@@ -254,6 +259,7 @@ class StepTimer(_JsonlWriter):
         cur, self.current = self.current, None
         if cur is None or "target_t0" not in cur:
             return
+        cur["jit1"] = self.jit.snapshot()
         self._done.append(cur)
         if len(self._done) >= self.batch_steps:
             self._hand_over()
@@ -280,6 +286,8 @@ class StepTimer(_JsonlWriter):
             row["draft_ms"] = self._ms(cur.get("draft_t0"), cur.get("draft_t1"))
             # the gamma-1 single-token draft steps of the propose (absent for gamma 1)
             row["draft_loop_ms"] = self._ms(cur.get("draft_loop_t0"), cur.get("draft_loop_t1"))
+            (n0, ms0), (n1, ms1) = cur.get("jit0", (0, 0.0)), cur.get("jit1", (0, 0.0))
+            row["jit_compiles"], row["jit_ms"] = n1 - n0, round(ms1 - ms0, 3)
             out.append(json.dumps(row) + "\n")
         return out
 

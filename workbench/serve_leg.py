@@ -45,6 +45,7 @@ from workbench import engine as engines
 from workbench import leg as legmod
 from workbench.serve_client import BenchClient, ClientError
 from workbench.serve_requests import FRESH, bench_dataset, write_requests
+from workbench.serve_shapes import shape_pass, vocab_size
 from workbench.serve_server import (CACHE_COUNTERS, Server, ServeError, _free_port, _http,
                                     parse_metrics)
 from workbench.runfolder import (FAILURE, LEG_JSON, RECORDS, SUMMARY, archive_leg, leg_status, write_summary,
@@ -419,6 +420,7 @@ def run_serving_leg(cfg: legmod.LegConfig) -> dict:
     write_json_atomic(out / LEG_JSON, dict(cfg.to_file_dict(out), force=False))
     on_cuda = legmod._cuda_present()
     mem_plan = _memory_plan(cfg, on_cuda)
+    vocab = vocab_size(cfg.target)  # the shape pass's token ids; read before any server starts
     concs = concurrencies(cfg)
     multi = cfg.concurrencies is not None
     dataset = out / REQUESTS
@@ -447,6 +449,7 @@ def run_serving_leg(cfg: legmod.LegConfig) -> dict:
                                               "base_url": base_url})
         start_s = time.perf_counter() - t0
         _prime(cfg, client, base_url, prompts, dataset, out)
+        shapes = shape_pass(base_url, cfg.target, vocab, cfg.max_model_len, cfg.max_num_seqs)
         for c in concs:
             cell = out / f"c{c}" if multi else out
             cell.mkdir(exist_ok=True)
@@ -479,10 +482,11 @@ def run_serving_leg(cfg: legmod.LegConfig) -> dict:
     server.stop()
     for s, h in old.items():
         signal.signal(s, h)
-    return _finish(cfg, out, rows, cells, multi, start_s, server, report_dir, knobs, lengths, mem_plan)
+    return _finish(cfg, out, rows, cells, multi, start_s, server, report_dir, knobs, lengths, mem_plan, shapes)
 
 
-def _finish(cfg, out: Path, rows, cells, multi, start_s, server, report_dir, knobs, lengths, mem_plan) -> dict:
+def _finish(cfg, out: Path, rows, cells, multi, start_s, server, report_dir, knobs, lengths, mem_plan,
+            shapes) -> dict:
     head = cells[0] if not multi else {}
     summary = {
         "runner": "serve", "experiment": cfg.experiment, "leg": cfg.leg, "run_id": cfg.run_id, "mode": cfg.mode,
@@ -495,7 +499,7 @@ def _finish(cfg, out: Path, rows, cells, multi, start_s, server, report_dir, kno
         "engine_report": legmod.read_engine_reports(report_dir), "knobs": knobs, "prompt_lengths": lengths,
         "speculative": cfg.knobs.spec_config_extra(cfg.max_num_seqs, cfg.target)[1] if cfg.draft is not None else None,
         "memory_plan": mem_plan.to_dict() if mem_plan is not None else None,
-        "versions": engines.versions(),
+        "shape_pass": shapes, "versions": engines.versions(),
     }
     write_jsonl_atomic(out / RECORDS, rows)
     write_summary(out, summary)

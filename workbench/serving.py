@@ -56,6 +56,8 @@ LEG_COLUMNS = (["leg", "leg_index", "mode", "tier", "acceptance", "gamma", "conc
                # forward and the drafter's work after it (where a first token's time goes), a decode step's
                # target forward (the verification where drafts were made) and the drafter's propose
                + ["prefill_target_ms", "prefill_draft_ms", "step_target_ms", "step_draft_ms"]
+               # Triton kernels compiled inside the cell's steps (a shape class met for the first time)
+               + ["jit_compiles"]
                # what the cells sent (fresh: each request its own; repeat: the prompt set cycled, as legs did
                # before fresh requests existed) and the share of prompt tokens (images) vLLM's prefix
                # (multimodal) cache served over the cell: above zero, the cell measured cached prompts
@@ -230,8 +232,10 @@ def _step_medians(costs: Any) -> dict[str, float]:
         return float(q["median"]) if isinstance(q, dict) and q.get("median") is not None else np.nan
 
     verify = med("verify_ms")
+    jit = costs.get("jit_compiles") if isinstance(costs, dict) else None
     return {"prefill_target_ms": med("prefill_ms"), "prefill_draft_ms": med("prefill_propose_ms"),
-            "step_target_ms": verify if np.isfinite(verify) else med("decode_ms"), "step_draft_ms": med("propose_ms")}
+            "step_target_ms": verify if np.isfinite(verify) else med("decode_ms"), "step_draft_ms": med("propose_ms"),
+            "jit_compiles": float(jit) if jit is not None else np.nan}
 
 
 def _cache_columns(summary: dict) -> dict[str, Any]:

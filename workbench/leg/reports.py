@@ -64,6 +64,12 @@ def step_costs_of(rows: list[dict], gamma: int | None) -> dict[str, Any]:
     # (the draft's own prefill and its first gamma tokens)
     out["prefill_ms"] = _quartiles([r["target_ms"] for r in prefill])
     out["prefill_propose_ms"] = _quartiles([r["draft_ms"] for r in prefill if r.get("draft_ms") is not None])
+    # Triton kernels compiled inside the steps (a first input shape of its class): the steps that paid it
+    # and the host time (absent from rows written before the step timer counted them)
+    jit = [r for r in rows if r.get("jit_compiles")]
+    out["jit_compiles"] = sum(int(r["jit_compiles"]) for r in jit)
+    out["jit_steps"] = len(jit)
+    out["jit_ms"] = round(sum(float(r.get("jit_ms") or 0.0) for r in jit), 3)
     return out
 
 
