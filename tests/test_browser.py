@@ -331,7 +331,7 @@ def _readout_rows(page) -> dict[str, dict]:
 
 
 def test_the_page_opens_on_the_newest_run_with_only_the_controls_it_has(explorer_page):
-    """E18, the newest run, a serving run: its four views, no τ or γ control (nothing they would move), the
+    """E18, the newest run, a serving run: its five views, no τ or γ control (nothing they would move), the
     experiments in natural order, the legend naming the legs as a reader does."""
     opened = explorer_page.opened
     assert opened["experiments"] == ["E2", "E6", "E18"]           # by number, not E18 before E2
@@ -339,7 +339,8 @@ def test_the_page_opens_on_the_newest_run_with_only_the_controls_it_has(explorer
     assert not opened["tau_shown"] and not opened["gamma_shown"]
     assert opened["rows"] == [] and opened["readout_head"] == ""
     shown = {box for box, on in opened["boxes"].items() if on}
-    assert shown == {"serving-summary", "serving-latency", "serving-throughput", "serving-acceptance"}, shown
+    assert shown == {"serving-summary", "serving-speedup", "serving-latency", "serving-throughput",
+                     "serving-acceptance"}, shown
     with explorer_page.evidence("opened") as page:
         _switch(page, "E18", E18_RUN.name)
         thr = _traces(page, "serving-throughput")

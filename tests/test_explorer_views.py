@@ -13,7 +13,7 @@ BOXES = {"speedup_vs_gamma": "speedup", "speedup_distribution": "distribution",
          "per_position_acceptance": "per-position", "acceptance_vs_tau": "tau",
          "acceptance_over_position": "over-position", "step_cost_vs_batch": "ladder-steps",
          "c_by_graphs": "ladder-c", "speedup_curves": "ladder-speedup",
-         "serving_summary": "serving-summary", "serving_latency": "serving-latency",
+         "serving_summary": "serving-summary", "serving_speedup": "serving-speedup", "serving_latency": "serving-latency",
          "serving_throughput": "serving-throughput", "serving_acceptance": "serving-acceptance"}
 
 

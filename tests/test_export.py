@@ -130,6 +130,7 @@ def test_notebook_and_export_write_one_file_per_table(tmp_path):
     # every figure its records support: not E7's agreement, nor the cost ladder's (E16), nor the serving ones (E17)
     assert figures == sorted(set(analyses.ANALYSES) - {"agreement_vs_acceptance", "step_cost_vs_batch",
                                                        "c_by_graphs", "speedup_curves", "serving_summary",
+                                                       "serving_speedup",
                                                        "serving_latency", "serving_throughput",
                                                        "serving_acceptance"})
     summary = json.loads((rdir / "tables" / "summary.json").read_text())

@@ -27,7 +27,7 @@ LEGS = [
     {"name": "relaxed_c4", "tier": "relaxed", "concurrency": 4},
     {"name": "vanilla_c4c", "tier": "vanilla", "concurrency": 4},
 ]
-NAMES = ("serving_summary", "serving_latency", "serving_throughput", "serving_acceptance")
+NAMES = ("serving_summary", "serving_speedup", "serving_latency", "serving_throughput", "serving_acceptance")
 
 
 def _leg(leg: dict, n: int, seed: int, drift: float = 1.0) -> tuple[list[dict], dict]:
@@ -267,6 +267,17 @@ def test_registry_tables_and_figures(run):
     srv = next(tr for tr in acc if tr.meta["role"] == "server" and tr.meta["tier"] == "strict")
     assert list(srv.y) == pytest.approx(list(legs[legs["tier"] == "strict"].sort_values("concurrency")["acceptance_rate"]))
     assert plots_violin_builds(avail["serving_requests"])
+    # the headline: per spec leg its TPOT speedup against concurrency, bars to the request interval; TTFT beside
+    speed = avail["serving_speedup"].set_index("leg")
+    tpot = [tr for tr in figs["serving_speedup"].data if tr.meta["role"] == "tpot_speedup"]
+    assert [tr.meta["leg"] for tr in tpot] == list(speed.index)
+    for tr in tpot:
+        row = speed.loc[tr.meta["leg"]]
+        assert list(tr.x) == [row["concurrency"]] and tr.y[0] == pytest.approx(row["tpot_speedup"])
+        assert tr.y[0] + tr.error_y.array[0] == pytest.approx(row["tpot_speedup_ci_hi"])
+        assert tr.y[0] - tr.error_y.arrayminus[0] == pytest.approx(row["tpot_speedup_ci_lo"])
+    ttft = [tr for tr in figs["serving_speedup"].data if tr.meta["role"] == "ttft_ratio"]
+    assert [tr.y[0] for tr in ttft] == pytest.approx(list(speed["ttft_ratio"]))
 
 
 def plots_violin_builds(requests) -> bool:

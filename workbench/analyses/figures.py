@@ -65,6 +65,11 @@ ANALYSES: dict[str, Analysis] = {a.name: a for a in [
     Analysis("serving_summary", ("serving_legs", "serving_speedup"), plots.serving_summary,
              "serving legs: latency percentiles, throughput, acceptance, bracketed TPOT speedup and throughput ratio",
              view=View("serving-summary", "Serving legs: no complete serving leg", group="serving")),
+    Analysis("serving_speedup", ("serving_speedup",), plots.serving_speedup,
+             "serving legs: TPOT speedup and TTFT ratio vs max concurrency per spec leg, 95 % request intervals, "
+             "S from the cost table",
+             view=View("serving-speedup", "Serving speedup: needs a spec serving leg between vanilla legs",
+                       group="serving")),
     Analysis("serving_latency", ("serving_requests",), plots.serving_latency,
              "serving legs: per-request TPOT and TTFT, one box per tier at each max concurrency",
              view=View("serving-latency", "Serving latency: no complete serving leg", group="serving")),

@@ -13,4 +13,4 @@ from .costladder import (BATCH_COLORS, LADDER_ROLE_COLORS, SETUP_COLORS, cost_ra
 from .legs import (acceptance_over_position, acceptance_vs_tau, agreement_vs_acceptance, exactness_table,
                    per_position_acceptance, speedup_distribution, speedup_vs_gamma, token_class_bars)
 from .legstyle import PREDICTED_DASH, LegStyle, LegStyles, drafter_label, run_leg_frame, styles_for
-from .serving import serving_acceptance, serving_latency, serving_summary, serving_throughput
+from .serving import serving_acceptance, serving_latency, serving_speedup, serving_summary, serving_throughput

@@ -186,3 +186,58 @@ def serving_acceptance(legs: pd.DataFrame, styles: Mapping[str, LegStyle] | None
                      tickvals=sorted(legs["concurrency"].unique()))
     fig.update_yaxes(range=[0, 1.02])
     return fig
+
+
+def _interval_bars(d: pd.DataFrame, value: str, prefix: str) -> dict | None:
+    """Error bars from ``<prefix>_ci_lo`` / ``_hi`` (the request interval) where the table has them."""
+    lo, hi = f"{prefix}_ci_lo", f"{prefix}_ci_hi"
+    if lo not in d.columns or d[lo].isna().all():
+        return None
+    y = d[value].astype(float)
+    return dict(type="data", symmetric=False, array=(d[hi].astype(float) - y).clip(lower=0).to_numpy(),
+                arrayminus=(y - d[lo].astype(float)).clip(lower=0).to_numpy())
+
+
+def serving_speedup(speedups: pd.DataFrame) -> go.Figure:
+    """The headline of a serving run (``serving.paired_speedups``), per spec leg against max concurrency: left,
+    the TPOT speedup (vanilla / spec TPOT, median of the bracket's pairs), bars to its 95 % interval over the
+    cell's requests, open diamonds the cost model's S at the acceptance the cell drew (``S_realised``, else
+    ``S_predicted``); right, the TTFT ratio (spec / vanilla) with its interval. The dashed line is vanilla. A
+    synthetic leg's name carries its acceptance ("synthetic α"): a cost measurement, not a user's speedup."""
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
+                        subplot_titles=("TPOT × vanilla (above 1: faster)", "TTFT, spec / vanilla (below 1: sooner)"))
+    palette = qualitative.Plotly
+    order = speedups.sort_values(["leg_index", "concurrency"], kind="stable")
+    for i, (leg, d) in enumerate(order.groupby("leg", sort=False)):
+        color, acc = palette[i % len(palette)], str(d["acceptance"].iloc[0] or "")
+        name = f"{leg}, {acc}" if acc and acc != "nan" else str(leg)
+        x = d["concurrency"].to_numpy()
+        meta = {"leg": leg, "tier": d["tier"].iloc[0], "gamma": _gamma(d["gamma"].iloc[0])}
+        fig.add_trace(go.Scatter(x=x, y=d["tpot_speedup"].to_numpy(float), mode="lines+markers", name=name,
+                                 legendgroup=str(leg), line_color=color, marker_color=color,
+                                 error_y=_interval_bars(d, "tpot_speedup", "tpot_speedup"),
+                                 hovertemplate="c=%{x}: %{y:.3f}×<extra>" + str(leg) + "</extra>",
+                                 meta={**meta, "role": "tpot_speedup"}), row=1, col=1)
+        model = d["S_realised"] if "S_realised" in d.columns else pd.Series(index=d.index, dtype=float)
+        model = model.where(model.notna(), d.get("S_predicted"))
+        if model is not None and model.notna().any():
+            fig.add_trace(go.Scatter(x=x, y=model.to_numpy(float), mode="markers", name=f"{leg}: S from c",
+                                     legendgroup=str(leg), marker=dict(symbol="diamond-open", size=11, color=color),
+                                     hovertemplate="c=%{x}: S %{y:.3f}<extra>" + str(leg) + "</extra>",
+                                     meta={**meta, "role": "predicted"}), row=1, col=1)
+        fig.add_trace(go.Scatter(x=x, y=d["ttft_ratio"].to_numpy(float), mode="lines+markers", name=name,
+                                 legendgroup=str(leg), showlegend=False, line_color=color, marker_color=color,
+                                 error_y=_interval_bars(d, "ttft_ratio", "ttft_ratio"),
+                                 meta={**meta, "role": "ttft_ratio"}), row=1, col=2)
+    for col in (1, 2):
+        fig.add_hline(y=1.0, line_dash="dash", line_color=TIER_COLORS["vanilla"], row=1, col=col)
+        fig.update_xaxes(title_text="max concurrency", row=1, col=col,
+                         type="log" if speedups["concurrency"].nunique() > 2 else "linear",
+                         tickvals=sorted(speedups["concurrency"].unique()))
+    fig.update_layout(title="Serving speedup vs max concurrency (bars: 95 % interval over the cell's requests; "
+                            "◇: S from the cost table at the acceptance drawn)", template=TEMPLATE,
+                      legend_title_text="", margin=dict(l=60, r=20, t=80, b=50))
+    return fig
