@@ -41,7 +41,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # one leg = one process: engine legs, score legs, cost-ladder engines
     ("runners", ("workbench.leg", "workbench.leg.*", "workbench.score", "workbench.ladder_engine", "workbench.serve_leg",
                  "workbench.serve_server", "workbench.serve_client", "workbench.serve_requests",
-                 "workbench.serve_shapes")),
+                 "workbench.serve_prime", "workbench.serve_args")),
     # reading a run folder: records, legs, the cost ladder's rows and tables
     ("results", ("workbench.results", "workbench.ladder", "workbench.ladder_compare", "workbench.serving", "workbench.serving_predict",
                  "workbench.serving_overtake")),

@@ -146,7 +146,7 @@ def test_every_server_sees_each_distinct_prompt_once_before_its_first_cell(e17):
     (and no leg that happens to run first) pays for the first sight of an input shape."""
     import re
 
-    from workbench.serve_leg import PRIME_TOKENS
+    from workbench.serve_prime import PRIME_TOKENS
 
     for leg in (*VANILLA_LEGS, *SPEC_LEGS):
         folder = e17["run"] / "legs" / leg
@@ -162,13 +162,13 @@ def test_every_server_sees_each_distinct_prompt_once_before_its_first_cell(e17):
 
 
 def test_every_server_meets_each_shape_class_before_its_first_cell(e17):
-    """The shape pass (workbench.serve_shapes): after the prime, a prompt of each length class alone, then a
+    """The shape pass (workbench.serve_prime): after the prime, a prompt of each length class alone, then a
     burst at each batch class up to max_num_seqs, before the first cell; the engine's own step log shows a
     prefill step of exactly each length (token-id prompts, no template) and the cells' counters none of it.
     On CPU no Triton kernel compiles, so every step's ``jit_compiles`` is 0 and the cells show 0."""
     import pandas as pd
 
-    from workbench.serve_shapes import prefill_lengths
+    from workbench.serve_prime import prefill_lengths
 
     for leg in (*VANILLA_LEGS, *SPEC_LEGS):
         folder = e17["run"] / "legs" / leg
@@ -259,7 +259,7 @@ def test_every_server_times_its_steps_and_the_table_shows_where_the_first_token_
 
 
 def test_the_prime_dataset_is_each_distinct_request_once_in_order(tmp_path):
-    from workbench.serve_leg import prime_dataset
+    from workbench.serve_prime import prime_dataset
 
     src, dst = tmp_path / "requests.jsonl", tmp_path / "prime.jsonl"
     lines = ['{"content": "a"}', '{"content": "b"}', '{"content": "a"}', '{"content": "c"}', '{"content": "b"}']

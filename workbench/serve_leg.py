@@ -32,20 +32,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from workbench import engine as engines
 from workbench import leg as legmod
 from workbench.serve_client import BenchClient, ClientError
 from workbench.serve_requests import FRESH, bench_dataset, write_requests
-from workbench.serve_shapes import shape_pass, vocab_size
+from workbench.serve_args import BENCH_JSON, PERCENTILES, client_args, server_command, server_env
+from workbench.serve_prime import prime_pass, shape_pass, vocab_size
 from workbench.serve_server import (CACHE_COUNTERS, Server, ServeError, _free_port, _http,
                                     parse_metrics)
 from workbench.runfolder import (FAILURE, LEG_JSON, RECORDS, SUMMARY, archive_leg, leg_status, write_summary,
@@ -55,99 +54,14 @@ __all__ = ["run_serving_leg", "server_command", "client_args", "parse_metrics", 
 
 SERVER_LOG = "server.log"
 SERVER_JSON = "server.json"
-BENCH_JSON = "bench.json"
 REQUESTS = "requests.jsonl"
 CELL_REQUESTS = "requests-sent.jsonl"  # what a cell sent, in order (fresh: each request its own)
 WARM_REQUESTS = "warmup-requests.jsonl"  # a cell's warm-up requests (derived, removed after the cell)
 TIMINGS = "request_timings.jsonl"
 CLIENT_LOG = "client.log"
-PERCENTILES = (50, 90, 99)
 
 
-# --------------------------------------------------------------------------- inputs
-def _flag(name: str, value: Any) -> list[str]:
-    opt = "--" + name.replace("_", "-")
-    if isinstance(value, bool):
-        return [opt] if value else ["--no-" + name.replace("_", "-")]
-    return [opt, str(value)]
-
-
-def server_command(cfg: legmod.LegConfig, port: int, on_cuda: bool, mem_plan=None) -> list[str]:
-    """``vllm serve`` of the leg's engine (the module the console script runs), on 127.0.0.1:``port``.
-
-    ``mem_plan`` (``workbench.memory_plan.MemoryPlan``, on CUDA): the KV cache it sized and the memory
-    share that covers weights, KV and overhead, instead of vLLM's discovery at start."""
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", cfg.target,
-           "--host", "127.0.0.1", "--port", str(port), "--dtype", cfg.dtype,
-           "--max-model-len", str(cfg.max_model_len), "--max-num-seqs", str(cfg.max_num_seqs),
-           "--seed", str(cfg.seed), "--limit-mm-per-prompt", json.dumps({"image": cfg.limit_images, "video": 0}),
-           *_flag("enable_prefix_caching", cfg.enable_prefix_caching),
-           *_flag("enable_chunked_prefill", cfg.enable_chunked_prefill)]
-    if cfg.max_num_batched_tokens is not None:
-        cmd += ["--max-num-batched-tokens", str(cfg.max_num_batched_tokens)]
-    if cfg.load_format != "auto":
-        cmd += ["--load-format", cfg.load_format]
-    if cfg.attention_backend:
-        cmd += ["--attention-backend", cfg.attention_backend]
-    kv_bytes = cfg.kv_cache_memory_bytes if cfg.kv_cache_memory_bytes is not None else (
-        mem_plan.kv_cache_memory_bytes if mem_plan is not None else None)
-    if kv_bytes is not None and on_cuda:
-        cmd += ["--kv-cache-memory-bytes", str(kv_bytes)]
-    gpu_mem = cfg.gpu_memory_utilization if cfg.gpu_memory_utilization is not None else (None if on_cuda else 0.05)
-    if mem_plan is not None:
-        gpu_mem = mem_plan.gpu_memory_utilization
-    if gpu_mem is not None:
-        cmd += ["--gpu-memory-utilization", str(gpu_mem)]
-    if (not on_cuda) if cfg.enforce_eager is None else cfg.enforce_eager:
-        cmd.append("--enforce-eager")
-    if cfg.draft is not None:
-        cmd += ["--speculative-config", json.dumps(engines.spec_config(
-            cfg.draft, cfg.knobs.gamma, cfg.knobs.spec_config_extra(cfg.max_num_seqs, cfg.target)[0]))]
-        for name, value in cfg.knobs.engine_args(on_cuda).items():
-            cmd += _flag(name, value)
-    return cmd
-
-
-def client_args(cfg: legmod.LegConfig, base_url: str, dataset: Path, out: Path, n: int, prefix: str,
-                concurrency: int | None = None, save: bool = True, output_len: int | None = None) -> list[str]:
-    """The arguments of ``vllm bench serve`` for one cell of this leg (vLLM's benchmark client);
-    ``save=False``: a warm-up (no result file, no endpoint check: the server is up); ``output_len``: other
-    than the leg's max_tokens (the prime pass)."""
-    args = ["--backend", "openai-chat", "--base-url", base_url, "--endpoint", "/v1/chat/completions",
-            "--model", cfg.target, "--dataset-name", "custom_image", "--dataset-path", str(dataset),
-            "--disable-shuffle", "--num-prompts", str(n),
-            "--max-concurrency", str(concurrency or cfg.max_num_seqs),
-            "--custom-output-len", str(output_len or cfg.max_tokens), "--temperature", "0", "--seed", str(cfg.seed),
-            "--request-id-prefix", prefix, "--percentile-metrics", "ttft,tpot,itl,e2el",
-            "--metric-percentiles", ",".join(str(p) for p in PERCENTILES)]
-    args += (["--save-result", "--save-detailed", "--result-dir", str(out), "--result-filename", BENCH_JSON]
-             if save else ["--ready-check-timeout-sec", "0", "--disable-tqdm"])
-    if cfg.ignore_eos:
-        args.append("--ignore-eos")
-    return args
-
-
-def server_env(cfg: legmod.LegConfig, report_dir: Path, on_cuda: bool) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(cfg.knobs.to_env(report_dir=str(report_dir)))
-    env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
-    env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-    # the plugin's trace is flushed through the dev RPC route; the server listens on loopback only
-    env["VLLM_SERVER_DEV_MODE"] = "1"
-    # the plugin's step timer on every server, vanilla's too: the target's forward and the drafter's work per
-    # engine step, prefill steps apart (where a first token's time goes), a few events a step
-    env["VLLM_SPEC_STEP_TIMING"] = "1"
-    if not on_cuda:
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        env.setdefault("OMP_NUM_THREADS", str(cfg.cpu_threads))
-        if cfg.tensor_parallel_size == 1:
-            # The engine core runs its worker in its own process (vLLM's uni executor), as on CUDA and as an
-            # offline CPU leg does; vLLM's CPU platform otherwise starts a worker process of its own, one more
-            # `import vllm` (about 10 s of CPU). The API server's engine core is a process of its own either way.
-            env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    return env
-
+# --------------------------------------------------------------------------- inputs (workbench.serve_args)
 
 def cache_delta(after: dict, before: dict) -> dict:
     """The prefix cache's queried and hit tokens and the multimodal cache's queried and hit items between two
@@ -234,54 +148,6 @@ def _records(cfg: legmod.LegConfig, prompts: list, bench: dict, trace: dict[str,
             rec["spec"] = legmod.per_prompt_spec(steps, cfg.knobs.gamma)
         rows.append(rec)
     return rows
-
-
-PRIME_LOG = "prime.log"
-PRIME_REQUESTS = "prime-requests.jsonl"
-PRIME_TOKENS = 4  # a prefill, the draft's prefill and first draft, a verify step: what a new input shape costs
-
-
-def distinct_requests(dataset: Path) -> dict[str, int]:
-    """The distinct requests of ``dataset`` (by their content, what the server receives), in order: each
-    line and the index of its first occurrence."""
-    first: dict[str, int] = {}
-    for i, line in enumerate(dataset.read_text().splitlines()):
-        if line.strip():
-            first.setdefault(line, i)
-    return first
-
-
-def prime_dataset(dataset: Path, path: Path) -> int:
-    """The distinct requests of ``dataset`` into ``path``, in order; returns how many."""
-    lines = list(distinct_requests(dataset))
-    path.write_text("".join(x + "\n" for x in lines))
-    return len(lines)
-
-
-def _prime(cfg: legmod.LegConfig, client: BenchClient, base_url: str, prompts: list, dataset: Path,
-           out: Path) -> None:
-    """Every distinct prompt (by content) once, one at a time, a few tokens, before the first cell: what a
-    server pays the first time it sees an input shape is paid here, not by whichever cell meets that shape
-    first (fresh requests: the prompts' shapes, each request its own, so no cell finds them cached). Without
-    it the first cell (concurrency 1, warmed by one request) carried it, and more so in the legs that ran early
-    in a run (8B H100, E18 20261206T091621Z-553b266a: the longest prompts' TTFT 350-430 ms in the first vanilla
-    and spec legs, 90-130 ms in the later ones; vanilla_1's median 77 ms against vanilla_2's 52). Which part
-    of the server pays it is not separated."""
-    if cfg.serve_requests == FRESH:
-        # request i of the dataset is prompts[i] as it is: the first of each, by content, made fresh
-        first = list(distinct_requests(dataset).values())
-        n_prompts = len(first)
-        write_requests([prompts[i] for i in first], out / PRIME_REQUESTS, n_prompts, FRESH, "prime-")
-    else:
-        n_prompts = prime_dataset(dataset, out / PRIME_REQUESTS)
-    try:
-        client.run(client_args(cfg, base_url, out / PRIME_REQUESTS, out, n_prompts, f"{cfg.leg or 'leg'}-prime-", 1,
-                               save=False, output_len=PRIME_TOKENS), out / PRIME_LOG, None,
-                   max(600.0, 30.0 * n_prompts))
-    except ClientError as exc:
-        raise ServeError(f"vllm bench serve failed priming the server with the {n_prompts} prompts: {exc}") from None
-    finally:
-        (out / PRIME_REQUESTS).unlink(missing_ok=True)  # derived from the leg's requests.jsonl
 
 
 def cell_datasets(cfg: legmod.LegConfig, prompts: list, cell: Path, concurrency: int, n: int) -> tuple[Path, Path]:
@@ -448,7 +314,7 @@ def run_serving_leg(cfg: legmod.LegConfig) -> dict:
         write_json_atomic(out / SERVER_JSON, {"pid": server.proc.pid if server.proc else None, "port": port,
                                               "base_url": base_url})
         start_s = time.perf_counter() - t0
-        _prime(cfg, client, base_url, prompts, dataset, out)
+        prime_pass(cfg, client, base_url, prompts, dataset, out)
         shapes = shape_pass(base_url, cfg.target, vocab, cfg.max_model_len, cfg.max_num_seqs)
         for c in concs:
             cell = out / f"c{c}" if multi else out

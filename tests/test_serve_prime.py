@@ -1,4 +1,4 @@
-"""The shape pass's plan (workbench.serve_shapes): which lengths and bursts it sends, and its token ids. The
+"""The shape pass's plan (workbench.serve_prime): which lengths and bursts it sends, and its token ids. The
 pass against a real server is tests/test_serving.py's (every E17 leg)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from workbench.serve_server import ServeError
-from workbench.serve_shapes import (PREFILL_LENGTHS, SHAPE_TOKENS, burst_sizes, prefill_lengths, token_prompt,
+from workbench.serve_prime import (PREFILL_LENGTHS, SHAPE_TOKENS, burst_sizes, prefill_lengths, token_prompt,
                                     vocab_size)
 
 

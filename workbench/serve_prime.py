@@ -1,4 +1,6 @@
-"""Input shapes a server meets for the first time, met before the first cell (the shape pass of a serving leg).
+"""What a serving leg sends before its first cell: the prime pass (each distinct request once) and the shape pass.
+
+The shape pass: input shapes a server meets for the first time, met before the first cell.
 
 A server pays the first step of each new input shape class once: Triton compiles a kernel per
 specialization (a constexpr, and each integer argument's class: 1, divisible by 16, other), and vLLM's
@@ -26,9 +28,66 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from workbench import leg as legmod
+from workbench.serve_args import client_args
+from workbench.serve_client import BenchClient, ClientError
+from workbench.serve_requests import FRESH, write_requests
 from workbench.serve_server import ServeError, _http
 
-__all__ = ["PREFILL_LENGTHS", "burst_sizes", "prefill_lengths", "shape_pass", "token_prompt", "vocab_size"]
+__all__ = ["PREFILL_LENGTHS", "PRIME_TOKENS", "burst_sizes", "distinct_requests", "prefill_lengths", "prime_dataset",
+           "prime_pass", "shape_pass", "token_prompt", "vocab_size"]
+
+
+# --------------------------------------------------------------------------- the prime pass
+PRIME_LOG = "prime.log"
+PRIME_REQUESTS = "prime-requests.jsonl"
+PRIME_TOKENS = 4  # a prefill, the draft's prefill and first draft, a verify step: what a new input shape costs
+
+
+def distinct_requests(dataset: Path) -> dict[str, int]:
+    """The distinct requests of ``dataset`` (by their content, what the server receives), in order: each
+    line and the index of its first occurrence."""
+    first: dict[str, int] = {}
+    for i, line in enumerate(dataset.read_text().splitlines()):
+        if line.strip():
+            first.setdefault(line, i)
+    return first
+
+
+def prime_dataset(dataset: Path, path: Path) -> int:
+    """The distinct requests of ``dataset`` into ``path``, in order; returns how many."""
+    lines = list(distinct_requests(dataset))
+    path.write_text("".join(x + "\n" for x in lines))
+    return len(lines)
+
+
+def prime_pass(cfg: legmod.LegConfig, client: BenchClient, base_url: str, prompts: list, dataset: Path,
+           out: Path) -> None:
+    """Every distinct prompt (by content) once, one at a time, a few tokens, before the first cell: what a
+    server pays the first time it sees an input shape is paid here, not by whichever cell meets that shape
+    first (fresh requests: the prompts' shapes, each request its own, so no cell finds them cached). Without
+    it the first cell (concurrency 1, warmed by one request) carried it, and more so in the legs that ran early
+    in a run (8B H100, E18 20261206T091621Z-553b266a: the longest prompts' TTFT 350-430 ms in the first vanilla
+    and spec legs, 90-130 ms in the later ones; vanilla_1's median 77 ms against vanilla_2's 52). Which part
+    of the server pays it is not separated."""
+    if cfg.serve_requests == FRESH:
+        # request i of the dataset is prompts[i] as it is: the first of each, by content, made fresh
+        first = list(distinct_requests(dataset).values())
+        n_prompts = len(first)
+        write_requests([prompts[i] for i in first], out / PRIME_REQUESTS, n_prompts, FRESH, "prime-")
+    else:
+        n_prompts = prime_dataset(dataset, out / PRIME_REQUESTS)
+    try:
+        client.run(client_args(cfg, base_url, out / PRIME_REQUESTS, out, n_prompts, f"{cfg.leg or 'leg'}-prime-", 1,
+                               save=False, output_len=PRIME_TOKENS), out / PRIME_LOG, None,
+                   max(600.0, 30.0 * n_prompts))
+    except ClientError as exc:
+        raise ServeError(f"vllm bench serve failed priming the server with the {n_prompts} prompts: {exc}") from None
+    finally:
+        (out / PRIME_REQUESTS).unlink(missing_ok=True)  # derived from the leg's requests.jsonl
+
+
+# --------------------------------------------------------------------------- the shape pass
 
 # one length per (next power of two of length + 1, capped at 256; divisible by 16 or not) class
 PREFILL_LENGTHS = (1, 3, 5, 9, 16, 17, 32, 33, 64, 65, 128, 129, 256, 257)
