@@ -71,6 +71,9 @@ RUN_BY: dict[tuple[str, str], list[str]] = {
         "tests/test_organism_profile.py::test_e1_under_the_organism_profile",
         "tests/test_organism_profile.py::test_e14_under_the_organism_resolves_each_variants_models",
         "tests/test_experiments_smoke.py::test_experiment_smoke"],
+    ("docs/serving.md", "python -m workbench.serving_compare results/E18/20261207T235605Z-869510a1 --against"): [
+        "tests/test_serving_compare.py::"
+        "test_the_documented_command_prints_each_cell_and_a_folder_without_serving_legs_is_refused"],
     ("docs/ray.md", "python -m workbench.ladder_compare results/E16/20261205T190454Z-3310b937 --against"): [
         "tests/test_ladder_compare.py::test_the_documented_command_prints_the_table"],
     ("docs/ray.md", "python -m workbench.ladder_compare --series results/E16/20261205T21????Z-*"): [

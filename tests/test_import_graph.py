@@ -43,7 +43,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                  "workbench.serve_server", "workbench.serve_client", "workbench.serve_requests",
                  "workbench.serve_prime", "workbench.serve_args")),
     # reading a run folder: records, legs, the cost ladder's rows and tables
-    ("results", ("workbench.results", "workbench.ladder", "workbench.ladder_compare", "workbench.serving", "workbench.serving_predict",
+    ("results", ("workbench.results", "workbench.ladder", "workbench.ladder_compare", "workbench.serving", "workbench.serving_compare", "workbench.serving_predict",
                  "workbench.serving_overtake")),
     ("plots", ("workbench.plots", "workbench.plots.*")),
     ("analyses", ("workbench.analyses", "workbench.analyses.*")),

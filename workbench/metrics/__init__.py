@@ -25,7 +25,7 @@ The package: ``common`` (leg keys, tiers, the formulas), ``speedup``, ``divergen
 from .common import (LEG_KEYS, SPEC_TIERS, _is_spec, _is_vanilla, _leg_meta, _leg_order, _per, _require,
                      acceptance_length, acceptance_rate, position_acceptance)
 from .speedup import (PlacementError, bracketed_speedup, bracketing_vanilla, check_placements, median_iqr,
-                      median_ratio_ci, prompt_ratios, prompt_speedups, ratio_summary)
+                      median_ratio_ci, median_ratio_draws, prompt_ratios, prompt_speedups, ratio_summary)
 from .divergence import exactness, exactness_summary, first_divergence
 from .counters import _spec_rows, acceptance, leg_summary_acceptance, per_position_acceptance, prompt_acceptance
 from .trace import Prediction, TraceIndex, ZERO_PLUS, acceptance_over_position, predict_acceptance

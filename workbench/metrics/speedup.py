@@ -109,6 +109,24 @@ def median_iqr(values: Iterable[float]) -> dict[str, float]:
             "n": int(len(v))}
 
 
+def median_ratio_draws(spec: Sequence[float], sides: Sequence[Sequence[float]], spec_over_side: bool = False,
+                       draws: int = 2000, seed: int = 0) -> np.ndarray | None:
+    """Bootstrap draws of a bracketed median ratio over requests (``median_ratio_ci``'s statistic); None where a
+    group has fewer than 2 finite values."""
+    groups = [np.asarray(spec, dtype=float)] + [np.asarray(s, dtype=float) for s in sides]
+    groups = [g[np.isfinite(g)] for g in groups]
+    if len(groups) < 2 or any(len(g) < 2 for g in groups):
+        return None
+    rng = np.random.default_rng(seed)
+
+    def medians(g: np.ndarray) -> np.ndarray:
+        return np.median(g[rng.integers(0, len(g), size=(draws, len(g)))], axis=1)
+
+    s = medians(groups[0])
+    ratios = np.stack([(s / medians(g)) if spec_over_side else (medians(g) / s) for g in groups[1:]])
+    return np.median(ratios, axis=0)
+
+
 def median_ratio_ci(spec: Sequence[float], sides: Sequence[Sequence[float]], spec_over_side: bool = False,
                     level: float = 0.95, draws: int = 2000, seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap interval of a bracketed median ratio over requests.
@@ -119,18 +137,9 @@ def median_ratio_ci(spec: Sequence[float], sides: Sequence[Sequence[float]], spe
     holds what the requests themselves vary by: at a synthetic α each request draws its own acceptance, and
     13 requests of 128 tokens move a median TPOT by several per cent, far more than the bracket's IQR says.
     Seeded: the same requests give the same interval. NaN, NaN where a group has fewer than 2 finite values."""
-    groups = [np.asarray(spec, dtype=float)] + [np.asarray(s, dtype=float) for s in sides]
-    groups = [g[np.isfinite(g)] for g in groups]
-    if len(groups) < 2 or any(len(g) < 2 for g in groups):
+    stat = median_ratio_draws(spec, sides, spec_over_side, draws, seed)
+    if stat is None:
         return np.nan, np.nan
-    rng = np.random.default_rng(seed)
-
-    def medians(g: np.ndarray) -> np.ndarray:
-        return np.median(g[rng.integers(0, len(g), size=(draws, len(g)))], axis=1)
-
-    s = medians(groups[0])
-    ratios = np.stack([(s / medians(g)) if spec_over_side else (medians(g) / s) for g in groups[1:]])
-    stat = np.median(ratios, axis=0)
     tail = (1.0 - level) / 2.0
     return float(np.quantile(stat, tail)), float(np.quantile(stat, 1.0 - tail))
 
