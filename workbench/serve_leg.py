@@ -41,10 +41,10 @@ from pathlib import Path
 
 from workbench import engine as engines
 from workbench import leg as legmod
-from workbench.serve_client import BenchClient, ClientError
-from workbench.serve_requests import FRESH, bench_dataset, write_requests
 from workbench.serve_args import BENCH_JSON, PERCENTILES, client_args, server_command, server_env
+from workbench.serve_client import BenchClient, ClientError
 from workbench.serve_prime import prime_pass, shape_pass, vocab_size
+from workbench.serve_requests import FRESH, bench_dataset, write_requests
 from workbench.serve_server import (CACHE_COUNTERS, Server, ServeError, _free_port, _http,
                                     parse_metrics)
 from workbench.runfolder import (FAILURE, LEG_JSON, RECORDS, SUMMARY, archive_leg, leg_status, write_summary,
@@ -61,8 +61,8 @@ TIMINGS = "request_timings.jsonl"
 CLIENT_LOG = "client.log"
 
 
-# --------------------------------------------------------------------------- inputs (workbench.serve_args)
-
+# --------------------------------------------------------------------------- counters (the command and the
+# client's arguments: workbench.serve_args; before the first cell: workbench.serve_prime)
 def cache_delta(after: dict, before: dict) -> dict:
     """The prefix cache's queried and hit tokens and the multimodal cache's queried and hit items between two
     reads of ``/metrics``, with their hit rates (None where nothing was queried)."""
