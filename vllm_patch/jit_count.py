@@ -35,7 +35,6 @@ class JitCounter:
         self.count, self.ms = 0, 0.0
         self.by_kernel: dict[str, int] = {}
         self._open: dict[int, float] = {}
-        self.installed = False
 
     def install(self) -> bool:
         """Chain the counting hooks in front of any that were set; False where Triton has no such hooks."""
@@ -57,7 +56,6 @@ class JitCounter:
             return previous_after(*args, **kwargs) if previous_after else None
 
         runtime.jit_cache_hook, runtime.jit_post_compile_hook = before, after
-        self.installed = True
         return True
 
     def compiled(self, name: str, now: float) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from .engine_state import EngineState
 
+
 def load_of(scheduler) -> int:
     """Requests the scheduler holds: running, waiting and skipped-waiting."""
     return len(scheduler.running) + len(scheduler.waiting) + len(getattr(scheduler, "skipped_waiting", ()))

@@ -346,18 +346,24 @@ def _realised(predicted: dict, acceptance_length: Any) -> float:
     return float(s) * drawn / float(tokens) if np.isfinite(drawn) else np.nan
 
 
+def cell_groups(requests: pd.DataFrame, conc: Any, leg: str, sides: list[str], col: str
+                ) -> tuple[np.ndarray, list[np.ndarray]]:
+    """A cell's successful requests' ``col`` (``request_table``): the spec leg's, and each bracketing leg's."""
+    cell = requests[(requests["concurrency"] == conc) & requests["ok"].astype(bool)]
+
+    def values(name: str) -> np.ndarray:
+        return cell.loc[cell["leg"] == name, col].to_numpy(dtype=float)
+
+    return values(leg), [values(v) for v in sides]
+
+
 def _request_intervals(requests: pd.DataFrame | None, conc: Any, leg: str, sides: list[str]) -> dict[str, float]:
     """The ``CI_METRICS`` intervals of one spec leg at one concurrency (NaN without requests)."""
     out = {f"{m}_ci_{e}": np.nan for m in CI_METRICS for e in ("lo", "hi")}
     if requests is None or requests.empty or not sides:
         return out
-    cell = requests[(requests["concurrency"] == conc) & requests["ok"].astype(bool)]
-
-    def values(name: str, col: str) -> np.ndarray:
-        return cell.loc[cell["leg"] == name, col].to_numpy(dtype=float)
-
     for m, (col, spec_over_side) in CI_METRICS.items():
-        lo, hi = metrics.median_ratio_ci(values(leg, col), [values(v, col) for v in sides], spec_over_side)
+        lo, hi = metrics.median_ratio_ci(*cell_groups(requests, conc, leg, sides, col), spec_over_side)
         out.update({f"{m}_ci_lo": lo, f"{m}_ci_hi": hi})
     return out
 

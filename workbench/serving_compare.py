@@ -25,30 +25,29 @@ from workbench import metrics, serving
 
 __all__ = ["compare", "main"]
 
-# the metric's per-request column and its direction (spec over vanilla, or vanilla over spec)
-METRICS = {"tpot_speedup": ("tpot_ms", False), "ttft_ratio": ("ttft_ms", True)}
+METRICS = serving.CI_METRICS  # the metric's per-request column and its direction, as the tables have them
 COLUMNS = ["leg", "concurrency", "run", "run_lo", "run_hi", "other", "other_lo", "other_hi", "ratio", "ratio_lo",
            "ratio_hi", "apart", "vanilla_tpot_ratio"]
 
 
 def _cells(run: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     _, speed, requests = serving.load(run)
-    return speed, requests[requests["ok"].astype(bool)]
+    return speed, requests
+
+
+def _sides(speed_row: pd.Series) -> list[str]:
+    return [v for v in (speed_row["vanilla_before"], speed_row["vanilla_after"]) if isinstance(v, str)]
 
 
 def _draws(speed_row: pd.Series, requests: pd.DataFrame, metric: str, seed: int) -> np.ndarray | None:
     col, spec_over_side = METRICS[metric]
-    cell = requests[requests["concurrency"] == speed_row["concurrency"]]
-    sides = [v for v in (speed_row["vanilla_before"], speed_row["vanilla_after"]) if isinstance(v, str)]
-    values = lambda leg: cell.loc[cell["leg"] == leg, col].to_numpy(float)  # noqa: E731
-    return metrics.median_ratio_draws(values(speed_row["leg"]), [values(v) for v in sides], spec_over_side,
-                                      seed=seed)
+    spec, sides = serving.cell_groups(requests, speed_row["concurrency"], speed_row["leg"], _sides(speed_row), col)
+    return metrics.median_ratio_draws(spec, sides, spec_over_side, seed=seed)
 
 
 def _vanilla_tpot(speed_row: pd.Series, requests: pd.DataFrame) -> float:
-    cell = requests[(requests["concurrency"] == speed_row["concurrency"])]
-    sides = [v for v in (speed_row["vanilla_before"], speed_row["vanilla_after"]) if isinstance(v, str)]
-    return float(np.median(cell.loc[cell["leg"].isin(sides), "tpot_ms"].to_numpy(float)))
+    _, sides = serving.cell_groups(requests, speed_row["concurrency"], speed_row["leg"], _sides(speed_row), "tpot_ms")
+    return float(np.median(np.concatenate(sides)))
 
 
 def compare(run: str | Path, other: str | Path, metric: str = "tpot_speedup", level: float = 0.95) -> pd.DataFrame:

@@ -188,9 +188,9 @@ def serving_acceptance(legs: pd.DataFrame, styles: Mapping[str, LegStyle] | None
     return fig
 
 
-def _interval_bars(d: pd.DataFrame, value: str, prefix: str) -> dict | None:
-    """Error bars from ``<prefix>_ci_lo`` / ``_hi`` (the request interval) where the table has them."""
-    lo, hi = f"{prefix}_ci_lo", f"{prefix}_ci_hi"
+def _interval_bars(d: pd.DataFrame, value: str) -> dict | None:
+    """Error bars from ``<value>_ci_lo`` / ``_hi`` (the request interval) where the table has them."""
+    lo, hi = f"{value}_ci_lo", f"{value}_ci_hi"
     if lo not in d.columns or d[lo].isna().all():
         return None
     y = d[value].astype(float)
@@ -218,19 +218,19 @@ def serving_speedup(speedups: pd.DataFrame) -> go.Figure:
         meta = {"leg": leg, "tier": d["tier"].iloc[0], "gamma": _gamma(d["gamma"].iloc[0])}
         fig.add_trace(go.Scatter(x=x, y=d["tpot_speedup"].to_numpy(float), mode="lines+markers", name=name,
                                  legendgroup=str(leg), line_color=color, marker_color=color,
-                                 error_y=_interval_bars(d, "tpot_speedup", "tpot_speedup"),
+                                 error_y=_interval_bars(d, "tpot_speedup"),
                                  hovertemplate="c=%{x}: %{y:.3f}×<extra>" + str(leg) + "</extra>",
                                  meta={**meta, "role": "tpot_speedup"}), row=1, col=1)
         model = d["S_realised"] if "S_realised" in d.columns else pd.Series(index=d.index, dtype=float)
         model = model.where(model.notna(), d.get("S_predicted"))
-        if model is not None and model.notna().any():
+        if model.notna().any():
             fig.add_trace(go.Scatter(x=x, y=model.to_numpy(float), mode="markers", name=f"{leg}: S from c",
                                      legendgroup=str(leg), marker=dict(symbol="diamond-open", size=11, color=color),
                                      hovertemplate="c=%{x}: S %{y:.3f}<extra>" + str(leg) + "</extra>",
                                      meta={**meta, "role": "predicted"}), row=1, col=1)
         fig.add_trace(go.Scatter(x=x, y=d["ttft_ratio"].to_numpy(float), mode="lines+markers", name=name,
                                  legendgroup=str(leg), showlegend=False, line_color=color, marker_color=color,
-                                 error_y=_interval_bars(d, "ttft_ratio", "ttft_ratio"),
+                                 error_y=_interval_bars(d, "ttft_ratio"),
                                  meta={**meta, "role": "ttft_ratio"}), row=1, col=2)
     for col in (1, 2):
         fig.add_hline(y=1.0, line_dash="dash", line_color=TIER_COLORS["vanilla"], row=1, col=col)
